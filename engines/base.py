@@ -1,0 +1,146 @@
+"""The engine interface every adapter implements, and the plain records it speaks.
+
+This module is imported on the worker side, inside an engine's own Python
+environment, so it uses the standard library only.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class KnobError(ValueError):
+    """A knob name or value the engine does not accept; raised before it starts."""
+
+
+@dataclass(frozen=True)
+class Request:
+    """One prompt as the engine sees it: token ids, an output length, optional images.
+
+    Args:
+        id: unique within a workload.
+        prompt_token_ids: the prompt, already tokenized for the model.
+        max_tokens: exact number of tokens to generate (EOS is ignored).
+        images: paths of image files that the prompt's placeholders refer to.
+    """
+
+    id: str
+    prompt_token_ids: list[int]
+    max_tokens: int
+    images: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Request:
+        return cls(
+            id=str(data["id"]),
+            prompt_token_ids=[int(t) for t in data["prompt_token_ids"]],
+            max_tokens=int(data["max_tokens"]),
+            images=list(data.get("images") or []),
+        )
+
+
+@dataclass
+class Completion:
+    """What the engine returned for one request.
+
+    Args:
+        id: the request's id.
+        prompt_tokens: prompt length as the engine counted it (image tokens included).
+        output_token_ids: the generated tokens.
+        cached_tokens: prompt tokens served from the prefix cache, when reported.
+        finished_at: ``time.perf_counter()`` when this request finished, where known.
+    """
+
+    id: str
+    prompt_tokens: int
+    output_token_ids: list[int]
+    cached_tokens: int | None = None
+    finished_at: float | None = None
+
+
+@dataclass
+class StartInfo:
+    """Seconds spent bringing the engine up; compile is the part the engine reports as compiling."""
+
+    startup_s: float
+    compile_s: float | None = None
+    engine_version: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EngineStats:
+    """Engine counters accumulated since start (differences are taken by the worker)."""
+
+    preemptions: int | None = None
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None
+    mm_cache_queries: int | None = None
+    mm_cache_hits: int | None = None
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def minus(self, before: EngineStats) -> EngineStats:
+        """The counters accumulated between ``before`` and now."""
+
+        def diff(a: int | None, b: int | None) -> int | None:
+            return None if a is None else a - (b or 0)
+
+        return EngineStats(
+            preemptions=diff(self.preemptions, before.preemptions),
+            prefix_cache_queries=diff(self.prefix_cache_queries, before.prefix_cache_queries),
+            prefix_cache_hits=diff(self.prefix_cache_hits, before.prefix_cache_hits),
+            mm_cache_queries=diff(self.mm_cache_queries, before.mm_cache_queries),
+            mm_cache_hits=diff(self.mm_cache_hits, before.mm_cache_hits),
+            extra={k: v - before.extra.get(k, 0.0) for k, v in self.extra.items()},
+        )
+
+
+class Engine(abc.ABC):
+    """An inference engine driven through its in-process offline API.
+
+    Lifecycle: ``validate`` (cheap, no engine started) -> ``start`` -> any number
+    of ``generate``/``stats``/``reset_prefix_cache`` -> ``stop``. Calling
+    ``generate`` before ``start`` raises ``RuntimeError``.
+    """
+
+    name: str = ""
+
+    def __init__(self, model: dict[str, Any], knobs: dict[str, Any]):
+        self.model = model
+        self.knobs = dict(knobs)
+        self.started = False
+
+    @abc.abstractmethod
+    def validate(self) -> None:
+        """Check knobs against the engine's own argument class; raise ``KnobError``."""
+
+    @abc.abstractmethod
+    def start(self) -> StartInfo:
+        """Construct the engine; return how long it took."""
+
+    @abc.abstractmethod
+    def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
+        """Generate for all requests; return completions in the same order.
+
+        ``on_finish(n)`` is called as requests finish, for progress reporting.
+        """
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats:
+        """Counters accumulated since ``start``."""
+
+    def reset_prefix_cache(self) -> None:  # noqa: B027 - optional capability
+        """Drop cached prefixes (after warm-up), where the engine can."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Release the engine and its memory."""
+
+    def require_started(self) -> None:
+        if not self.started:
+            raise RuntimeError(f"{type(self).__name__}.start() must be called first")

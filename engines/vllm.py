@@ -1,0 +1,133 @@
+"""vLLM adapter: ``vllm.LLM`` offline, token-id prompts, counters from ``LLM.get_metrics()``."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from typing import Any
+
+from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
+
+# Knobs the adapter sets itself; a user setting them would break what is measured.
+RESERVED_KNOBS = {"model", "skip_tokenizer_init", "disable_log_stats"}
+COUNTERS = {
+    "vllm:num_preemptions": "preemptions",
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
+    "vllm:mm_cache_queries": "mm_cache_queries",
+    "vllm:mm_cache_hits": "mm_cache_hits",
+}
+
+
+class VllmEngine(Engine):
+    """Drives ``vllm.LLM.generate`` with ``SamplingParams(max_tokens, ignore_eos=True, temperature=0)``."""
+
+    name = "vllm"
+
+    def validate(self) -> None:
+        """Knob names must be ``EngineArgs`` fields, and vLLM must accept the resulting config."""
+        from vllm.engine.arg_utils import EngineArgs
+
+        fields = {f.name for f in dataclasses.fields(EngineArgs)}
+        reserved = sorted(RESERVED_KNOBS & set(self.knobs))
+        if reserved:
+            raise KnobError(f"vLLM knobs {reserved} are set by troughput itself; remove them")
+        unknown = sorted(set(self.knobs) - fields)
+        if unknown:
+            raise KnobError(f"unknown vLLM knob(s) {unknown}: not fields of vllm EngineArgs "
+                            f"(vllm {_version()}); check spelling, e.g. max_num_seqs, max_num_batched_tokens")
+        try:
+            EngineArgs(**self._engine_kwargs()).create_engine_config()
+        except (ValueError, TypeError) as e:
+            raise KnobError(f"vLLM rejects the knobs {self.knobs}: {e}") from e
+
+    def _engine_kwargs(self) -> dict[str, Any]:
+        return {"model": self.model["path"], "disable_log_stats": False, **self.knobs}
+
+    def start(self) -> StartInfo:
+        from vllm import LLM
+
+        t0 = time.perf_counter()
+        self.llm = LLM(**self._engine_kwargs())
+        startup_s = time.perf_counter() - t0
+        self.started = True
+        compilation = self.llm.llm_engine.vllm_config.compilation_config
+        compile_s = compilation.compilation_time + compilation.encoder_compilation_time
+        return StartInfo(startup_s=startup_s, compile_s=compile_s or None, engine_version=_version(),
+                         extra={"block_size": self.llm.llm_engine.vllm_config.cache_config.block_size})
+
+    def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
+        from vllm import SamplingParams
+
+        self.require_started()
+        prompts = [self._prompt(r) for r in requests]
+        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0, detokenize=False)
+                  for r in requests]
+        finish_times: list[float] = []
+        outputs = self.llm.generate(prompts, params, use_tqdm=_progress_recorder(finish_times, on_finish))
+        # vLLM returns outputs in request order; finish times are known in finishing order only.
+        completions = []
+        for request, output in zip(requests, outputs):
+            completions.append(Completion(
+                id=request.id,
+                prompt_tokens=len(output.prompt_token_ids or []),
+                output_token_ids=list(output.outputs[0].token_ids),
+                cached_tokens=output.num_cached_tokens,
+            ))
+        for completion, finished in zip(completions, finish_times):
+            completion.finished_at = finished
+        return completions
+
+    def _prompt(self, request: Request) -> dict[str, Any]:
+        prompt: dict[str, Any] = {"prompt_token_ids": request.prompt_token_ids}
+        if request.images:
+            from PIL import Image
+
+            prompt["multi_modal_data"] = {"image": [Image.open(p).convert("RGB") for p in request.images]}
+        return prompt
+
+    def stats(self) -> EngineStats:
+        self.require_started()
+        values: dict[str, float] = {}
+        for metric in self.llm.get_metrics():
+            if metric.name in COUNTERS and hasattr(metric, "value"):
+                values[COUNTERS[metric.name]] = values.get(COUNTERS[metric.name], 0) + metric.value
+        return EngineStats(**{key: int(values[key]) for key in COUNTERS.values() if key in values})
+
+    def reset_prefix_cache(self) -> None:
+        self.require_started()
+        self.llm.reset_prefix_cache()
+
+    def stop(self) -> None:
+        llm = getattr(self, "llm", None)
+        if llm is not None:
+            engine_core = getattr(llm.llm_engine, "engine_core", None)
+            if engine_core is not None and hasattr(engine_core, "shutdown"):
+                engine_core.shutdown()
+            del self.llm
+        self.started = False
+
+
+def _version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def _progress_recorder(finish_times: list[float], on_finish):
+    """A tqdm factory for ``LLM.generate`` that records when each request finishes."""
+    from tqdm import tqdm
+
+    class Recorder(tqdm):
+        def update(self, n: int = 1):
+            now = time.perf_counter()
+            finish_times.extend([now] * n)
+            if on_finish is not None:
+                on_finish(n)
+            return super().update(n)
+
+    def factory(*args, **kwargs):
+        return Recorder(*args, file=open(os.devnull, "w"), mininterval=3600, **kwargs)
+
+    return factory

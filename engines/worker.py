@@ -1,0 +1,168 @@
+"""Worker entry point: ``python -m engines.worker JOB_DIR``, run under the engine's interpreter.
+
+Reads ``job.json`` and ``requests.jsonl`` from JOB_DIR, runs warm-up and the
+timed passes, and writes ``result.json`` (plus ``completions.jsonl`` of the last
+pass). Progress and phase changes go to stdout as JSON lines; everything the
+engine prints goes to stderr. Standard library only, besides the adapter and its engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+import traceback
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from engines import get_engine_class
+from engines.base import Completion, Engine, EngineStats, KnobError, Request
+
+OOM_MARKERS = ("out of memory", "outofmemory", "cannot allocate memory", "insufficient memory",
+               "not enough memory", "less than desired")
+
+
+_events = sys.stdout
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One JSON line on the events stream (the original stdout) for the driver."""
+    _events.write(json.dumps({"event": event, **fields}) + "\n")
+    _events.flush()
+
+
+def reserve_stdout_for_events() -> None:
+    """Engines print logs to stdout; send those to stderr and keep stdout for events."""
+    global _events
+    _events = os.fdopen(os.dup(1), "w")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+
+
+def classify_failure(text: str) -> str:
+    """``oom`` when the error text says memory ran out, else ``crash``."""
+    lowered = text.lower()
+    return "oom" if any(marker in lowered for marker in OOM_MARKERS) else "crash"
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def timed_pass(engine: Engine, requests: list[Request], index: int) -> tuple[dict[str, Any], list[Completion]]:
+    """Generate once for all requests; time only the generate call."""
+    total = len(requests)
+    done = 0
+    last_emit = 0.0
+
+    def on_finish(n: int = 1) -> None:
+        nonlocal done, last_emit
+        done += n
+        now = time.monotonic()
+        if now - last_emit > 0.5 or done == total:
+            last_emit = now
+            emit("progress", phase=f"pass {index + 1}", done=done, total=total)
+
+    before = engine.stats()
+    t0 = time.perf_counter()
+    completions = engine.generate(requests, on_finish=on_finish)
+    wall_s = time.perf_counter() - t0
+    counters = engine.stats().minus(before)
+    if [c.id for c in completions] != [r.id for r in requests]:
+        raise RuntimeError("engine returned completions out of order or incomplete")
+    finished = sorted(c.finished_at - t0 for c in completions if c.finished_at is not None)
+    return {
+        "wall_s": wall_s,
+        "requests": len(completions),
+        "prompt_tokens": sum(c.prompt_tokens for c in completions),
+        "output_tokens": sum(len(c.output_token_ids) for c in completions),
+        "cached_tokens": (sum(c.cached_tokens for c in completions)
+                          if all(c.cached_tokens is not None for c in completions) else None),
+        "finished_s": finished,
+        "stats": asdict(counters),
+    }, completions
+
+
+def run_job(job_dir: Path) -> int:
+    job = json.loads((job_dir / "job.json").read_text())
+    with open(job_dir / "requests.jsonl") as f:
+        requests = [Request.from_dict(json.loads(line)) for line in f if line.strip()]
+    result: dict[str, Any] = {"status": "crash", "error": "", "phase": "validate", "passes": []}
+
+    def write_result() -> None:
+        result["peak_rss_bytes"] = peak_rss_bytes()
+        tmp = job_dir / "result.json.tmp"
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, job_dir / "result.json")
+
+    engine: Engine | None = None
+    try:
+        emit("phase", phase="validate")
+        engine = get_engine_class(job["engine"])(job["model"], job.get("knobs") or {})
+        engine.validate()
+        result["phase"] = "start"
+        emit("phase", phase="start")
+        result["start"] = asdict(engine.start())
+        warmup = requests[: int(job.get("warmup_requests", 0))]
+        if warmup:
+            result["phase"] = "warmup"
+            emit("phase", phase="warmup", total=len(warmup))
+            engine.generate([Request(f"warmup-{r.id}", r.prompt_token_ids, r.max_tokens, r.images)
+                             for r in warmup])
+            engine.reset_prefix_cache()
+        completions: list[Completion] = []
+        for index in range(int(job.get("repeats", 1))):
+            result["phase"] = f"pass {index + 1}"
+            emit("phase", phase=result["phase"], total=len(requests))
+            measured, completions = timed_pass(engine, requests, index)
+            result["passes"].append(measured)
+            engine.reset_prefix_cache()
+        result["final_stats"] = asdict(engine.stats())
+        result["peak_gpu_bytes"] = _peak_gpu_bytes()
+        with open(job_dir / "completions.jsonl", "w") as f:
+            for c in completions:
+                f.write(json.dumps({"id": c.id, "output_token_ids": c.output_token_ids,
+                                    "cached_tokens": c.cached_tokens}) + "\n")
+        result.update(status="ok", phase="done")
+    except KnobError as e:
+        result.update(status="invalid", error=str(e))
+    except BaseException as e:  # noqa: BLE001 - every failure must become a row
+        text = f"{type(e).__name__}: {e}"
+        result.update(status=classify_failure(text + traceback.format_exc()), error=text,
+                      traceback=traceback.format_exc()[-4000:])
+    finally:
+        if engine is not None and engine.started:
+            try:
+                engine.stop()
+            except Exception as e:  # noqa: BLE001
+                result.setdefault("stop_error", f"{type(e).__name__}: {e}")
+        write_result()
+        emit("phase", phase="done", status=result["status"])
+    return 0 if result["status"] == "ok" else 3
+
+
+def _peak_gpu_bytes() -> int | None:
+    """Peak GPU memory reserved by this process, when torch sees a GPU."""
+    torch = sys.modules.get("torch")
+    try:
+        if torch is not None and torch.cuda.is_available():
+            return int(torch.cuda.max_memory_reserved())
+    except Exception:  # noqa: BLE001
+        return None
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        sys.stderr.write("usage: python -m engines.worker JOB_DIR\n")
+        return 2
+    reserve_stdout_for_events()
+    return run_job(Path(argv[0]))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""troughput's driver side: workloads, ordering, runner, results table and the CLI apps."""

@@ -1,0 +1,60 @@
+"""From what the worker measured to the measurement columns of a results row."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import numpy as np
+
+
+def pass_throughput(measured: dict[str, Any]) -> float:
+    return measured["output_tokens"] / measured["wall_s"] if measured["wall_s"] > 0 else 0.0
+
+
+def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
+    """Columns for a worker result; the median timed pass (by output tok/s) speaks for the run.
+
+    Token counts are what the engine returned. Per-pass throughputs are kept so
+    that reports can draw error bars.
+    """
+    start = result.get("start") or {}
+    columns: dict[str, Any] = {
+        "startup_s": start.get("startup_s"),
+        "compile_s": start.get("compile_s"),
+        "engine_version": start.get("engine_version"),
+        "peak_rss_bytes": result.get("peak_rss_bytes"),
+        "peak_gpu_bytes": result.get("peak_gpu_bytes"),
+        **{f"engine_info.{k}": v for k, v in (start.get("extra") or {}).items()},
+    }
+    passes = result.get("passes") or []
+    if not passes:
+        return columns
+    rates = [pass_throughput(p) for p in passes]
+    median = passes[rates.index(statistics.median_low(rates))]
+    wall = median["wall_s"]
+    stats = median["stats"]
+    queries, hits = stats.get("prefix_cache_queries"), stats.get("prefix_cache_hits")
+    finished = np.asarray(median["finished_s"], dtype=float)
+    columns.update({
+        "wall_s": wall,
+        "requests_done": median["requests"],
+        "input_tokens": median["prompt_tokens"],
+        "output_tokens": median["output_tokens"],
+        "cached_tokens": median.get("cached_tokens"),
+        "req_s": median["requests"] / wall,
+        "output_tok_s": median["output_tokens"] / wall,
+        "total_tok_s": (median["prompt_tokens"] + median["output_tokens"]) / wall,
+        "output_tok_s_passes": rates,
+        "preemptions": stats.get("preemptions"),
+        "prefix_cache_queries": queries,
+        "prefix_cache_hits": hits,
+        "prefix_cache_hit_rate": (hits / queries) if queries else (0.0 if queries == 0 else None),
+        "mm_cache_queries": stats.get("mm_cache_queries"),
+        "mm_cache_hits": stats.get("mm_cache_hits"),
+        **{f"stat.{k}": v for k, v in (stats.get("extra") or {}).items()},
+    })
+    if len(finished):
+        p50, p90, p99 = np.percentile(finished, [50, 90, 99])
+        columns.update(completion_p50_s=float(p50), completion_p90_s=float(p90), completion_p99_s=float(p99))
+    return columns

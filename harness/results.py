@@ -1,0 +1,81 @@
+"""The results table: one JSON file per run, written atomically, read back as one DataFrame.
+
+Files are never rewritten: a run id is new for every run, a file appears whole
+(``os.replace`` of a fsynced temporary in the same directory) or not at all, so
+many writers on a shared filesystem and killed processes are both safe.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+RUNS_DIR = "runs"
+
+
+def new_run_id() -> str:
+    """Sortable by time, unique across hosts: ``YYYYmmddTHHMMSS-<12 hex>``."""
+    return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
+
+
+def write_row(results_dir: str | os.PathLike, row: dict[str, Any]) -> Path:
+    """Write one row as ``<results_dir>/runs/<run_id>.json``; refuse to overwrite."""
+    directory = Path(results_dir) / RUNS_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    target = directory / f"{row['run_id']}.json"
+    if target.exists():
+        raise FileExistsError(f"{target} exists: results are never rewritten")
+    fd, tmp = tempfile.mkstemp(prefix=f".{row['run_id']}-", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump({"schema_version": SCHEMA_VERSION, **row}, f, default=_jsonable, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.link(tmp, target)  # fails if another writer got there first, unlike os.replace
+    finally:
+        os.unlink(tmp)
+    return target
+
+
+def read_rows(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """All rows, oldest first; unreadable files are skipped with a warning."""
+    import logging
+
+    rows = []
+    for path in sorted((Path(results_dir) / RUNS_DIR).glob("*.json")):
+        try:
+            rows.append(json.loads(path.read_text()))
+        except (OSError, json.JSONDecodeError) as e:
+            logging.getLogger(__name__).warning("skipping unreadable results file %s: %s", path, e)
+    return rows
+
+
+def read_results(results_dir: str | os.PathLike = "results"):
+    """The whole results table as a pandas DataFrame (one row per run)."""
+    import pandas as pd
+
+    return pd.DataFrame.from_records(read_rows(results_dir))
+
+
+def flatten(prefix: str, value: Any) -> dict[str, Any]:
+    """Nested mappings to dotted keys: ``flatten("knob", {"a": {"b": 1}}) == {"knob.a.b": 1}``."""
+    if isinstance(value, dict):
+        flat: dict[str, Any] = {}
+        for key, inner in value.items():
+            flat.update(flatten(f"{prefix}.{key}" if prefix else str(key), inner))
+        return flat
+    return {prefix: value}
+
+
+def _jsonable(value: Any) -> Any:
+    if hasattr(value, "item"):  # numpy scalars
+        return value.item()
+    if isinstance(value, (set, tuple)):
+        return list(value)
+    return str(value)

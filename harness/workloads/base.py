@@ -1,0 +1,70 @@
+"""The Workload record: a named, deterministic list of requests with a content fingerprint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engines.base import Request
+from harness.errors import TroughputError
+
+
+@dataclass
+class Workload:
+    """Requests plus what is known about them.
+
+    Args:
+        name: the workload's config name (``unique``, ``prefix_heavy``, ...).
+        requests: in generation order; ids unique.
+        groups: per request, the prefix group it was generated in (``None`` if unknown).
+        info: facts computed at build time (e.g. ``ideal_prefix_hit_tokens``), copied into rows.
+    """
+
+    name: str
+    requests: list[Request]
+    groups: list[str | None] = field(default_factory=list)
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        ids = [r.id for r in self.requests]
+        if len(set(ids)) != len(ids):
+            seen: set[str] = set()
+            dupes = sorted({i for i in ids if i in seen or seen.add(i)})  # type: ignore[func-returns-value]
+            raise TroughputError(f"workload {self.name!r} has duplicate request ids: {dupes[:5]}")
+        if not self.requests:
+            raise TroughputError(f"workload {self.name!r} has no requests")
+        if not self.groups:
+            self.groups = [None] * len(self.requests)
+        self.fingerprint = fingerprint(self.requests)
+
+    def summary(self) -> dict[str, Any]:
+        """Counts that go into every results row."""
+        images = [img for r in self.requests for img in r.images]
+        return {
+            "requests": len(self.requests),
+            "input_tokens_requested": sum(len(r.prompt_token_ids) for r in self.requests),
+            "output_tokens_requested": sum(r.max_tokens for r in self.requests),
+            "images": len(images),
+            "unique_images": len(set(images)),
+            **self.info,
+        }
+
+
+def fingerprint(requests: list[Request]) -> str:
+    """A short sha256 over ids, token ids, output lengths and image contents."""
+    digest = hashlib.sha256()
+    for r in requests:
+        image_digests = [_file_digest(p) for p in r.images]
+        digest.update(json.dumps([r.id, r.prompt_token_ids, r.max_tokens, image_digests]).encode())
+    return digest.hexdigest()[:16]
+
+
+def _file_digest(path: str) -> str:
+    name = Path(path).stem
+    # Generated images are stored under their own content digest; anything else is hashed.
+    if len(name) == 64 and all(c in "0123456789abcdef" for c in name):
+        return name
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

@@ -1,0 +1,1 @@
+"""Optuna studies over engine knobs, driven through the runner (see the tuning issue)."""

@@ -1,0 +1,239 @@
+"""Loading users' files (OpenAI Batch JSONL, ShareGPT JSON, plain JSONL) into workloads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness.errors import TroughputError
+from harness.workloads.files import from_file
+
+ROLE_MARKS = {"system": 1001, "user": 1002, "assistant": 1003}
+GENERATION_PROMPT = 1999
+
+
+class FakeTokenizer:
+    """One token per character; chat turns are led by a role marker."""
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % 1000 for c in text]
+
+    def encode_chat(self, messages: list[dict]) -> list[int]:
+        ids: list[int] = []
+        for m in messages:
+            ids += [ROLE_MARKS[m["role"]], *self.encode(m["content"])]
+        return [*ids, GENERATION_PROMPT]
+
+
+TOK = FakeTokenizer()
+
+
+def chat(*messages: tuple[str, str]) -> list[int]:
+    return TOK.encode_chat([{"role": r, "content": c} for r, c in messages])
+
+
+def write_lines(path: Path, records: list[Any]) -> Path:
+    """One line per record; strings are written as they are (broken or blank lines)."""
+    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r) for r in records) + "\n")
+    return path
+
+
+def load(path: Path, fmt: str = "auto", **cfg: Any):
+    return from_file({"name": "mine", "path": str(path), "format": fmt, "default_max_tokens": 64,
+                      "max_requests": None, **cfg}, TOK)
+
+
+def batch_chat(cid: str, messages: list[dict], **body: Any) -> dict:
+    return {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": {"messages": messages, **body}}
+
+
+def batch_completion(cid: str, prompt: Any, **body: Any) -> dict:
+    return {"custom_id": cid, "method": "POST", "url": "/v1/completions", "body": {"prompt": prompt, **body}}
+
+
+def good_batch(tmp_path: Path) -> Path:
+    return write_lines(tmp_path / "batch.jsonl", [
+        batch_chat("a", [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], max_tokens=10),
+        batch_chat("b", [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "text", "text": "y"}]}],
+                   max_completion_tokens=7),
+        "",
+        batch_completion("c", "abc", max_tokens=3),
+        batch_completion("d", ["ab"], max_tokens=4),
+        batch_completion("e", [5, 6, 7], max_tokens=5),
+        batch_completion("f", "no length"),
+    ])
+
+
+def test_openai_batch(tmp_path: Path) -> None:
+    wl = load(good_batch(tmp_path), "openai_batch")
+    assert [r.id for r in wl.requests] == ["a", "b", "c", "d", "e", "f"]
+    assert [r.max_tokens for r in wl.requests] == [10, 7, 3, 4, 5, 64]
+    a, b, c, d, e, _ = wl.requests
+    assert a.prompt_token_ids == chat(("system", "be brief"), ("user", "hi"))
+    assert b.prompt_token_ids == chat(("user", "x\ny"))
+    assert c.prompt_token_ids == [97, 98, 99]
+    assert d.prompt_token_ids == [97, 98]
+    assert e.prompt_token_ids == [5, 6, 7]
+    assert wl.name == "mine"
+    assert wl.info == {"source_file": str(tmp_path / "batch.jsonl"), "source_format": "openai_batch",
+                       "skipped_records": 0}
+
+
+def test_sharegpt(tmp_path: Path) -> None:
+    path = tmp_path / "conv.json"
+    path.write_text(json.dumps([
+        {"id": "x", "conversations": [{"from": "system", "value": "sys"}, {"from": "human", "value": "hello"},
+                                      {"from": "gpt", "value": "four"}, {"from": "human", "value": "later"}]},
+        {"conversations": [{"from": "gpt", "value": "greeting"}, {"from": "human", "value": "q"}]},
+        {"id": "none", "conversations": [{"from": "gpt", "value": "only me"}]},
+        {"id": "x", "conversations": [{"from": "human", "value": "again"}, {"from": "gpt", "value": "ok"}]},
+        {"id": 7, "conversations": []},
+    ]))
+    wl = load(path, "sharegpt")
+    assert [r.id for r in wl.requests] == ["x", "sharegpt-1", "x-2"]
+    assert [r.max_tokens for r in wl.requests] == [4, 64, 2]
+    assert wl.requests[0].prompt_token_ids == chat(("system", "sys"), ("user", "hello"))
+    assert wl.requests[1].prompt_token_ids == chat(("assistant", "greeting"), ("user", "q"))
+    assert wl.info["skipped_records"] == 2
+    assert wl.info["source_format"] == "sharegpt"
+
+
+def test_plain_jsonl(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "p.jsonl", [{"prompt": "ab", "max_tokens": 2}, "", "  ",
+                                              {"prompt": "c", "id": "mine"}, {"prompt": "d"}])
+    wl = load(path, "jsonl")
+    assert [r.id for r in wl.requests] == ["line-1", "mine", "line-5"]
+    assert [r.max_tokens for r in wl.requests] == [2, 64, 64]
+    assert [r.prompt_token_ids for r in wl.requests] == [[97, 98], [99], [100]]
+
+
+@pytest.mark.parametrize(("name", "first", "fmt"), [
+    ("c.json", None, "sharegpt"),
+    ("b.jsonl", batch_completion("a", "x"), "openai_batch"),
+    ("p.jsonl", {"prompt": "x"}, "jsonl"),
+    ("p.txt", {"prompt": "x", "custom": 1}, "jsonl"),
+])
+def test_auto_detection(tmp_path: Path, name: str, first: Any, fmt: str) -> None:
+    path = tmp_path / name
+    if first is None:
+        path.write_text(json.dumps([{"conversations": [{"from": "human", "value": "q"}]}]))
+    else:
+        write_lines(path, ["", first])
+    assert load(path).info["source_format"] == fmt
+
+
+def test_max_requests_keeps_the_first_and_reads_no_further(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"}, "{broken"])
+    assert [r.id for r in load(path, max_requests=2).requests] == ["line-1", "line-2"]
+    with pytest.raises(TroughputError, match="line 3"):
+        load(path)
+
+
+def test_records_without_length_need_a_default(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "p.jsonl", [{"prompt": "a", "max_tokens": 3}, {"prompt": "b"}])
+    assert [r.max_tokens for r in load(path, default_max_tokens=9).requests] == [3, 9]
+    with pytest.raises(TroughputError, match=r"line 2: missing field 'max_tokens', and no default_max_tokens"):
+        load(path, default_max_tokens=None)
+
+
+def test_broken_json_line(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "batch.jsonl", [batch_completion("a", "x"), batch_completion("b", "y"),
+                                                  '{"custom_id": "c", "method": '])
+    with pytest.raises(TroughputError) as err:
+        load(path)
+    assert str(path) in str(err.value) and "line 3" in str(err.value) and "invalid JSON" in str(err.value)
+
+
+BATCH_FAULTS = [
+    ({"custom_id": "a", "method": "POST", "url": "/v1/completions"}, "missing field 'body'"),
+    (batch_completion("a", "x") | {"url": "/v1/embeddings"}, "field 'url' must be"),
+    (batch_completion("a", "x") | {"method": "GET"}, "'POST'"),
+    ({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}, "missing field 'custom_id'"),
+    (batch_chat("a", []), "'body.messages' is empty"),
+    (batch_chat("a", [{"role": "user"}]), r"missing field 'body.messages\[0\].content'"),
+    (batch_chat("a", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]}]),
+     "images in batch files are not supported yet"),
+    (batch_completion("a", "x", max_tokens=0), "'body.max_tokens' must be positive"),
+    (batch_completion("a", "x", max_tokens="5"), "'body.max_tokens' must be an integer, got a string"),
+    (batch_completion("a", "x", max_tokens=True), "must be an integer, got a boolean"),
+    (batch_completion("a", ""), "'body.prompt' is empty"),
+    (batch_completion("a", []), "empty prompt"),
+    (batch_completion("a", ["x", "y"]), "list of token ids"),
+    ({"custom_id": "a", "method": "POST", "url": "/v1/completions", "body": []}, "'body' must be an object"),
+    ([1, 2], "record must be a JSON object, got a list"),
+]
+
+
+@pytest.mark.parametrize(("record", "fault"), BATCH_FAULTS)
+def test_batch_faults(tmp_path: Path, record: Any, fault: str) -> None:
+    path = write_lines(tmp_path / "batch.jsonl", [batch_completion("ok", "fine"), record])
+    with pytest.raises(TroughputError, match=fault) as err:
+        load(path, "openai_batch")
+    assert f"{path}, line 2:" in str(err.value)
+
+
+def test_duplicate_custom_id_names_both_lines(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "batch.jsonl", [batch_completion("a", "x"), batch_completion("b", "y"), "",
+                                                  batch_completion("a", "z")])
+    with pytest.raises(TroughputError, match=r"line 4: duplicate id 'a' \(first used on line 1\)"):
+        load(path)
+
+
+@pytest.mark.parametrize(("record", "fault"), [
+    ({"id": "r", "conversations": "hi"}, "'conversations' must be a list"),
+    ({"conversations": [{"from": "robot", "value": "q"}]}, r"'conversations\[0\].from' must be one of"),
+    ({"conversations": [{"from": "human"}]}, r"missing field 'conversations\[0\].value'"),
+    ({"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": 3}]}, "must be a string"),
+    ({"conversations": [{"from": "human", "value": "q"}]}, "no gpt reply to size the output"),
+    ("text", "record must be a JSON object"),
+])
+def test_sharegpt_faults_name_the_record(tmp_path: Path, record: Any, fault: str) -> None:
+    path = tmp_path / "conv.json"
+    good = {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": "a"}]}
+    path.write_text(json.dumps([good, good, record]))
+    with pytest.raises(TroughputError, match=fault) as err:
+        load(path, default_max_tokens=None)
+    assert f"{path}, record 2:" in str(err.value)
+
+
+def test_sharegpt_must_be_a_json_list(tmp_path: Path) -> None:
+    path = tmp_path / "conv.json"
+    path.write_text('{"conversations": []}')
+    with pytest.raises(TroughputError, match="expected a JSON list"):
+        load(path)
+    path.write_text('[{"conversations": []},\n  {oops}]')
+    with pytest.raises(TroughputError, match=r"invalid JSON at line 2"):
+        load(path)
+
+
+@pytest.mark.parametrize(("record", "fault"), [
+    ({"prompt": "   "}, "'prompt' is empty"),
+    ({"prompt": ["a"]}, "'prompt' must be a string, got a list"),
+    ({"text": "a"}, "missing field 'prompt'"),
+    ({"prompt": "a", "max_tokens": -1}, "'max_tokens' must be positive, got -1"),
+    ({"prompt": "a", "id": "line-1"}, r"duplicate id 'line-1' \(first used on line 1\)"),
+])
+def test_plain_jsonl_faults(tmp_path: Path, record: Any, fault: str) -> None:
+    path = write_lines(tmp_path / "p.jsonl", [{"prompt": "ok"}, record])
+    with pytest.raises(TroughputError, match=fault) as err:
+        load(path, "jsonl")
+    assert f"{path}, line 2:" in str(err.value)
+
+
+def test_missing_empty_and_unknown(tmp_path: Path) -> None:
+    with pytest.raises(TroughputError, match="nowhere.jsonl not found"):
+        load(tmp_path / "nowhere.jsonl")
+    empty = write_lines(tmp_path / "empty.jsonl", ["", ""])
+    with pytest.raises(TroughputError, match="no usable requests"):
+        load(empty)
+    only_skipped = tmp_path / "c.json"
+    only_skipped.write_text(json.dumps([{"conversations": [{"from": "gpt", "value": "hi"}]}]))
+    with pytest.raises(TroughputError, match=r"no usable requests \(1 records skipped\)"):
+        load(only_skipped)
+    with pytest.raises(TroughputError, match="unknown format 'csv'"):
+        load(empty, "csv")
+    with pytest.raises(TroughputError, match="max_requests must be a positive integer"):
+        load(empty, max_requests=0)
