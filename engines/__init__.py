@@ -12,15 +12,15 @@ ENGINES: dict[str, str] = {
 
 
 def get_engine_class(name: str) -> type[Engine]:
-    """The adapter class registered under ``name``.
+    """The adapter class registered under ``name``, or named directly as ``"package.module:Class"``.
 
     Raises:
         KnobError: for an unknown name, listing the known ones.
     """
-    try:
-        target = ENGINES[name]
-    except KeyError:
-        raise KnobError(f"unknown engine {name!r}; known engines: {', '.join(sorted(ENGINES))}") from None
+    target = name if ":" in name else ENGINES.get(name)
+    if target is None:
+        raise KnobError(f"unknown engine {name!r}; known engines: {', '.join(sorted(ENGINES))}, "
+                        "or a 'module:Class' path of your own adapter")
     module_name, class_name = target.split(":")
     return getattr(importlib.import_module(module_name), class_name)
 

@@ -1,0 +1,57 @@
+"""A scripted engine for runner tests: real worker process, no real model.
+
+Knobs steer it: ``fail_in`` (start|generate) raises there, ``oom`` raises an
+out-of-memory error, ``kill_self`` SIGKILLs the worker mid-generate,
+``sleep_s`` sleeps in generate (for time limits). It echoes the prompt's last
+token ``max_tokens`` times, so token counts are exact.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
+
+KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "max_num_seqs"}
+
+
+class FakeEngine(Engine):
+    name = "fake"
+
+    def validate(self) -> None:
+        unknown = sorted(set(self.knobs) - KNOWN)
+        if unknown:
+            raise KnobError(f"unknown fake knob(s) {unknown}")
+
+    def start(self) -> StartInfo:
+        if self.knobs.get("fail_in") == "start":
+            raise RuntimeError("scripted failure in start")
+        self.started = True
+        self.generated = 0
+        return StartInfo(startup_s=0.01, engine_version="fake-1")
+
+    def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
+        self.require_started()
+        if self.knobs.get("oom"):
+            raise MemoryError("CUDA out of memory (scripted)")
+        if self.knobs.get("kill_self"):
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.knobs.get("fail_in") == "generate":
+            raise RuntimeError("scripted failure in generate")
+        time.sleep(float(self.knobs.get("sleep_s", 0)))
+        out = []
+        for r in requests:
+            out.append(Completion(r.id, len(r.prompt_token_ids), [r.prompt_token_ids[-1]] * r.max_tokens,
+                                  cached_tokens=0, finished_at=time.perf_counter()))
+            self.generated += 1
+            if on_finish:
+                on_finish(1)
+        return out
+
+    def stats(self) -> EngineStats:
+        return EngineStats(preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0)
+
+    def stop(self) -> None:
+        self.started = False

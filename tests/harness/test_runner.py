@@ -1,0 +1,61 @@
+"""The runner against a scripted engine in a real worker process: every ending becomes a row."""
+
+import json
+import sys
+
+import pytest
+
+from engines.base import Request
+from harness.results import read_rows
+from harness.runner import RunSpec, execute
+from harness.workloads.base import Workload
+from tests.conftest import FAKE_ENGINE
+
+WORKLOAD = Workload("w", [Request(f"r{i}", [5, 6, 7 + i], 3 + i) for i in range(6)])
+
+
+def run(tmp_path, **overrides):
+    settings = {"python": sys.executable, "warmup_requests": 2, **overrides}
+    spec = RunSpec(engine=FAKE_ENGINE, model={"name": "fake", "path": "none"}, workload=WORKLOAD,
+                   results_dir=tmp_path, **settings)
+    return execute(spec, progress=False)
+
+
+def test_ok_row_counts_what_the_engine_returned(tmp_path):
+    row = run(tmp_path, repeats=3, ordering={"name": "shuffled", "seed": 0}, save_outputs=True)
+    assert row["status"] == "ok" and row["error"] == ""
+    assert row["requests_done"] == 6 and row["output_tokens"] == sum(3 + i for i in range(6))
+    assert row["input_tokens"] == 18 and len(row["output_tok_s_passes"]) == 3
+    assert row["output_tok_s"] == pytest.approx(row["output_tokens"] / row["wall_s"])
+    assert row["engine_version"] == "fake-1" and row["workload_fingerprint"] == WORKLOAD.fingerprint
+    assert row["completion_p50_s"] <= row["completion_p99_s"] <= row["wall_s"]
+    assert read_rows(tmp_path)[0]["run_id"] == row["run_id"]
+    outputs = [json.loads(line) for line in open(tmp_path / "outputs" / f"{row['run_id']}.jsonl")]
+    assert [o["id"] for o in outputs] == [r.id for r in WORKLOAD.requests], "original order whatever the ordering"
+    assert [len(o["output_token_ids"]) for o in outputs] == [r.max_tokens for r in WORKLOAD.requests]
+
+
+@pytest.mark.parametrize("knobs, status, phase, message", [
+    ({"nonsense": 1}, "invalid", "validate", "unknown fake knob"),
+    ({"fail_in": "start"}, "crash", "start", "scripted failure in start"),
+    ({"fail_in": "generate"}, "crash", "warmup", "scripted failure in generate"),
+    ({"oom": True}, "oom", "warmup", "out of memory"),
+    ({"kill_self": True}, "crash", "warmup", "killed by SIGKILL"),
+])
+def test_failures_become_rows_with_their_reason(tmp_path, knobs, status, phase, message):
+    row = run(tmp_path, knobs=knobs)
+    assert (row["status"], row["failed_phase"]) == (status, phase)
+    assert message in row["error"]
+    assert read_rows(tmp_path)[0]["status"] == status
+
+
+def test_time_limit_kills_the_worker_and_says_where(tmp_path):
+    row = run(tmp_path, knobs={"sleep_s": 60}, time_limit_s=8, warmup_requests=0)
+    assert row["status"] == "timeout" and row["failed_phase"] == "pass 1"
+    assert "time limit of 8 s exceeded during pass 1" in row["error"]
+    assert row["run_seconds"] < 30
+
+
+def test_missing_interpreter_is_an_invalid_row(tmp_path):
+    row = run(tmp_path, python="/nonexistent/python")
+    assert row["status"] == "invalid" and "engine.python" in row["error"]
