@@ -104,7 +104,7 @@ class Engine(abc.ABC):
     """An inference engine driven through its in-process offline API.
 
     Lifecycle: ``validate`` (cheap, no engine started) -> ``start`` -> any number
-    of ``generate``/``stats``/``reset_prefix_cache`` -> ``stop``. Calling
+    of ``generate``/``stats``/``reset_caches`` -> ``stop``. Calling
     ``generate`` before ``start`` raises ``RuntimeError``.
     """
 
@@ -134,8 +134,8 @@ class Engine(abc.ABC):
     def stats(self) -> EngineStats:
         """Counters accumulated since ``start``."""
 
-    def reset_prefix_cache(self) -> None:  # noqa: B027 - optional capability
-        """Drop cached prefixes (after warm-up), where the engine can."""
+    def reset_caches(self) -> None:  # noqa: B027 - optional capability
+        """Drop cached prefixes and multimodal inputs (after warm-up, between passes), where the engine can."""
 
     @abc.abstractmethod
     def stop(self) -> None:

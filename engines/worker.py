@@ -112,14 +112,14 @@ def run_job(job_dir: Path) -> int:
             emit("phase", phase="warmup", total=len(warmup))
             engine.generate([Request(f"warmup-{r.id}", r.prompt_token_ids, r.max_tokens, r.images)
                              for r in warmup])
-            engine.reset_prefix_cache()
+            engine.reset_caches()
         completions: list[Completion] = []
         for index in range(int(job.get("repeats", 1))):
             result["phase"] = f"pass {index + 1}"
             emit("phase", phase=result["phase"], total=len(requests))
             measured, completions = timed_pass(engine, requests, index)
             result["passes"].append(measured)
-            engine.reset_prefix_cache()
+            engine.reset_caches()
         result["final_stats"] = asdict(engine.stats())
         result["peak_gpu_bytes"] = _peak_gpu_bytes()
         with open(job_dir / "completions.jsonl", "w") as f:

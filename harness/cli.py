@@ -26,7 +26,8 @@ log = logging.getLogger("troughput")
 def spec_from_config(cfg: DictConfig) -> RunSpec:
     """Compose a ``RunSpec``: resolve the model (building it if needed), build the workload, merge knobs.
 
-    Knobs merge from general to specific: hardware, then model, then engine.
+    Knobs merge from general to specific: hardware, then model, then engine; null means
+    the engine's default and is dropped.
     """
     engine = cfg.engine.name
     python = cfg.engine.python or sys.executable
@@ -37,6 +38,7 @@ def spec_from_config(cfg: DictConfig) -> RunSpec:
     for source in (cfg.hardware.get("knobs"), cfg.model.get("knobs")):
         knobs.update(OmegaConf.to_container(source, resolve=True).get(engine, {}) if source else {})
     knobs.update(OmegaConf.to_container(cfg.engine.knobs, resolve=True) or {})
+    knobs = {name: value for name, value in knobs.items() if value is not None}
     labels = dict(OmegaConf.to_container(cfg.run.labels, resolve=True) or {})
     labels.setdefault("command", _command_line())
     labels["hardware"] = cfg.hardware.name

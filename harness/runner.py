@@ -158,12 +158,14 @@ def _follow_events(proc: subprocess.Popen, phase: dict[str, str], spec: RunSpec,
         phase["name"] = event.get("phase", phase["name"])
         if not progress:
             continue
-        if event["event"] == "phase" and event.get("total"):
+        if event["event"] == "phase":
             if bar is not None:
                 bar.close()
-            bar = tqdm(total=event["total"], desc=f"{label} {phase['name']}", unit="req", leave=False)
-        elif event["event"] == "phase":
-            tqdm.write(f"[{label}] {phase['name']}", file=sys.stderr)
+                bar = None
+            if event.get("total"):
+                bar = tqdm(total=event["total"], desc=f"{label} {phase['name']}", unit="req", leave=False)
+            else:
+                tqdm.write(f"[{label}] {phase['name']}", file=sys.stderr)
         elif event["event"] == "progress" and bar is not None:
             bar.update(event["done"] - bar.n)
     if bar is not None:

@@ -29,10 +29,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "(no rows)"
     frame = pd.DataFrame.from_records(rows)
-    frame["knobs"] = [
-        " ".join(f"{k.removeprefix('knob.')}={v}" for k, v in row.items()
-                 if k.startswith("knob.") and not _is_platform_knob(k)) for row in rows
-    ]
+    shown = _knobs_to_show(rows)
+    frame["knobs"] = [" ".join(f"{k.removeprefix('knob.')}={row[k]}" for k in shown if k in row) for row in rows]
     for column in COLUMNS:
         if column not in frame:
             frame[column] = None
@@ -44,9 +42,12 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     return text + ("\nfailed runs:\n" + "\n".join(failures) if failures else "")
 
 
-def _is_platform_knob(key: str) -> bool:
-    """Knobs every CPU run carries; left out of the summary to keep it readable."""
-    return key in {"knob.kv_cache_memory_bytes", "knob.gpu_memory_utilization", "knob.enforce_eager"}
+def _knobs_to_show(rows: list[dict[str, Any]]) -> list[str]:
+    """All knobs of a single row; of several rows, only the knobs that differ between them."""
+    keys = sorted({k for row in rows for k in row if k.startswith("knob.")})
+    if len(rows) == 1:
+        return keys
+    return [k for k in keys if len({repr(row.get(k)) for row in rows}) > 1]
 
 
 def print_summary(rows: list[dict[str, Any]], results_dir: Path) -> None:

@@ -26,3 +26,12 @@ def vocab_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+def compose(*overrides: str):
+    """The troughput-run config for ``overrides``, composed as Hydra would."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose("config", overrides=list(overrides))

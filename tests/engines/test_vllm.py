@@ -1,0 +1,73 @@
+"""The vLLM adapter on the CPU build with the tiny model: real engine runs, counts asserted."""
+
+import pytest
+
+from harness.cli import spec_from_config
+from harness.runner import execute
+from tests.conftest import compose
+
+pytestmark = pytest.mark.engine
+
+PREFIX = ["workload=prefix_heavy", "workload.num_groups=4", "workload.prompts_per_group=4",
+          "workload.prefix_len={kind: fixed, value: 256}", "workload.output_len={kind: fixed, value: 4}"]
+
+
+def run(tmp_path, *overrides):
+    cfg = compose(*overrides, f"run.results_dir={tmp_path}", "run.progress=false")
+    return execute(spec_from_config(cfg), progress=False)
+
+
+def test_prefix_cache_serves_all_but_the_first_prompt_of_each_group(tmp_path):
+    row = run(tmp_path, *PREFIX, "run.repeats=2")
+    assert row["status"] == "ok", row["error"]
+    block = row["engine_info.block_size"]
+    ideal = row["workload_info.ideal_prefix_hit_tokens"]
+    assert ideal == 4 * 3 * 256
+    # Only whole blocks hit: the shared prefix rounded down to blocks, (P-1) times per group.
+    assert row["prefix_cache_hits"] == 4 * 3 * (256 // block * block)
+    assert row["prefix_cache_queries"] == row["input_tokens"] == row["workload_info.input_tokens_requested"]
+    assert row["prefix_cache_hit_rate"] == pytest.approx(row["prefix_cache_hits"] / row["input_tokens"])
+    assert row["cached_tokens"] == row["prefix_cache_hits"], "per-request counts agree with the counters"
+    assert row["output_tokens"] == 16 * 4 and len(row["output_tok_s_passes"]) == 2
+
+
+def test_prefix_caching_off_reports_zero(tmp_path):
+    row = run(tmp_path, *PREFIX, "engine.knobs.enable_prefix_caching=false")
+    assert row["status"] == "ok", row["error"]
+    assert row["prefix_cache_hits"] == 0 and row["prefix_cache_hit_rate"] == 0.0
+
+
+@pytest.mark.parametrize("kv_bytes, preempted", [(1 << 20, True), (64 << 20, False)])
+def test_tiny_kv_cache_preempts_and_roomy_one_does_not(tmp_path, kv_bytes, preempted):
+    row = run(tmp_path, "workload=unique", "workload.num_requests=64", "workload.input_len=64",
+              "workload.output_len=64", "run.warmup_requests=0", "model.knobs.vllm.max_model_len=256",
+              "engine.knobs.max_num_seqs=64", f"hardware.knobs.vllm.kv_cache_memory_bytes={kv_bytes}")
+    assert row["status"] == "ok", row["error"]
+    assert row["output_tokens"] == 64 * 64
+    assert (row["preemptions"] > 0) == preempted
+
+
+def test_unknown_knob_fails_before_the_engine_starts(tmp_path):
+    row = run(tmp_path, "workload=unique", "workload.num_requests=4", "+engine.knobs.max_num_seqz=8")
+    assert row["status"] == "invalid" and row["failed_phase"] == "validate"
+    assert "max_num_seqz" in row["error"] and row["startup_s"] is None
+
+
+def test_invalid_knob_value_is_rejected_by_vllm_before_start(tmp_path):
+    row = run(tmp_path, "workload=unique", "workload.num_requests=4", "engine.knobs.max_num_seqs=64",
+              "engine.knobs.max_num_batched_tokens=16", "engine.knobs.enable_chunked_prefill=true")
+    assert row["status"] == "invalid" and row["failed_phase"] == "validate", row["error"]
+
+
+def test_multimodal_runs_on_the_tiny_vlm_and_counts_repeated_images(tmp_path):
+    row = run(tmp_path, "workload=multimodal", "workload.num_requests=24", "workload.output_len={kind: fixed, value: 4}",
+              f"run.image_dir={tmp_path / 'images'}")
+    assert row["status"] == "ok", row["error"]
+    assert row["model"] == "tiny_vlm" and row["workload_info.images"] == 24
+    repeats = row["workload_info.images"] - row["workload_info.unique_images"]
+    assert repeats > 0
+    assert row["mm_cache_queries"] == 24
+    # Caches are reset after warm-up, so each repeat of an image in the pass is one hit.
+    assert row["mm_cache_hits"] == repeats
+    # Each image placeholder became the model's image run inside the engine.
+    assert row["input_tokens"] > row["workload_info.input_tokens_requested"]

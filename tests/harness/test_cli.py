@@ -1,0 +1,71 @@
+"""``troughput-run`` as a user runs it: a subprocess, single runs and multiruns."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness.results import read_rows
+from tests.conftest import FAKE_ENGINE, ROOT
+
+
+def troughput_run(tmp_path, *args, timeout=600):
+    command = [sys.executable, "-m", "harness.cli", *args, f"run.results_dir={tmp_path / 'results'}",
+               f"run.image_dir={tmp_path / 'images'}", "run.progress=false"]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def batch_line(custom_id, text, url="/v1/chat/completions"):
+    body = {"model": "tiny", "max_tokens": 5, "messages": [{"role": "user", "content": text}]}
+    if url == "/v1/completions":
+        body = {"model": "tiny", "max_tokens": 7, "prompt": text}
+    return json.dumps({"custom_id": custom_id, "method": "POST", "url": url, "body": body})
+
+
+def test_multirun_carries_on_past_a_killed_and_a_timed_out_run(tmp_path):
+    proc = troughput_run(tmp_path, "-m", f"engine.name={FAKE_ENGINE}", "workload=unique",
+                         "workload.num_requests=5", "run.time_limit_s=10",
+                         "+engine.knobs.kill_self=false,true", "+engine.knobs.sleep_s=0,30")
+    assert proc.returncode == 0, proc.stderr
+    rows = read_rows(tmp_path / "results")
+    assert len(rows) == 4 and len({r["sweep_id"] for r in rows}) == 1
+    by_knobs = {(r["knob.kill_self"], r["knob.sleep_s"]): r for r in rows}
+    assert by_knobs[(False, 0)]["status"] == "ok"
+    assert by_knobs[(True, 0)]["status"] == "crash" and "SIGKILL" in by_knobs[(True, 0)]["error"]
+    assert by_knobs[(False, 30)]["status"] == "timeout"
+    assert "4 row(s)" in proc.stdout and "failed runs:" in proc.stdout, "the sweep ends with its summary"
+
+
+def test_unknown_engine_name_lists_the_known_ones(tmp_path):
+    proc = troughput_run(tmp_path, "engine.name=vlm", "workload=unique", "workload.num_requests=2")
+    row = read_rows(tmp_path / "results")[0]
+    assert row["status"] == "invalid" and "known engines: vllm" in row["error"]
+    assert "invalid" in proc.stdout
+
+
+def test_batch_file_with_a_broken_line_fails_with_its_line_number(tmp_path):
+    path = tmp_path / "batch.jsonl"
+    path.write_text("\n".join([batch_line("a", "hello"), batch_line("b", "world"), '{"custom_id": "c", "meth']))
+    proc = troughput_run(tmp_path, "workload=file", f"workload.path={path}")
+    assert proc.returncode == 2
+    assert f"{path}" in proc.stderr and "line 3" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "results" / "runs").exists(), "no engine started, no row written"
+
+
+@pytest.mark.engine
+def test_good_batch_file_runs_on_the_real_engine(tmp_path):
+    path = tmp_path / "batch.jsonl"
+    lines = [batch_line(f"req-{i}", f"tell me about the number {i}") for i in range(6)]
+    lines.append(batch_line("plain", "once upon a time", url="/v1/completions"))
+    path.write_text("\n".join(lines) + "\n")
+    proc = troughput_run(tmp_path, "workload=file", f"workload.path={path}", "run.save_outputs=true")
+    assert proc.returncode == 0, proc.stderr
+    row = read_rows(tmp_path / "results")[0]
+    assert row["status"] == "ok", row["error"]
+    assert row["requests_done"] == 7 and row["output_tokens"] == 6 * 5 + 7
+    assert row["workload_info.source_format"] == "openai_batch"
+    outputs = [json.loads(line) for line in open(tmp_path / "results" / "outputs" / f"{row['run_id']}.jsonl")]
+    assert [o["id"] for o in outputs] == [f"req-{i}" for i in range(6)] + ["plain"]
+    assert "ok" in proc.stdout and "1 row(s)" in proc.stdout
