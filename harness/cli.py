@@ -27,18 +27,19 @@ def spec_from_config(cfg: DictConfig) -> RunSpec:
     """Compose a ``RunSpec``: resolve the model (building it if needed), build the workload, merge knobs.
 
     Knobs merge from general to specific: hardware, then model, then engine; null means
-    the engine's default and is dropped.
+    "not set here" and never hides a value from a more general layer.
     """
     engine = cfg.engine.name
     python = cfg.engine.python or sys.executable
     model = resolve_model(OmegaConf.to_container(cfg.model, resolve=True), python)
     workload_cfg = OmegaConf.to_container(cfg.workload, resolve=True)
     workload = build_workload(workload_cfg, model, Path(cfg.run.image_dir))
+    layers = [(cfg.hardware.get("knobs") or {}).get(engine), (cfg.model.get("knobs") or {}).get(engine),
+              cfg.engine.knobs]
     knobs: dict[str, Any] = {}
-    for source in (cfg.hardware.get("knobs"), cfg.model.get("knobs")):
-        knobs.update(OmegaConf.to_container(source, resolve=True).get(engine, {}) if source else {})
-    knobs.update(OmegaConf.to_container(cfg.engine.knobs, resolve=True) or {})
-    knobs = {name: value for name, value in knobs.items() if value is not None}
+    for layer in layers:
+        values = OmegaConf.to_container(layer, resolve=True) if layer is not None else {}
+        knobs.update({name: value for name, value in values.items() if value is not None})
     labels = dict(OmegaConf.to_container(cfg.run.labels, resolve=True) or {})
     labels.setdefault("command", _command_line())
     labels["hardware"] = cfg.hardware.name

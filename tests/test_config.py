@@ -40,4 +40,5 @@ def test_knobs_merge_hardware_then_model_then_engine(tmp_path: Path):
     assert spec.knobs["max_num_seqs"] == 8 and spec.knobs["block_size"] == 16
     assert spec.knobs["max_model_len"] == 512 and spec.knobs["enforce_eager"] is True
     assert "max_num_batched_tokens" not in spec.knobs, "null knobs mean the engine's default and are dropped"
+    assert spec.knobs["gpu_memory_utilization"] == 0.5, "a null in engine.knobs does not hide hardware's value"
     assert spec.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
