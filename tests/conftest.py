@@ -28,10 +28,10 @@ def python() -> str:
     return sys.executable
 
 
-def compose(*overrides: str):
-    """The troughput-run config for ``overrides``, composed as Hydra would."""
+def compose(*overrides: str, config_name: str = "config"):
+    """The troughput-run (or ``tuning``) config for ``overrides``, composed as Hydra would."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides))
+        return hydra_compose(config_name, overrides=list(overrides))

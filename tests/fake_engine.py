@@ -2,7 +2,9 @@
 
 Knobs steer it: ``fail_in`` (start|generate) raises there, ``oom`` raises an
 out-of-memory error, ``kill_self`` SIGKILLs the worker mid-generate,
-``sleep_s`` sleeps in generate (for time limits). It echoes the prompt's last
+``sleep_s`` sleeps in generate (for time limits), ``step_s`` sleeps per
+batch of ``max_num_seqs`` requests (so throughput grows with it), and
+``oom_above`` fails for memory when ``max_num_seqs`` exceeds it. It echoes the prompt's last
 token ``max_tokens`` times, so token counts are exact.
 """
 
@@ -14,7 +16,7 @@ import time
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 
-KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "max_num_seqs"}
+KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "max_num_seqs"}
 
 
 class FakeEngine(Engine):
@@ -34,13 +36,15 @@ class FakeEngine(Engine):
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
         self.require_started()
-        if self.knobs.get("oom"):
+        seqs = int(self.knobs.get("max_num_seqs", 8))
+        if self.knobs.get("oom") or seqs > self.knobs.get("oom_above", float("inf")):
             raise MemoryError("CUDA out of memory (scripted)")
         if self.knobs.get("kill_self"):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.knobs.get("fail_in") == "generate":
             raise RuntimeError("scripted failure in generate")
         time.sleep(float(self.knobs.get("sleep_s", 0)))
+        time.sleep(float(self.knobs.get("step_s", 0)) * -(-len(requests) // seqs))
         out = []
         for r in requests:
             out.append(Completion(r.id, len(r.prompt_token_ids), [r.prompt_token_ids[-1]] * r.max_tokens,

@@ -6,7 +6,8 @@ import pytest
 
 from tests.conftest import ROOT, compose
 
-GROUPS = sorted(p.name for p in (ROOT / "conf").iterdir() if p.is_dir())
+GROUPS = sorted(p.name for p in (ROOT / "conf").iterdir() if p.is_dir() and p.name != "tune")
+TUNE_OPTIONS = sorted(p.stem for p in (ROOT / "conf" / "tune").glob("*.yaml"))
 
 
 def options(group: str) -> list[str]:
@@ -42,3 +43,21 @@ def test_knobs_merge_hardware_then_model_then_engine(tmp_path: Path):
     assert "max_num_batched_tokens" not in spec.knobs, "null knobs mean the engine's default and are dropped"
     assert spec.knobs["gpu_memory_utilization"] == 0.5, "a null in engine.knobs does not hide hardware's value"
     assert spec.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+
+
+@pytest.mark.parametrize("option", TUNE_OPTIONS)
+def test_every_search_space_composes_and_parses(option):
+    from sweeps.space import SearchSpace
+
+    engine, hardware = option.split("_", 1)
+    cfg = compose(f"engine={engine}", f"hardware={hardware}", config_name="tuning")
+    assert cfg.tune.n_trials > 0
+    space = SearchSpace(cfg.tune.space)
+    for p in space.params:
+        assert p.path.startswith(("engine.", "ordering")), p.path
+
+
+def test_tuning_picks_the_space_of_the_engine_and_hardware():
+    cfg = compose(config_name="tuning")
+    assert "engine.canonical.max_seqs" in cfg.tune.space.params
+    assert cfg.tune.heuristic.memory_bytes == cfg.hardware.knobs.vllm.kv_cache_memory_bytes

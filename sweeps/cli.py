@@ -1,0 +1,73 @@
+"""``troughput-tune``: an Optuna study over engine knobs for one (engine, model, workload, hardware) cell."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from engines.base import KnobError
+from harness.cli import spec_from_config
+from harness.environment import PROJECT_ROOT
+from harness.errors import TroughputError
+from harness.models import resolve_model
+from harness.workloads import build_workload
+from sweeps.best import best_trials, confirm, write_engine_file
+from sweeps.objective import Objective
+from sweeps.seeds import enqueue_seeds
+from sweeps.space import SearchSpace
+from sweeps.study import fail_stale_trials, finished_trials, open_study, run_trials
+
+log = logging.getLogger("troughput.tune")
+
+
+def tune(cfg: DictConfig) -> dict:
+    """Run (or resume) the study, then write and confirm its best config. Returns a summary."""
+    objective = Objective(OmegaConf.to_container(cfg.tune, resolve=True))
+    space = SearchSpace(OmegaConf.to_container(cfg.tune.space, resolve=True))
+    study = open_study(cfg, objective)
+    base = OmegaConf.to_container(cfg, resolve=True)
+    model = resolve_model(base["model"], cfg.engine.python or sys.executable)
+    workload = build_workload(base["workload"], model, Path(cfg.run.image_dir))
+    seeds = enqueue_seeds(study, base["tune"], space, base, workload.summary(), model["local_dir"])
+    stale = fail_stale_trials(study, stale_after_s=2 * float(cfg.run.time_limit_s) + 120)
+    print(f"study {study.study_name!r} in {cfg.tune.storage}: {finished_trials(study)} finished trials"
+          f"{f', {stale} stale marked failed' if stale else ''}; budget {cfg.tune.n_trials}; "
+          f"first trials: {', '.join(seeds) or 'none'}", flush=True)
+    run_trials(cfg, study, space, objective, spec_from_config)
+    best = best_trials(study)
+    summary = {"study": study.study_name, "finished": finished_trials(study), "best": best}
+    if not best:
+        print("no trial succeeded: see the failed rows' errors (troughput-report, or results/runs/)")
+        return summary
+    for trial in best:
+        print(f"best trial {trial.number}: values {trial.values}, params {trial.params or 'engine defaults'}, "
+              f"run {trial.user_attrs.get('run_id')}")
+    path = write_engine_file(cfg, best[0], PROJECT_ROOT / cfg.tune.output_dir, study.study_name)
+    print(f"best config written to {path}")
+    if int(cfg.tune.confirm_rounds) > 0:
+        print(f"confirming: default config vs best, {cfg.tune.confirm_rounds} rounds side by side")
+        result = confirm(cfg, dict(best[0].params), objective, int(cfg.tune.confirm_rounds), spec_from_config,
+                         study.study_name)
+        summary["confirm"] = result
+        if result["ratio"] is not None:
+            print(f"measured gain of the best config over the default: {result['ratio']:.3f}x output tok/s "
+                  f"(median of {len(result['best'])} vs {len(result['default'])} runs)")
+    return summary
+
+
+@hydra.main(config_path=str(PROJECT_ROOT / "conf"), config_name="tuning", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    logging.getLogger("troughput").setLevel(logging.INFO)
+    try:
+        tune(cfg)
+    except (TroughputError, KnobError) as e:
+        print(f"troughput-tune: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

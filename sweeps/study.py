@@ -1,0 +1,179 @@
+"""One Optuna study per (engine, model, workload, hardware) cell, driven with ask/tell.
+
+Every trial is one runner run (an isolated worker, one results row labelled with
+the study name and trial number); the trial carries the run id. Failed runs are
+told as ``FAIL`` with their reason and, when memory ran out, teach the search
+space its memory edge. The study lives in any Optuna RDB storage, so re-running
+the same command resumes it and several processes can share it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import optuna
+from omegaconf import DictConfig, OmegaConf
+
+from harness.errors import TroughputError
+from harness.runner import execute
+from sweeps.objective import Objective
+from sweeps.space import SearchSpace
+
+log = logging.getLogger(__name__)
+FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
+MEMORY_STATUSES = {"oom"}
+
+
+@dataclass
+class TrialOutcome:
+    number: int
+    values: dict[str, Any]
+    row: dict[str, Any] | None
+    reason: str = ""
+
+
+def study_name(cfg: DictConfig) -> str:
+    """``tune.study_name``, else one name per cell: engine-model-workload-hardware."""
+    return cfg.tune.study_name or f"{cfg.engine.name}-{cfg.model.name}-{cfg.workload.name}-{cfg.hardware.name}"
+
+
+def open_study(cfg: DictConfig, objective: Objective) -> optuna.Study:
+    """Create or resume the study in ``tune.storage``."""
+    storage = cfg.tune.storage
+    if storage.startswith("sqlite:///"):
+        os.makedirs(os.path.dirname(os.path.abspath(storage.removeprefix("sqlite:///"))), exist_ok=True)
+    return optuna.create_study(
+        study_name=study_name(cfg), storage=optuna.storages.RDBStorage(storage, engine_kwargs=_engine_kwargs(storage)),
+        directions=objective.directions, sampler=make_sampler(cfg, objective), load_if_exists=True)
+
+
+def make_sampler(cfg: DictConfig, objective: Objective) -> optuna.samplers.BaseSampler:
+    """TPE (default), random, or grid over the space; constraints where the sampler takes them."""
+    name, seed = cfg.tune.sampler, cfg.tune.seed
+    if name == "tpe":
+        return optuna.samplers.TPESampler(seed=seed, constraints_func=objective.constraints)
+    if name == "random":
+        return optuna.samplers.RandomSampler(seed=seed)
+    if name == "grid":
+        space = SearchSpace(OmegaConf.to_container(cfg.tune.space, resolve=True))
+        return optuna.samplers.GridSampler({p.path: p.grid(int(cfg.tune.grid_points)) for p in space.params}, seed=seed)
+    raise TroughputError(f"unknown sampler {name!r}; use tpe, random or grid")
+
+
+def fail_stale_trials(study: optuna.Study, stale_after_s: float) -> int:
+    """Mark trials left RUNNING by a killed tuner as failed; returns how many."""
+    failed = 0
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+        attrs = trial.user_attrs
+        dead_here = attrs.get("host") == socket.gethostname() and not _alive(attrs.get("pid"))
+        too_old = time.time() - attrs.get("started", time.time()) > stale_after_s
+        if dead_here or too_old:
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            study.set_user_attr(f"stale_trial_{trial.number}", "tuner died while the trial ran")
+            failed += 1
+    return failed
+
+
+def finished_trials(study: optuna.Study) -> int:
+    return len(study.get_trials(deepcopy=False, states=FINISHED))
+
+
+def started_trials(study: optuna.Study) -> int:
+    """Finished plus running trials (other workers' included); waiting (enqueued) ones are not counted."""
+    return len(study.get_trials(deepcopy=False, states=(*FINISHED, optuna.trial.TrialState.RUNNING)))
+
+
+def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objective: Objective,
+               make_spec: Callable[[DictConfig], Any]) -> list[TrialOutcome]:
+    """Ask, run and tell until the study holds ``tune.n_trials`` trials or ``tune.timeout`` passes.
+
+    Trial numbers are handed out by the storage, so several workers never exceed
+    the budget: a worker that is handed a number past it stops without running.
+    """
+    base = OmegaConf.to_container(cfg, resolve=True)
+    deadline = time.monotonic() + float(cfg.tune.timeout) if cfg.tune.timeout else None
+    for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+        if trial.user_attrs.get("status") in MEMORY_STATUSES:
+            space.learn_memory_edge(trial.params)
+    budget = int(cfg.tune.n_trials)
+    outcomes = []
+    while started_trials(study) < budget and (deadline is None or time.monotonic() < deadline):
+        trial = study.ask()
+        if trial.number >= budget:  # another worker took the last slot between our count and our ask
+            trial.set_user_attr("reason", "over budget: not run")
+            study.tell(trial, state=optuna.trial.TrialState.FAIL)
+            break
+        trial.set_user_attr("host", socket.gethostname())
+        trial.set_user_attr("pid", os.getpid())
+        trial.set_user_attr("started", time.time())
+        outcomes.append(_run_one(cfg, study, trial, space, objective, base, make_spec))
+    return outcomes
+
+
+def _run_one(cfg, study, trial, space, objective, base, make_spec) -> TrialOutcome:
+    seed_name = trial.user_attrs.get("seed")
+    try:
+        values = {} if seed_name == "engine defaults" else space.suggest(trial, base)
+    except TroughputError as e:
+        return _fail(study, trial, {}, None, f"no valid proposal: {e}")
+    broken = space.check(values, base)
+    if broken:
+        return _fail(study, trial, values, None, f"constraint broken, not launched: {broken}")
+    trial_cfg = apply_values(cfg, values)
+    OmegaConf.update(trial_cfg, "run.labels", {**cfg.run.labels, "study": study.study_name, "trial": trial.number},
+                     force_add=True)
+    label = f"trial {trial.number}" + (f" ({seed_name})" if seed_name else "")
+    log.info("%s: %s", label, values or "engine defaults")
+    row = execute(make_spec(trial_cfg), progress=bool(cfg.run.progress))
+    trial.set_user_attr("run_id", row["run_id"])
+    trial.set_user_attr("status", row["status"])
+    if row["status"] != "ok":
+        if row["status"] in MEMORY_STATUSES:
+            space.learn_memory_edge(values)
+        return _fail(study, trial, values, row, f"{row['status']}: {(row['error'] or '').splitlines()[0][:300]}")
+    trial.set_user_attr("constraint", objective.constraint_values(row))
+    study.tell(trial, objective.values(row))
+    log.info("%s: %s", label, objective.describe(row))
+    return TrialOutcome(trial.number, values, row)
+
+
+def _fail(study, trial, values, row, reason: str) -> TrialOutcome:
+    trial.set_user_attr("reason", reason)
+    study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    log.warning("trial %d failed: %s", trial.number, reason)
+    return TrialOutcome(trial.number, values, row, reason)
+
+
+def apply_values(cfg: DictConfig, values: dict[str, Any]) -> DictConfig:
+    """A copy of ``cfg`` with each dotted path set; ``ordering`` swaps in that ordering's config file."""
+    from harness.environment import PROJECT_ROOT
+
+    trial_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    for path, value in values.items():
+        if path == "ordering":
+            trial_cfg.ordering = OmegaConf.load(PROJECT_ROOT / "conf" / "ordering" / f"{value}.yaml")
+        else:
+            OmegaConf.update(trial_cfg, path, value, force_add=True)
+    return trial_cfg
+
+
+def _engine_kwargs(storage: str) -> dict[str, Any]:
+    # SQLite: wait for the lock instead of failing when several tuners share one file.
+    return {"connect_args": {"timeout": 60}} if storage.startswith("sqlite") else {}
+
+
+def _alive(pid: Any) -> bool:
+    if not isinstance(pid, int):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -1,0 +1,125 @@
+"""troughput-tune against the scripted engine: trials are runner runs, failures teach, studies resume and share."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from harness.results import read_rows
+from sweeps.space import NOTCH
+from tests.conftest import FAKE_ENGINE, ROOT, compose
+
+# Throughput grows with max_num_seqs (fewer sleeping steps) until the scripted OOM above 24.
+FAKE_SPACE = """
+space:
+  params:
+    engine.knobs.max_num_seqs: {type: int, low: 1, high: 64, log: true, memory: true}
+seeds:
+  - name: engine defaults
+  - name: big batch
+    params: {engine.knobs.max_num_seqs: 16}
+"""
+
+
+def settings(tmp_path: Path, n_trials: int, step_s: float = 0.02, **extra) -> list[str]:
+    (tmp_path / "searchpath" / "tune").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "searchpath" / "tune" / "fake.yaml").write_text(FAKE_SPACE)
+    options = {"tune.sampler": "random", "tune.confirm_rounds": 0, **extra}
+    return [f"hydra.searchpath=[file://{tmp_path / 'searchpath'}]", "tune=fake", f"engine.name={FAKE_ENGINE}",
+            "workload=unique", "workload.num_requests=16", "run.warmup_requests=0", "run.progress=false",
+            f"+engine.knobs.step_s={step_s}", "+engine.knobs.oom_above=24", f"tune.n_trials={n_trials}",
+            f"run.results_dir={tmp_path / 'results'}", f"run.image_dir={tmp_path / 'images'}",
+            *[f"{k}={v}" for k, v in options.items()]]
+
+
+def load(tmp_path: Path) -> optuna.Study:
+    storage = f"sqlite:///{tmp_path / 'results' / 'optuna.db'}"
+    (name,) = optuna.get_all_study_names(storage)
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def run_tune(tmp_path: Path, *args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sweeps.cli", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+
+
+def test_every_trial_is_a_row_and_memory_failures_cap_later_proposals(tmp_path, capsys):
+    from sweeps.cli import tune
+
+    summary = tune(compose(*settings(tmp_path, 10, **{"tune.confirm_rounds": 1}), config_name="tuning"))
+    study = load(tmp_path)
+    trials = study.get_trials()
+    assert len(trials) == 10 and summary["finished"] == 10
+    assert trials[0].user_attrs["seed"] == "engine defaults" and trials[0].params == {}
+    assert trials[1].params == {"engine.knobs.max_num_seqs": 16}
+    rows = {r["run_id"]: r for r in read_rows(tmp_path / "results") if "trial" in r}
+    assert sorted(r["trial"] for r in rows.values()) == list(range(10)), "one row per trial, each once"
+    for trial in trials:
+        row = rows[trial.user_attrs["run_id"]]
+        assert row["study"] == study.study_name and row["trial"] == trial.number
+        assert (trial.state == optuna.trial.TrialState.COMPLETE) == (row["status"] == "ok")
+    failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
+    for t in failed:
+        assert t.params["engine.knobs.max_num_seqs"] > 24 and t.user_attrs["reason"].startswith("oom")
+    if failed:
+        first = min(t.number for t in failed)
+        cap = min(t.params["engine.knobs.max_num_seqs"] for t in failed if t.number <= first)
+        later = [t for t in trials if t.number > first and t.params]
+        assert all(t.params["engine.knobs.max_num_seqs"] <= cap * NOTCH for t in later)
+    assert summary["best"][0].state == optuna.trial.TrialState.COMPLETE
+    tuned = (tmp_path / "results" / "tuned" / "engine" / f"{study.study_name}.yaml").read_text()
+    assert "max_num_seqs" in tuned and f"trial {summary['best'][0].number}" in tuned
+    assert summary["confirm"]["ratio"] is not None
+    assert "measured gain of the best config over the default" in capsys.readouterr().out
+
+
+def test_kill_minus_nine_then_resume_keeps_every_finished_trial(tmp_path):
+    args = settings(tmp_path, 6, step_s=0.4)
+    proc = run_tune(tmp_path, *args)
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        if not (tmp_path / "results" / "optuna.db").exists():
+            continue
+        try:
+            done = [t for t in load(tmp_path).get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+        except Exception:  # noqa: BLE001 - the study may not be created yet
+            continue
+        if len(done) >= 2:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = {t.number: t.params for t in load(tmp_path).get_trials() if t.state == optuna.trial.TrialState.COMPLETE}
+    assert len(before) >= 2
+    again = run_tune(tmp_path, *args)
+    output, _ = again.communicate(timeout=300)
+    assert again.returncode == 0, output
+    trials = load(tmp_path).get_trials()
+    after = {t.number: t.params for t in trials if t.state == optuna.trial.TrialState.COMPLETE}
+    assert all(after[n] == p for n, p in before.items()), "completed trials survive the kill untouched"
+    assert len([t for t in trials if t.state.is_finished()]) == 6
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+
+
+def test_two_workers_share_one_study_without_duplicates_or_losses(tmp_path):
+    args = settings(tmp_path, 8)
+    # Create the study first so both workers load the same one.
+    first = run_tune(tmp_path, *args, "tune.n_trials=0")
+    assert first.wait(timeout=120) == 0
+    workers = [run_tune(tmp_path, *args) for _ in range(2)]
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert all(w.returncode == 0 for w in workers), outputs
+    trials = load(tmp_path).get_trials()
+    ran = [t for t in trials if "run_id" in t.user_attrs]
+    assert sorted(t.number for t in ran) == list(range(8))
+    assert len({t.user_attrs["run_id"] for t in ran}) == 8
+    assert {t.user_attrs["pid"] for t in ran} == {w.pid for w in workers}, "both workers ran trials"
+    rows = [r for r in read_rows(tmp_path / "results") if "trial" in r]
+    assert sorted(r["trial"] for r in rows) == list(range(8))
+    extra = [t for t in trials if t.number >= 8]
+    assert all(t.user_attrs.get("reason") == "over budget: not run" for t in extra)
