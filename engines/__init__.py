@@ -8,6 +8,10 @@ from engines.base import Engine, KnobError
 
 ENGINES: dict[str, str] = {
     "vllm": "engines.vllm:VllmEngine",
+    "hf": "engines.hf:HfEngine",
+    "sglang": "engines.sglang:SglangEngine",
+    "trtllm": "engines.trtllm:TrtllmEngine",
+    "sim": "engines.sim:SimEngine",
 }
 
 
@@ -19,7 +23,7 @@ def get_engine_class(name: str) -> type[Engine]:
     """
     target = name if ":" in name else ENGINES.get(name)
     if target is None:
-        raise KnobError(f"unknown engine {name!r}; known engines: {', '.join(sorted(ENGINES))}, "
+        raise KnobError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}, "
                         "or a 'module:Class' path of your own adapter")
     module_name, class_name = target.split(":")
     return getattr(importlib.import_module(module_name), class_name)

@@ -141,6 +141,14 @@ class Engine(abc.ABC):
     def stop(self) -> None:
         """Release the engine and its memory."""
 
+    def simulated_seconds(self) -> float | None:
+        """Predicted seconds of the last ``generate``, for a simulator; ``None`` for a real engine.
+
+        When not ``None``, the worker reports this instead of the timed wall clock, reads
+        ``Completion.finished_at`` as seconds on the same simulated clock, and marks the pass predicted.
+        """
+        return None
+
     def require_started(self) -> None:
         if not self.started:
             raise RuntimeError(f"{type(self).__name__}.start() must be called first")

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
+from engines.common import check_names, load_images, require_module
 
 # Knobs the adapter sets itself; a user setting them would break what is measured.
 RESERVED_KNOBS = {"model", "skip_tokenizer_init", "disable_log_stats"}
@@ -26,17 +27,15 @@ class VllmEngine(Engine):
     name = "vllm"
 
     def validate(self) -> None:
-        """Knob names must be ``EngineArgs`` fields, and vLLM must accept the resulting config."""
+        """vLLM must be installed, knob names must be ``EngineArgs`` fields, and vLLM must accept the config."""
+        require_module("vllm", "vLLM", "vllm")
         from vllm.engine.arg_utils import EngineArgs
 
-        fields = {f.name for f in dataclasses.fields(EngineArgs)}
         reserved = sorted(RESERVED_KNOBS & set(self.knobs))
         if reserved:
             raise KnobError(f"vLLM knobs {reserved} are set by troughput itself; remove them")
-        unknown = sorted(set(self.knobs) - fields)
-        if unknown:
-            raise KnobError(f"unknown vLLM knob(s) {unknown}: not fields of vllm EngineArgs "
-                            f"(vllm {_version()}); check spelling, e.g. max_num_seqs, max_num_batched_tokens")
+        check_names(self.knobs, (f.name for f in dataclasses.fields(EngineArgs)), "vLLM",
+                    f"fields of vllm EngineArgs (vllm {_version()})")
         try:
             EngineArgs(**self._engine_kwargs()).create_engine_config()
         except (ValueError, TypeError) as e:
@@ -86,9 +85,7 @@ class VllmEngine(Engine):
     def _prompt(self, request: Request) -> dict[str, Any]:
         prompt: dict[str, Any] = {"prompt_token_ids": request.prompt_token_ids}
         if request.images:
-            from PIL import Image
-
-            prompt["multi_modal_data"] = {"image": [Image.open(p).convert("RGB") for p in request.images]}
+            prompt["multi_modal_data"] = {"image": load_images(request.images)}
         return prompt
 
     def stats(self) -> EngineStats:

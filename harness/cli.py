@@ -13,6 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from engines.base import KnobError
+from engines.knobs import to_native
 from harness.environment import PROJECT_ROOT
 from harness.errors import TroughputError
 from harness.models import resolve_model
@@ -26,8 +27,10 @@ log = logging.getLogger("troughput")
 def spec_from_config(cfg: DictConfig) -> RunSpec:
     """Compose a ``RunSpec``: resolve the model (building it if needed), build the workload, merge knobs.
 
-    Knobs merge from general to specific: hardware, then model, then engine; null means
-    "not set here" and never hides a value from a more general layer.
+    Knobs merge from general to specific: hardware, then model, then engine (native and
+    canonical); null means "not set here" and never hides a value from a more general layer.
+    Canonical names become the engine's native ones (``engines.knobs.to_native``), replacing
+    a native twin from the hardware or model layer.
     """
     engine = cfg.engine.name
     python = cfg.engine.python or sys.executable
@@ -35,11 +38,14 @@ def spec_from_config(cfg: DictConfig) -> RunSpec:
     workload_cfg = OmegaConf.to_container(cfg.workload, resolve=True)
     workload = build_workload(workload_cfg, model, Path(cfg.run.image_dir))
     layers = [(cfg.hardware.get("knobs") or {}).get(engine), (cfg.model.get("knobs") or {}).get(engine),
-              cfg.engine.knobs]
+              cfg.engine.knobs, cfg.engine.get("canonical")]
+    general: dict[str, Any] = {}
     knobs: dict[str, Any] = {}
-    for layer in layers:
+    for index, layer in enumerate(layers):
         values = OmegaConf.to_container(layer, resolve=True) if layer is not None else {}
-        knobs.update({name: value for name, value in values.items() if value is not None})
+        target = general if index < 2 else knobs  # hardware and model are the general layers
+        target.update({name: value for name, value in values.items() if value is not None})
+    knobs = to_native(engine, knobs, base=general)
     labels = dict(OmegaConf.to_container(cfg.run.labels, resolve=True) or {})
     labels.setdefault("command", _command_line())
     labels["hardware"] = cfg.hardware.name
@@ -50,7 +56,10 @@ def spec_from_config(cfg: DictConfig) -> RunSpec:
         ordering=OmegaConf.to_container(cfg.ordering, resolve=True), python=python,
         env={**cfg.hardware.get("env", {}), **cfg.engine.env}, repeats=int(cfg.run.repeats),
         warmup_requests=int(cfg.run.warmup_requests), time_limit_s=float(cfg.run.time_limit_s),
+        memory_limit_bytes=cfg.run.get("memory_limit_bytes"),
         results_dir=Path(cfg.run.results_dir), save_outputs=bool(cfg.run.save_outputs), labels=labels,
+        hardware_spec=OmegaConf.to_container(cfg.hardware.spec, resolve=True) if cfg.hardware.get("spec") else None,
+        workload_cfg=workload_cfg,
     )
 
 

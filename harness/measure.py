@@ -46,6 +46,7 @@ def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
         "output_tok_s": median["output_tokens"] / wall,
         "total_tok_s": (median["prompt_tokens"] + median["output_tokens"]) / wall,
         "output_tok_s_passes": rates,
+        "predicted": bool(median.get("predicted", False)),
         "preemptions": stats.get("preemptions"),
         "prefix_cache_queries": queries,
         "prefix_cache_hits": hits,

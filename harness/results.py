@@ -17,6 +17,7 @@ from typing import Any
 
 SCHEMA_VERSION = 1
 RUNS_DIR = "runs"
+DECISIONS_DIR = "decisions"
 
 
 def new_run_id() -> str:
@@ -24,14 +25,19 @@ def new_run_id() -> str:
     return f"{datetime.now(timezone.utc):%Y%m%dT%H%M%S}-{uuid.uuid4().hex[:12]}"
 
 
-def write_row(results_dir: str | os.PathLike, row: dict[str, Any]) -> Path:
-    """Write one row as ``<results_dir>/runs/<run_id>.json``; refuse to overwrite."""
-    directory = Path(results_dir) / RUNS_DIR
+def write_row(results_dir: str | os.PathLike, row: dict[str, Any], kind: str = RUNS_DIR,
+              id_key: str = "run_id") -> Path:
+    """Write one row as ``<results_dir>/<kind>/<row[id_key]>.json``; refuse to overwrite.
+
+    ``kind`` names the table: ``runs`` (the default) or ``decisions``, whose rows are keyed by
+    ``decision_id``.
+    """
+    directory = Path(results_dir) / kind
     directory.mkdir(parents=True, exist_ok=True)
-    target = directory / f"{row['run_id']}.json"
+    target = directory / f"{row[id_key]}.json"
     if target.exists():
         raise FileExistsError(f"{target} exists: results are never rewritten")
-    fd, tmp = tempfile.mkstemp(prefix=f".{row['run_id']}-", suffix=".tmp", dir=directory)
+    fd, tmp = tempfile.mkstemp(prefix=f".{row[id_key]}-", suffix=".tmp", dir=directory)
     try:
         with os.fdopen(fd, "w") as f:
             json.dump({"schema_version": SCHEMA_VERSION, **row}, f, default=_jsonable, sort_keys=True)
@@ -43,12 +49,12 @@ def write_row(results_dir: str | os.PathLike, row: dict[str, Any]) -> Path:
     return target
 
 
-def read_rows(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
-    """All rows, oldest first; unreadable files are skipped with a warning."""
+def read_rows(results_dir: str | os.PathLike, kind: str = RUNS_DIR) -> list[dict[str, Any]]:
+    """All rows of one table (``runs`` by default), oldest first; unreadable files are skipped with a warning."""
     import logging
 
     rows = []
-    for path in sorted((Path(results_dir) / RUNS_DIR).glob("*.json")):
+    for path in sorted((Path(results_dir) / kind).glob("*.json")):
         try:
             rows.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError) as e:
@@ -56,11 +62,11 @@ def read_rows(results_dir: str | os.PathLike) -> list[dict[str, Any]]:
     return rows
 
 
-def read_results(results_dir: str | os.PathLike = "results"):
-    """The whole results table as a pandas DataFrame (one row per run)."""
+def read_results(results_dir: str | os.PathLike = "results", kind: str = RUNS_DIR):
+    """The whole results table as a pandas DataFrame (one row per run, or per decision)."""
     import pandas as pd
 
-    return pd.DataFrame.from_records(read_rows(results_dir))
+    return pd.DataFrame.from_records(read_rows(results_dir, kind))
 
 
 def flatten(prefix: str, value: Any) -> dict[str, Any]:

@@ -24,9 +24,11 @@ from typing import Any
 
 from tqdm import tqdm
 
+from engines.knobs import canonical_view
 from harness import environment
 from harness.measure import measurement_columns
 from harness.ordering import apply_ordering
+from harness.perfmodel import sol_columns
 from harness.results import flatten, new_run_id, write_row
 from harness.workloads import Workload
 
@@ -47,9 +49,12 @@ class RunSpec:
     repeats: int = 1
     warmup_requests: int = 0
     time_limit_s: float = 900.0
+    memory_limit_bytes: int | None = None
     results_dir: Path = Path("results")
     save_outputs: bool = False
     labels: dict[str, Any] = field(default_factory=dict)
+    hardware_spec: dict[str, Any] | None = None  # the hardware config's spec: block, for the speed of light
+    workload_cfg: dict[str, Any] | None = None   # the workload config, kept in the row to re-simulate the run
 
 
 def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
@@ -85,17 +90,29 @@ def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
         **{f"workload_info.{k}": v for k, v in spec.workload.summary().items()},
         "ordering": spec.ordering.get("name"),
         **flatten("knob", spec.knobs),
+        **flatten("canon", canonical_view(spec.engine, spec.knobs)),
         "repeats": spec.repeats,
         "warmup_requests": spec.warmup_requests,
         "time_limit_s": spec.time_limit_s,
+        "memory_limit_bytes": spec.memory_limit_bytes,
         "run_seconds": outcome["seconds"],
         "log_path": str(log_path),
         **measurement_columns(result),
         **environment.capture(),
         **spec.labels,
     }
+    row.update(_speed_of_light_columns(spec, row))
     write_row(results_dir, row)
     return row
+
+
+def _speed_of_light_columns(spec: RunSpec, row: dict[str, Any]) -> dict[str, Any]:
+    """``sol_tok_s``, ``sol_fraction`` (None when unknown), ``hw.*``, and ``workload_cfg.*``/``ordering_cfg.*``
+    so that ``troughput-calibrate`` can re-simulate the run (see harness/perfmodel.py)."""
+    columns = {**flatten("workload_cfg", spec.workload_cfg or {}), **flatten("ordering_cfg", spec.ordering)}
+    columns.update(sol_columns(spec.model.get("local_dir"), str(spec.model.get("name") or ""), spec.hardware_spec,
+                               spec.workload.summary(), spec.knobs, row.get("output_tok_s")))
+    return columns
 
 
 def _write_job(job_dir: Path, spec: RunSpec, ordered: list) -> None:
@@ -125,18 +142,17 @@ def _supervise(spec: RunSpec, job_dir: Path, log_path: Path, progress: bool) -> 
         phase = {"name": "launch"}
         reader = threading.Thread(target=_follow_events, args=(proc, phase, spec, progress), daemon=True)
         reader.start()
-        try:
-            proc.wait(timeout=spec.time_limit_s)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            _kill_group(proc)
+        ending, rss = _watch(proc, spec, t0)
         reader.join(timeout=10)
     seconds = time.monotonic() - t0
     result_path = job_dir / "result.json"
-    if timed_out:
+    if ending == "timeout":
         result = {"status": "timeout", "phase": phase["name"],
                   "error": f"time limit of {spec.time_limit_s:g} s exceeded during {phase['name']}; worker killed"}
+    elif ending == "memory":
+        result = {"status": "oom", "phase": phase["name"],
+                  "error": f"memory limit of {spec.memory_limit_bytes:,} bytes exceeded during {phase['name']} "
+                           f"(worker and children at {rss:,} bytes resident); worker killed"}
     elif result_path.exists():
         result = json.loads(result_path.read_text())
     else:
@@ -144,6 +160,52 @@ def _supervise(spec: RunSpec, job_dir: Path, log_path: Path, progress: bool) -> 
                   "error": f"{_exit_reason(proc.returncode)} during {phase['name']}; last log lines:\n"
                            f"{_tail(log_path)}"}
     return {"result": result, "seconds": seconds}
+
+
+def _watch(proc: subprocess.Popen, spec: RunSpec, t0: float) -> tuple[str, int]:
+    """Wait for the worker; kill its process group past the time or memory limit.
+
+    Returns how it ended (``exited``, ``timeout`` or ``memory``) and the resident
+    bytes last seen. Memory is the summed RSS of the worker and its descendants.
+    """
+    rss = 0
+    while True:
+        try:
+            proc.wait(timeout=0.5)
+            return "exited", rss
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() - t0 > spec.time_limit_s:
+            _kill_group(proc)
+            return "timeout", rss
+        if spec.memory_limit_bytes:
+            rss = _tree_rss_bytes(proc.pid)
+            if rss > spec.memory_limit_bytes:
+                _kill_group(proc)
+                return "memory", rss
+
+
+def _tree_rss_bytes(root: int) -> int:
+    """Resident bytes of ``root`` and all its descendants, from /proc (0 where /proc is absent)."""
+    parents: dict[int, int] = {}
+    rss: dict[int, int] = {}
+    page = os.sysconf("SC_PAGE_SIZE")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            fields = stat[stat.rindex(")") + 2:].split()
+            parents[int(entry.name)] = int(fields[1])
+            rss[int(entry.name)] = int(fields[21]) * page
+        except (OSError, ValueError, IndexError):
+            continue
+    total, frontier = 0, [root]
+    while frontier:
+        pid = frontier.pop()
+        total += rss.get(pid, 0)
+        frontier.extend(child for child, parent in parents.items() if parent == pid)
+    return total
 
 
 def _follow_events(proc: subprocess.Popen, phase: dict[str, str], spec: RunSpec, progress: bool) -> None:

@@ -48,7 +48,9 @@ def tune(cfg: DictConfig) -> dict:
               f"run {trial.user_attrs.get('run_id')}")
     path = write_engine_file(cfg, best[0], PROJECT_ROOT / cfg.tune.output_dir, study.study_name)
     print(f"best config written to {path}")
-    if int(cfg.tune.confirm_rounds) > 0:
+    if not best[0].params:
+        print("the engine's default config measured best: nothing to gain on this cell")
+    elif int(cfg.tune.confirm_rounds) > 0:
         print(f"confirming: default config vs best, {cfg.tune.confirm_rounds} rounds side by side")
         result = confirm(cfg, dict(best[0].params), objective, int(cfg.tune.confirm_rounds), spec_from_config,
                          study.study_name)

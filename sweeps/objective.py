@@ -6,15 +6,14 @@
 - ``multi_objective: true`` adds a second objective, startup + compile seconds
   (minimised); the study then keeps a Pareto front.
 
-Constraint: preemptions per request at most ``max_preemption_rate`` (Optuna's
-``constraints_func`` convention: a value <= 0 is feasible).
+Constraint: preemptions per request at most ``max_preemption_rate``, set on each
+trial with ``Trial.set_constraint`` (a value <= 0 is feasible), which Optuna's
+samplers and its Pareto front respect.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
-
-import optuna
+from typing import Any, Mapping
 
 from harness.errors import TroughputError
 
@@ -45,15 +44,12 @@ class Objective:
             first = float(row[self.name])
         return [first, setup] if self.multi else [first]
 
-    def constraint_values(self, row: Mapping[str, Any]) -> list[float]:
+    def constraint_values(self, row: Mapping[str, Any]) -> dict[str, float]:
+        """Named constraint values for ``Trial.set_constraint`` (feasible when <= 0)."""
         if self.max_preemption_rate is None:
-            return []
+            return {}
         rate = (row.get("preemptions") or 0) / max(int(row.get("requests_done") or 1), 1)
-        return [rate - float(self.max_preemption_rate)]
-
-    def constraints(self, trial: optuna.trial.FrozenTrial) -> Sequence[float]:
-        """For the sampler: the stored constraint values (failed trials count as feasible-unknown)."""
-        return trial.user_attrs.get("constraint", [0.0] if self.max_preemption_rate is not None else [])
+        return {"preemption_rate": rate - float(self.max_preemption_rate)}
 
     def describe(self, row: Mapping[str, Any]) -> str:
         text = f"{self.name}={self.values(row)[0]:,.1f}"

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import optuna
 
+from harness.errors import TroughputError
 from sweeps.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -55,9 +56,58 @@ def enqueue_seeds(study: optuna.Study, tune: Mapping[str, Any], space: SearchSpa
         weights = weight_bytes(model_dir) if heuristic.get("weights_in_memory", True) else 0
         value = resident_requests(model_dir, float(heuristic["memory_bytes"]), weights, isl, osl)
         seeds.append({"name": f"trtllm heuristic ({value} resident requests)", "params": {heuristic["param"]: value}})
+    if tune.get("seed_from_study"):
+        seeds.extend(study_seeds(study, tune["seed_from_study"], space))
     names = []
     for seed in seeds:
         params = space.clip(seed.get("params") or {}, base)
         study.enqueue_trial(params, user_attrs={"seed": seed["name"]}, skip_if_exists=True)
         names.append(seed["name"])
     return names
+
+
+def study_seeds(study: optuna.Study, source: str | Mapping[str, Any], space: SearchSpace) -> list[dict[str, Any]]:
+    """The best completed trials of another study in the same storage, as seeds for this one.
+
+    For tuning on the simulator first: ``tune.seed_from_study=<sim study>`` (or
+    ``{study: <name>, top_k: 5}``) enqueues its top ``top_k`` (default 3) configs.
+    Param paths are matched through the canonical knob table, so a study over
+    ``engine.knobs.max_num_seqs`` seeds one over ``engine.canonical.max_seqs``;
+    params this space lacks are dropped, and trials of engine defaults are skipped.
+    """
+    name, top_k = (source, 3) if isinstance(source, str) else (source["study"], int(source.get("top_k", 3)))
+    try:
+        other = optuna.load_study(study_name=name, storage=study._storage)
+    except KeyError as e:
+        raise TroughputError(f"tune.seed_from_study: no study {name!r} in this storage "
+                             f"(known: {', '.join(optuna.get_all_study_names(study._storage)) or 'none'})") from e
+    sign = -1.0 if other.directions[0] == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    ranked = sorted(other.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
+                    key=lambda t: sign * t.values[0])
+    targets = {knob_key(p.path): p.path for p in space.params}
+    seeds = []
+    for trial in ranked:
+        params = {targets[knob_key(path)]: value for path, value in trial.params.items() if knob_key(path) in targets}
+        if not params:
+            continue
+        seeds.append({"name": f"{name} #{len(seeds) + 1} (trial {trial.number}, {trial.values[0]:,.1f})",
+                      "params": params})
+        if len(seeds) == top_k:
+            break
+    log.info("seeding from study %r: %d of its %d completed trials", name, len(seeds), len(ranked))
+    return seeds
+
+
+def knob_key(path: str) -> str:
+    """What a param path sets, engine-neutrally: the canonical knob name where one maps to it, else the path."""
+    from engines.knobs import TABLE
+
+    if path.startswith("engine.canonical."):
+        return path.removeprefix("engine.canonical.")
+    if path.startswith("engine.knobs."):
+        native = path.removeprefix("engine.knobs.")
+        for canonical in TABLE.values():
+            for mapping in canonical.engines.values():
+                if mapping.targets == (native,) and mapping.forward is None:
+                    return canonical.name
+    return path

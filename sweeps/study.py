@@ -14,6 +14,7 @@ import os
 import socket
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Callable
 
 import optuna
@@ -49,14 +50,14 @@ def open_study(cfg: DictConfig, objective: Objective) -> optuna.Study:
         os.makedirs(os.path.dirname(os.path.abspath(storage.removeprefix("sqlite:///"))), exist_ok=True)
     return optuna.create_study(
         study_name=study_name(cfg), storage=optuna.storages.RDBStorage(storage, engine_kwargs=_engine_kwargs(storage)),
-        directions=objective.directions, sampler=make_sampler(cfg, objective), load_if_exists=True)
+        directions=objective.directions, sampler=make_sampler(cfg), load_if_exists=True)
 
 
-def make_sampler(cfg: DictConfig, objective: Objective) -> optuna.samplers.BaseSampler:
-    """TPE (default), random, or grid over the space; constraints where the sampler takes them."""
+def make_sampler(cfg: DictConfig) -> optuna.samplers.BaseSampler:
+    """TPE (default), random, or grid over the space."""
     name, seed = cfg.tune.sampler, cfg.tune.seed
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed, constraints_func=objective.constraints)
+        return optuna.samplers.TPESampler(seed=seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
@@ -66,13 +67,19 @@ def make_sampler(cfg: DictConfig, objective: Objective) -> optuna.samplers.BaseS
 
 
 def fail_stale_trials(study: optuna.Study, stale_after_s: float) -> int:
-    """Mark trials left RUNNING by a killed tuner as failed; returns how many."""
+    """Mark trials left RUNNING by a killed tuner as failed; returns how many.
+
+    Stale: its tuner's pid is gone (same host), or it never got its owner recorded
+    within a minute of being asked, or it has run longer than ``stale_after_s``.
+    """
     failed = 0
+    now = datetime.now()
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         attrs = trial.user_attrs
+        age = (now - trial.datetime_start).total_seconds() if trial.datetime_start else 0.0
         dead_here = attrs.get("host") == socket.gethostname() and not _alive(attrs.get("pid"))
-        too_old = time.time() - attrs.get("started", time.time()) > stale_after_s
-        if dead_here or too_old:
+        orphaned = "host" not in attrs and age > 60
+        if dead_here or orphaned or age > stale_after_s:
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
             study.set_user_attr(f"stale_trial_{trial.number}", "tuner died while the trial ran")
             failed += 1
@@ -110,7 +117,6 @@ def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objecti
             break
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
-        trial.set_user_attr("started", time.time())
         outcomes.append(_run_one(cfg, study, trial, space, objective, base, make_spec))
     return outcomes
 
@@ -136,7 +142,8 @@ def _run_one(cfg, study, trial, space, objective, base, make_spec) -> TrialOutco
         if row["status"] in MEMORY_STATUSES:
             space.learn_memory_edge(values)
         return _fail(study, trial, values, row, f"{row['status']}: {(row['error'] or '').splitlines()[0][:300]}")
-    trial.set_user_attr("constraint", objective.constraint_values(row))
+    for name, value in objective.constraint_values(row).items():
+        trial.set_constraint(name, value)
     study.tell(trial, objective.values(row))
     log.info("%s: %s", label, objective.describe(row))
     return TrialOutcome(trial.number, values, row)

@@ -4,7 +4,8 @@ Knobs steer it: ``fail_in`` (start|generate) raises there, ``oom`` raises an
 out-of-memory error, ``kill_self`` SIGKILLs the worker mid-generate,
 ``sleep_s`` sleeps in generate (for time limits), ``step_s`` sleeps per
 batch of ``max_num_seqs`` requests (so throughput grows with it), and
-``oom_above`` fails for memory when ``max_num_seqs`` exceeds it. It echoes the prompt's last
+``oom_above`` fails for memory when ``max_num_seqs`` exceeds it, and
+``hold_mb`` holds that many MiB resident while generating. It echoes the prompt's last
 token ``max_tokens`` times, so token counts are exact.
 """
 
@@ -16,7 +17,7 @@ import time
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 
-KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "max_num_seqs"}
+KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs"}
 
 
 class FakeEngine(Engine):
@@ -43,6 +44,8 @@ class FakeEngine(Engine):
             os.kill(os.getpid(), signal.SIGKILL)
         if self.knobs.get("fail_in") == "generate":
             raise RuntimeError("scripted failure in generate")
+        held = bytearray(int(self.knobs.get("hold_mb", 0)) << 20)
+        held[::4096] = b"x" * len(held[::4096])  # touch every page so it is resident
         time.sleep(float(self.knobs.get("sleep_s", 0)))
         time.sleep(float(self.knobs.get("step_s", 0)) * -(-len(requests) // seqs))
         out = []

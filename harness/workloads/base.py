@@ -41,16 +41,32 @@ class Workload:
         self.fingerprint = fingerprint(self.requests)
 
     def summary(self) -> dict[str, Any]:
-        """Counts that go into every results row."""
+        """Counts that go into every results row, with the prefix statistics of ``harness.prefix_tree``.
+
+        ``ideal_prefix_hit_tokens_tree`` / ``ideal_prefix_hit_rate``: prompt tokens an unbounded
+        prefix cache could serve (token level), and their share of all prompt tokens, the ceiling
+        for a measured ``prefix_cache_hit_rate``; ``..._block16`` / ``..._block32``: the same when
+        only whole blocks of that many tokens are cached, as engines do. Images count as one
+        pseudo-token each (``prefix_tree.prompt_keys``). Computed once per workload.
+        """
+        cached = getattr(self, "_summary_cache", None)
+        if cached is not None and cached[0] == self.fingerprint:
+            return dict(cached[1])
+        from harness import prefix_tree
+
         images = [img for r in self.requests for img in r.images]
-        return {
+        tree = prefix_tree.PrefixTree(prefix_tree.prompt_keys(self.requests), block_size=16)
+        summary = {
             "requests": len(self.requests),
             "input_tokens_requested": sum(len(r.prompt_token_ids) for r in self.requests),
             "output_tokens_requested": sum(r.max_tokens for r in self.requests),
             "images": len(images),
             "unique_images": len(set(images)),
+            **tree.stats(block_sizes=(1, 16, 32)),
             **self.info,
         }
+        self._summary_cache = (self.fingerprint, summary)
+        return dict(summary)
 
 
 def fingerprint(requests: list[Request]) -> str:

@@ -37,6 +37,15 @@ def test_multirun_carries_on_past_a_killed_and_a_timed_out_run(tmp_path):
     assert "4 row(s)" in proc.stdout and "failed runs:" in proc.stdout, "the sweep ends with its summary"
 
 
+def test_multirun_fans_out_through_a_submitit_launcher(tmp_path):
+    proc = troughput_run(tmp_path, "-m", "hydra/launcher=submitit_local", f"engine.name={FAKE_ENGINE}",
+                         "workload=unique", "workload.num_requests=4", "+engine.knobs.max_num_seqs=1,2")
+    assert proc.returncode == 0, proc.stderr
+    rows = read_rows(tmp_path / "results")
+    assert sorted(r["knob.max_num_seqs"] for r in rows) == [1, 2] and {r["status"] for r in rows} == {"ok"}
+    assert "2 row(s)" in proc.stdout
+
+
 def test_unknown_engine_name_lists_the_known_ones(tmp_path):
     proc = troughput_run(tmp_path, "engine.name=vlm", "workload=unique", "workload.num_requests=2")
     row = read_rows(tmp_path / "results")[0]

@@ -56,6 +56,18 @@ def test_time_limit_kills_the_worker_and_says_where(tmp_path):
     assert row["run_seconds"] < 30
 
 
+def test_memory_limit_kills_the_worker_and_says_oom(tmp_path):
+    row = run(tmp_path, knobs={"hold_mb": 600, "sleep_s": 30}, memory_limit_bytes=400 << 20, warmup_requests=0)
+    assert row["status"] == "oom" and row["failed_phase"] == "pass 1"
+    assert "memory limit of 419,430,400 bytes exceeded during pass 1" in row["error"]
+    assert row["run_seconds"] < 25
+
+
+def test_a_roomy_memory_limit_changes_nothing(tmp_path):
+    row = run(tmp_path, knobs={"hold_mb": 50}, memory_limit_bytes=2 << 30)
+    assert row["status"] == "ok" and row["memory_limit_bytes"] == 2 << 30
+
+
 def test_missing_interpreter_is_an_invalid_row(tmp_path):
     row = run(tmp_path, python="/nonexistent/python")
     assert row["status"] == "invalid" and "engine.python" in row["error"]

@@ -1,0 +1,119 @@
+"""What the engine adapters share: environment checks, native-name checks, images, request counters.
+
+Worker side: standard library only at import time (PIL and torch are imported
+inside the functions that need them).
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib.util
+import os
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engines.base import EngineStats, KnobError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ENVS_DIR = PROJECT_ROOT / ".venvs"
+NATIVE_FIELDS_DIR = Path(__file__).resolve().parent / "native_fields"
+
+
+def env_python(env: str, envs_dir: Path = ENVS_DIR) -> Path:
+    """The interpreter of the environment ``troughput-env ENV`` creates."""
+    return envs_dir / env / "bin" / "python"
+
+
+def python_variable(env: str) -> str:
+    """The environment variable ``conf/engine/<env>.yaml`` reads ``engine.python`` from."""
+    return f"TROUGHPUT_PYTHON_{env.upper()}"
+
+
+def require_module(module: str, label: str, env: str) -> None:
+    """Raise ``KnobError`` with the fix when ``module`` is not importable in this interpreter."""
+    if importlib.util.find_spec(module) is not None:
+        return
+    made = env_python(env)
+    how = f"engine.python={made} (or export {python_variable(env)}={made})"
+    if made.exists() and Path(sys.executable).resolve() != made.resolve():
+        fix = f"its environment exists: set {how}"
+    else:
+        fix = f"create its environment with `troughput-env {env}` and set {how}"
+    raise KnobError(f"{module} is not installed for {sys.executable}, so {label} cannot run here; {fix}")
+
+
+def require_cuda(label: str) -> None:
+    """Raise ``KnobError`` when no CUDA GPU is visible to torch in this interpreter."""
+    try:
+        import torch
+    except ImportError as e:
+        raise KnobError(f"{label} needs PyTorch with CUDA; torch is not importable in {sys.executable}") from e
+    if not torch.cuda.is_available():
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+        raise KnobError(f"{label} needs an NVIDIA GPU; none is visible (CUDA_VISIBLE_DEVICES={visible}, "
+                        f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})")
+
+
+def check_names(names: Iterable[str], known: Iterable[str], label: str, source: str) -> None:
+    """Raise ``KnobError`` naming every name not in ``known``, with close matches as hints."""
+    known = set(known)
+    unknown = sorted(set(names) - known)
+    if not unknown:
+        return
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=2)
+        if close:
+            hints.append(f"{name} -> {' or '.join(close)}?")
+    hint = f"; did you mean: {', '.join(hints)}" if hints else ""
+    raise KnobError(f"unknown {label} knob(s) {unknown}: not {source}{hint}")
+
+
+def load_field_list(name: str) -> dict[str, frozenset[str]]:
+    """Field names from ``native_fields/<name>.txt`` by ``[section]`` ("" before any section)."""
+    sections: dict[str, set[str]] = {"": set()}
+    current = ""
+    for line in (NATIVE_FIELDS_DIR / f"{name}.txt").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("[") and line.endswith("]"):
+            current = line[1:-1]
+            sections.setdefault(current, set())
+        else:
+            sections[current].add(line)
+    return {section: frozenset(names) for section, names in sections.items()}
+
+
+def load_images(paths: Iterable[str]) -> list[Any]:
+    """The image files as RGB PIL images."""
+    from PIL import Image
+
+    return [Image.open(path).convert("RGB") for path in paths]
+
+
+@dataclass
+class RequestCounters:
+    """Engine counters summed from per-request reports, for engines without global counters.
+
+    Prefix-cache queries are prompt tokens and hits are cached prompt tokens, so the
+    hit rate is cached / prompt tokens, the same quantity vLLM's counters give.
+    """
+
+    preemptions: int | None = None
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def add(self, prompt_tokens: int, cached_tokens: int | None, preemptions: int | None = None) -> None:
+        self.prefix_cache_queries += prompt_tokens
+        self.prefix_cache_hits += cached_tokens or 0
+        if preemptions is not None:
+            self.preemptions = (self.preemptions or 0) + preemptions
+
+    def stats(self) -> EngineStats:
+        return EngineStats(preemptions=self.preemptions, prefix_cache_queries=self.prefix_cache_queries,
+                           prefix_cache_hits=self.prefix_cache_hits, extra=dict(self.extra))

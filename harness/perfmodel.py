@@ -1,0 +1,338 @@
+"""Speed of light: what a model could possibly do on a piece of hardware, and what one engine step costs.
+
+A roofline model. A step that processes ``tokens`` new tokens for ``seqs``
+sequences runs the linear layers (``2 · params · tokens`` FLOPs, the weights read
+once) and attention (FLOPs per attended token pair, the KV cache read and
+written); each takes the longer of FLOPs ÷ peak FLOP/s and bytes ÷ bandwidth,
+each divided by an efficiency factor, and the step adds fixed overheads. The speed
+of light of a workload is the same bound for the whole job at 100% efficiency,
+with linear layers and attention overlapping, and no overhead.
+
+Standard library only: the simulator engine (``engines/sim.py``) imports it on the worker side.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+log = logging.getLogger(__name__)
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+ARCHITECTURES_DIR = PROJECT_ROOT / "conf" / "architectures"
+HOST_CACHE_DIR = PROJECT_ROOT / ".cache" / "troughput"
+# float32 checkpoints are served in 16 bits (vLLM's dtype="auto" does the same).
+DTYPE_BYTES = {"float32": 2, "float": 2, "bfloat16": 2, "float16": 2, "half": 2, "auto": 2,
+               "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1}
+DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A dense decoder's shape, read from its Hugging Face ``config.json`` (``text_config`` for VLMs).
+
+    Parameters assume a Llama-style block: q/k/v/o projections and a gated MLP
+    (three matrices); a VLM's vision tower is not counted.
+    """
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    dtype_bytes: int = 2
+    tied_embeddings: bool = False
+    max_len: int = 4096
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any], name: str = "") -> ModelSpec:
+        text = config.get("text_config") or config
+        heads = int(text["num_attention_heads"])
+        dtype = str(text.get("torch_dtype") or text.get("dtype") or config.get("torch_dtype") or "bfloat16")
+        return cls(name=name or str(text.get("model_type", "")), layers=int(text["num_hidden_layers"]),
+                   hidden=int(text["hidden_size"]), heads=heads,
+                   kv_heads=int(text.get("num_key_value_heads") or heads),
+                   head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
+                   intermediate=int(text["intermediate_size"]), vocab=int(text["vocab_size"]),
+                   dtype_bytes=DTYPE_BYTES.get(dtype, 2),
+                   tied_embeddings=bool(text.get("tie_word_embeddings", config.get("tie_word_embeddings", False))),
+                   max_len=int(text.get("max_position_embeddings") or 4096))
+
+    @classmethod
+    def load(cls, model_dir: str | os.PathLike | None, name: str = "") -> ModelSpec:
+        """From ``<model_dir>/config.json``, else the shipped ``conf/architectures/<name>.json``."""
+        candidates = [Path(model_dir) / "config.json"] if model_dir else []
+        candidates.append(ARCHITECTURES_DIR / f"{name}.json")
+        for path in candidates:
+            if path.is_file():
+                return cls.from_config(json.loads(path.read_text()), name)
+        raise FileNotFoundError(f"no config.json for model {name!r} (looked in {', '.join(map(str, candidates))})")
+
+    @property
+    def layer_matmul_params(self) -> int:
+        attention = 2 * self.hidden * self.heads * self.head_dim + 2 * self.hidden * self.kv_heads * self.head_dim
+        return attention + 3 * self.hidden * self.intermediate
+
+    @property
+    def params(self) -> int:
+        embeddings = self.vocab * self.hidden * (1 if self.tied_embeddings else 2)
+        return self.layers * (self.layer_matmul_params + 2 * self.hidden) + embeddings + self.hidden
+
+    @property
+    def matmul_params(self) -> int:
+        """Parameters each token multiplies through (the embedding lookup is free, the LM head is not)."""
+        return self.layers * self.layer_matmul_params + self.vocab * self.hidden
+
+    def weight_bytes(self, bytes_per_param: float | None = None) -> float:
+        return self.params * (bytes_per_param or self.dtype_bytes)
+
+    def kv_bytes_per_token(self, bytes_per_element: float | None = None) -> float:
+        """K and V of every layer: 2 · layers · kv_heads · head_dim · bytes."""
+        return 2 * self.layers * self.kv_heads * self.head_dim * (bytes_per_element or self.dtype_bytes)
+
+    @property
+    def attention_flops_per_pair(self) -> int:
+        """FLOPs for one (query token, context token) pair: QKᵀ and AV, 2 FLOPs per multiply-add."""
+        return 4 * self.layers * self.heads * self.head_dim
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """Peak dense FLOP/s (bf16/fp16 and fp8), memory bandwidth and size of one device."""
+
+    name: str
+    peak_flops_bf16: float
+    bandwidth_bytes_s: float
+    memory_bytes: float | None = None
+    peak_flops_fp8: float | None = None
+    source: str = "datasheet"
+
+    @classmethod
+    def from_config(cls, spec: Mapping[str, Any]) -> HardwareSpec:
+        """From a hardware config's ``spec:`` block; missing peak or bandwidth are measured on this host."""
+        values = {f.name: spec.get(f.name) for f in fields(cls) if spec.get(f.name) is not None}
+        if "peak_flops_bf16" not in values or "bandwidth_bytes_s" not in values:
+            values = {**measure_host(), **values}
+        values.setdefault("name", "host")
+        return cls(**{k: (float(v) if k not in ("name", "source") else str(v)) for k, v in values.items()})
+
+    def peak_flops(self, bytes_per_param: float) -> float:
+        """fp8 peak for 1-byte weights where the device has one, else the bf16 peak."""
+        return self.peak_flops_fp8 if bytes_per_param <= 1 and self.peak_flops_fp8 else self.peak_flops_bf16
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Fractions of peak reached and fixed costs per step; fitted by ``troughput-calibrate``.
+
+    Uncalibrated defaults are a-priori guesses for a GPU engine: large bf16 GEMMs
+    reach about two thirds of peak, weight streaming about 85% of bandwidth.
+    """
+
+    compute: float = 0.65
+    bandwidth: float = 0.85
+    step_overhead_s: float = 0.0
+    seq_overhead_s: float = 0.0
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any] | None) -> Efficiency:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values or {}) - known)
+        if unknown:
+            raise ValueError(f"unknown efficiency factor(s) {unknown}; known: {', '.join(sorted(known))}")
+        return cls(**{k: float(v) for k, v in (values or {}).items() if v is not None})
+
+    def to_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Precision:
+    """Bytes per weight and per KV element, and tensor-parallel devices, from engine knobs."""
+
+    weight_bytes: float
+    kv_bytes: float
+    devices: int = 1
+
+    @classmethod
+    def from_knobs(cls, model: ModelSpec, knobs: Mapping[str, Any] | None = None) -> Precision:
+        knobs = knobs or {}
+        quant = str(knobs.get("quantization") or "").lower()
+        kv_dtype = str(knobs.get("kv_cache_dtype") or "auto").lower()
+        weight = 1 if quant.startswith("fp8") else model.dtype_bytes
+        kv = 1 if kv_dtype.startswith("fp8") else (DTYPE_BYTES.get(kv_dtype, model.dtype_bytes))
+        return cls(weight, kv, int(knobs.get("tensor_parallel_size") or 1))
+
+
+class StepCost:
+    """Seconds of one engine step for a model on a device, at a precision."""
+
+    def __init__(self, model: ModelSpec, hardware: HardwareSpec, precision: Precision):
+        self.model, self.hardware, self.precision = model, hardware, precision
+        n = precision.devices
+        self.peak = hardware.peak_flops(precision.weight_bytes) * n
+        self.bandwidth = hardware.bandwidth_bytes_s * n
+        self.weight_bytes = model.weight_bytes(precision.weight_bytes)
+        self.kv_token_bytes = model.kv_bytes_per_token(precision.kv_bytes)
+        self.token_flops = 2.0 * model.matmul_params
+        self.pair_flops = float(model.attention_flops_per_pair)
+
+    def step_seconds(self, tokens: Any, seqs: Any, attention_pairs: Any, kv_tokens: Any, eff: Efficiency) -> Any:
+        """Seconds of a step: a roofline for the linear layers plus one for attention, plus overheads.
+
+        Works elementwise on numpy arrays of steps too (for calibration), without importing numpy.
+
+        Args:
+            tokens: new tokens processed (prefill chunks and one per decoding sequence).
+            seqs: sequences in the step.
+            attention_pairs: (query, context) token pairs attended over.
+            kv_tokens: context tokens whose KV is read, plus the new tokens written.
+        """
+        compute, bandwidth = self.peak * eff.compute, self.bandwidth * eff.bandwidth
+        linear = _maximum(self.token_flops * tokens / compute, self.weight_bytes / bandwidth)
+        attention = _maximum(self.pair_flops * attention_pairs / compute, self.kv_token_bytes * kv_tokens / bandwidth)
+        return linear + attention + eff.step_overhead_s + eff.seq_overhead_s * seqs
+
+
+def _maximum(a: Any, b: Any) -> Any:
+    """``max(a, b)``, elementwise for arrays too."""
+    return (a + b + abs(a - b)) / 2
+
+
+@dataclass(frozen=True)
+class SpeedOfLight:
+    """The bound for a workload: output tok/s, and which resource binds."""
+
+    tok_s: float
+    seconds: float
+    bound: str
+    compute_s: float
+    memory_s: float
+    max_seqs: int
+
+
+def kv_budget_bytes(model: ModelSpec, hardware: HardwareSpec, knobs: Mapping[str, Any] | None = None) -> float:
+    """KV-cache bytes as vLLM sizes them: ``kv_cache_memory_bytes``, else utilization × memory − weights."""
+    knobs = knobs or {}
+    precision = Precision.from_knobs(model, knobs)
+    if knobs.get("kv_cache_memory_bytes"):
+        return float(knobs["kv_cache_memory_bytes"])
+    if not hardware.memory_bytes:
+        raise ValueError(f"hardware {hardware.name!r} has no memory_bytes and no kv_cache_memory_bytes is set")
+    utilization = float(knobs.get("gpu_memory_utilization") or DEFAULT_GPU_MEMORY_UTILIZATION)
+    return hardware.memory_bytes * utilization * precision.devices - model.weight_bytes(precision.weight_bytes)
+
+
+def max_resident_seqs(model: ModelSpec, kv_bytes: float, seq_tokens: float, kv_element_bytes: float | None = None) -> int:
+    """How many sequences of ``seq_tokens`` tokens the KV cache holds at once (at least 0)."""
+    return max(0, int(kv_bytes // (model.kv_bytes_per_token(kv_element_bytes) * max(seq_tokens, 1.0))))
+
+
+def speed_of_light(model: ModelSpec, hardware: HardwareSpec, summary: Mapping[str, Any],
+                   knobs: Mapping[str, Any] | None = None) -> SpeedOfLight:
+    """The fastest a workload could run: total FLOPs ÷ peak vs. total bytes ÷ bandwidth, whichever binds.
+
+    Prefill is compute-bound and decode bandwidth-bound; both share one bound because a
+    continuous-batching engine overlaps them. Bytes: the weights once per decode step
+    (steps ≥ output tokens ÷ the most sequences the KV cache holds, and ≥ the output
+    length), plus every KV read and write. Prefix-cache hits (``ideal_prefix_hit_tokens``)
+    cost no prefill FLOPs.
+
+    Args:
+        summary: a workload summary (``requests``, ``input_tokens_requested``,
+            ``output_tokens_requested``, optional ``ideal_prefix_hit_tokens``).
+        knobs: engine knobs that change precision or the KV budget (vLLM names).
+    """
+    precision = Precision.from_knobs(model, knobs)
+    cost = StepCost(model, hardware, precision)
+    n = float(summary["requests"])
+    inputs, outputs = float(summary["input_tokens_requested"]), float(summary["output_tokens_requested"])
+    hits = float(summary.get("ideal_prefix_hit_tokens") or 0)
+    isl, osl = inputs / n, outputs / n
+    seqs = min(int(n), max_resident_seqs(model, kv_budget_bytes(model, hardware, knobs), isl + osl, precision.kv_bytes))
+    if seqs < 1:
+        raise ValueError(f"the KV cache cannot hold one sequence of {isl + osl:.0f} tokens")
+    steps = max(outputs / seqs, osl)
+    pairs = n * (isl + osl) ** 2 / 2
+    kv_tokens = n * (osl * isl + osl * osl / 2) + inputs + outputs
+    compute_s = (cost.token_flops * (inputs - hits + outputs) + cost.pair_flops * pairs) / cost.peak
+    memory_s = (steps * cost.weight_bytes + cost.kv_token_bytes * kv_tokens) / cost.bandwidth
+    seconds = max(compute_s, memory_s)
+    return SpeedOfLight(outputs / seconds, seconds, "compute" if compute_s >= memory_s else "bandwidth",
+                        compute_s, memory_s, seqs)
+
+
+def sol_columns(model_dir: str | None, model_name: str, hardware_spec: Mapping[str, Any] | None,
+                summary: Mapping[str, Any], knobs: Mapping[str, Any], output_tok_s: float | None) -> dict[str, Any]:
+    """Row columns ``sol_tok_s``, ``sol_fraction``, ``sol_bound`` and the ``hw.*`` spec used; None where unknown."""
+    columns: dict[str, Any] = {"sol_tok_s": None, "sol_fraction": None}
+    if not hardware_spec:
+        return columns
+    try:
+        hardware = HardwareSpec.from_config(hardware_spec)
+        sol = speed_of_light(ModelSpec.load(model_dir, model_name), hardware, summary, knobs)
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, subprocess.SubprocessError) as e:
+        log.warning("no speed of light for this row: %s", e)
+        return columns
+    columns.update({f"hw.{k}": v for k, v in asdict(hardware).items()})
+    columns.update(sol_tok_s=sol.tok_s, sol_bound=sol.bound,
+                   sol_fraction=(output_tok_s / sol.tok_s) if output_tok_s else None)
+    return columns
+
+
+_MEASURE = """
+import json, os, time, numpy as np
+def best(f, reps):
+    f()
+    return min((lambda t: (f(), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(reps))
+n = 2048
+try:  # a bf16 matmul where torch is installed (the CPU engine's kernels: AMX/AVX-512 through oneDNN)
+    import torch
+    a = torch.randn(n, n, dtype=torch.bfloat16)
+    kind, seconds = "torch bfloat16 matmul", best(lambda: a @ a, 5)
+except ImportError:
+    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
+    kind, seconds = "numpy float32 matmul", best(lambda: a @ a, 5)
+src = np.ones(64 << 20 >> 2, dtype=np.float32); dst = np.empty_like(src)
+copy = best(lambda: np.copyto(dst, src), 5)
+print(json.dumps({"peak_flops_bf16": 2 * n ** 3 / seconds, "bandwidth_bytes_s": 2 * src.nbytes / copy,
+                  "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "method": kind}))
+"""
+
+
+def measure_host(cache_dir: Path = HOST_CACHE_DIR) -> dict[str, Any]:
+    """This host's matmul FLOP/s and copy bandwidth on all cores; measured once (a few seconds) and cached.
+
+    FLOP/s: a 2048² bf16 matmul in torch where torch is installed (what a CPU
+    engine runs), else a float32 numpy matmul. Bandwidth: a 64 MiB array copy
+    (bytes read + written). Runs in a child process with a fixed thread count so
+    that the caller's ``OMP_NUM_THREADS`` (the CPU engine sets 1) does not change it.
+    """
+    key = f"{platform.node()}-{platform.machine()}".replace(os.sep, "_")
+    path = cache_dir / f"host_spec-v2-{key}.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    threads = str(os.cpu_count() or 1)
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    out = json.loads(subprocess.run([sys.executable, "-c", _MEASURE], capture_output=True, text=True, env=env,
+                                    timeout=300, check=True).stdout)
+    method = out.pop("method")
+    measured = {**out, "name": f"host ({platform.node()})", "source": f"measured: {method}, {threads} threads"}
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(measured))
+    os.replace(tmp, path)
+    return measured
+
+
+__all__ = ["Efficiency", "HardwareSpec", "ModelSpec", "Precision", "SpeedOfLight", "StepCost", "kv_budget_bytes",
+           "max_resident_seqs", "measure_host", "sol_columns", "speed_of_light"]

@@ -1,0 +1,272 @@
+"""Load the results table, filter it, and group its rows into configs and cells.
+
+A *config* is everything that defines a measured setup: engine, model, hardware,
+workload fingerprint, ordering and the ``knob.*`` values. Rows with the same
+config are repeats of it; its passes are the union of their
+``output_tok_s_passes``. A *cell* is what a decision is made for: one workload
+(by fingerprint) on one model and one hardware.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import TroughputError
+from harness.report.stats import interval, representative
+from harness.results import read_rows
+
+CELL = ["workload", "workload_fingerprint", "model", "hardware"]
+IDENTITY = ["engine", *CELL, "ordering"]
+METRIC = "output_tok_s"
+
+
+@dataclass(frozen=True)
+class Filters:
+    """Which rows a report covers; ``None`` / empty means no restriction."""
+
+    study: str | None = None
+    model: str | None = None
+    hardware: str | None = None
+    engine: str | None = None
+    workload: str | None = None
+    sweep_id: str | None = None
+    since: str | None = None   # ISO date or date-time, inclusive
+    until: str | None = None   # ISO date (the whole day) or date-time, inclusive
+    run_ids: tuple[str, ...] = field(default_factory=tuple)
+    include_predicted: bool = False   # rows a simulator predicted (``predicted`` true) are left out unless asked
+
+    def describe(self) -> dict[str, Any]:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self).items() if v}
+
+
+def load_runs(results_dir: str | Path, filters: Filters = Filters()) -> pd.DataFrame:
+    """The runs table of ``results_dir``, filtered; raises ``TroughputError`` when nothing is left."""
+    rows = read_rows(results_dir)
+    frame = pd.DataFrame.from_records(rows)
+    for column in [c for c in frame.columns if c.startswith("knob.")]:
+        # exact values as written (pandas would turn an int knob missing from some rows into a float)
+        frame[column] = pd.Series([row.get(column) for row in rows], dtype=object, index=frame.index)
+    if frame.empty:
+        raise TroughputError(f"no rows in {Path(results_dir) / 'runs'}: run troughput-run first, "
+                             f"or point --results-dir at a results folder")
+    frame = filter_runs(normalise(frame), filters)
+    if frame.empty:
+        raise TroughputError(f"no rows in {Path(results_dir) / 'runs'} match the filters {filters.describe()}")
+    return frame
+
+
+def normalise(frame: pd.DataFrame) -> pd.DataFrame:
+    """Make the columns the report relies on exist, whatever schema the rows were written with."""
+    frame = frame.copy()
+    for column in [*IDENTITY, "status", "error", "command", "timestamp", "run_id", "engine_version",
+                   "git_commit", "study", "trial", "failed_phase", METRIC, "output_tok_s_passes"]:
+        if column not in frame:
+            frame[column] = None
+    frame["ordering"] = frame["ordering"].fillna("as_given")
+    for column in ("engine", "model", "workload", "hardware"):
+        frame[column] = frame[column].fillna("unknown")
+    frame["workload_fingerprint"] = frame["workload_fingerprint"].fillna("")
+    frame["status"] = frame["status"].fillna("crash")
+    frame["error"] = frame["error"].fillna("")
+    frame["passes"] = [_passes(p, v) for p, v in zip(frame["output_tok_s_passes"], frame[METRIC])]
+    frame["_time"] = pd.to_datetime(frame["timestamp"], utc=True, errors="coerce", format="ISO8601")
+    frame["config_id"] = [config_id(row) for row in frame.to_dict("records")]
+    labels = workload_labels(frame)
+    frame["workload_label"] = [labels[(w, f)] for w, f in zip(frame["workload"], frame["workload_fingerprint"])]
+    setups = frame.groupby("workload_label")[["model", "hardware"]].apply(lambda g: len(g.drop_duplicates()))
+    frame["cell_label"] = [f"{w} ({m}, {h})" if setups[w] > 1 else w
+                           for w, m, h in zip(frame["workload_label"], frame["model"], frame["hardware"])]
+    return frame.sort_values(["_time", "run_id"], kind="stable").reset_index(drop=True)
+
+
+def filter_runs(frame: pd.DataFrame, filters: Filters) -> pd.DataFrame:
+    keep = pd.Series(True, index=frame.index)
+    for column in ("study", "model", "hardware", "engine", "workload", "sweep_id"):
+        wanted = getattr(filters, column)
+        if wanted is not None:
+            keep &= frame[column].astype(str) == str(wanted) if column in frame else False
+    if filters.since:
+        keep &= frame["_time"] >= _when(filters.since)
+    if filters.until:
+        end = _when(filters.until)
+        keep &= frame["_time"] < end + pd.Timedelta(days=1) if _is_date(filters.until) else frame["_time"] <= end
+    if filters.run_ids:
+        keep &= frame["run_id"].isin(list(filters.run_ids))
+    if not filters.include_predicted and "predicted" in frame:
+        keep &= frame["predicted"].map(lambda v: v is not True and v != 1.0)
+    return frame[keep].reset_index(drop=True)
+
+
+def knob_columns(frame: pd.DataFrame) -> list[str]:
+    return sorted(c for c in frame.columns if c.startswith("knob."))
+
+
+def knobs_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The knob values a row set (dotted names without ``knob.``; unset knobs dropped)."""
+    return {k.removeprefix("knob."): v for k, v in sorted(row.items()) if k.startswith("knob.") and not _missing(v)}
+
+
+def config_id(row: dict[str, Any]) -> str:
+    identity = {k: row.get(k) for k in IDENTITY} | {"knobs": knobs_of(row)}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:10]
+
+
+def varying_knobs(frame: pd.DataFrame) -> list[str]:
+    """Knob names (without ``knob.``) whose values differ between rows of one engine and cell."""
+    names: set[str] = set()
+    for _, group in frame.groupby(["engine", *CELL], dropna=False):
+        for column in knob_columns(group):
+            if len({_key(v) for v in group[column]}) > 1:
+                names.add(column.removeprefix("knob."))
+    return sorted(names)
+
+
+def config_label(knobs: dict[str, Any], shown: list[str], baseline: dict[str, Any], ordering: str,
+                 show_ordering: bool) -> str:
+    """The knobs that tell this config apart from its engine's other configs in the cell.
+
+    ``shown`` are the knobs varied there (among knobs that successful rows set); after them come
+    any knobs where this config departs from what all successful rows share (a failed outlier's
+    extra knob, say).
+    """
+    parts = [f"{name}={knobs.get(name, 'default')}" for name in shown]
+    parts += [f"{name}={value}" for name, value in knobs.items()
+              if name not in shown and _key(value) != _key(baseline.get(name))]
+    if show_ordering:
+        parts.append(f"ordering={ordering}")
+    return " ".join(parts) or "single config"
+
+
+def _label_context(frame: pd.DataFrame) -> dict[tuple, tuple[list[str], dict[str, Any]]]:
+    """Per (engine, cell): the knobs to show for every config, and the values all successful rows share."""
+    context = {}
+    for key, group in frame.groupby(["engine", *CELL], dropna=False):
+        ok = group[group["status"] == "ok"]
+        reference = ok if len(ok) else group
+        shown, shared = [], {}
+        for column in knob_columns(group):
+            name = column.removeprefix("knob.")
+            set_by_reference = reference[column].map(lambda v: not _missing(v)).any()
+            if set_by_reference and len({_key(v) for v in group[column]}) > 1:
+                shown.append(name)
+            values = {_key(v): v for v in reference[column]}
+            if len(values) == 1 and set_by_reference:
+                shared[name] = next(iter(values.values()))
+        context[key] = (shown, shared)
+    return context
+
+
+def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
+    """One record per config with its pooled passes, representative numbers and bootstrap interval.
+
+    Only ``ok`` rows carry measurements; a config whose rows all failed appears with
+    ``n_ok == 0`` (response curves mark it). Throughput is the median (low) pass of all
+    passes; total tok/s and req/s are scaled from it with the rows' token and request counts,
+    so a single-row config reproduces its row's numbers exactly.
+    """
+    context = _label_context(frame)
+    show_ordering = frame.groupby(["engine", *CELL], dropna=False)["ordering"].nunique().gt(1).any()
+    records = []
+    for cid, rows in frame.groupby("config_id", sort=False):
+        first = rows.iloc[0].to_dict()
+        ok = rows[rows["status"] == "ok"]
+        passes = [p for ps in ok["passes"] for p in ps]
+        record = {k: first.get(k) for k in IDENTITY} | {
+            "config_id": cid, "workload_label": first["workload_label"], "cell_label": first["cell_label"],
+            "knobs": knobs_of(first),
+            "label": config_label(knobs_of(first), *context[tuple(first[c] for c in ["engine", *CELL])],
+                                  first["ordering"], bool(show_ordering)),
+            "n_rows": len(rows), "n_ok": len(ok), "n_failed": len(rows) - len(ok),
+            "failed_statuses": sorted(set(rows.loc[rows["status"] != "ok", "status"])),
+            "run_ids": list(ok["run_id"]), "failed_run_ids": list(rows.loc[rows["status"] != "ok", "run_id"]),
+            "commands": list(dict.fromkeys(c for c in ok["command"] if c)),
+            "engine_version": ", ".join(sorted({str(v) for v in rows["engine_version"] if not _missing(v)})),
+            "passes": passes, "n_passes": len(passes),
+        }
+        record.update(_measurements(ok, passes, n_boot, level, seed, cid))
+        records.append(record)
+    return pd.DataFrame.from_records(records)
+
+
+def _measurements(ok: pd.DataFrame, passes: list[float], n_boot: int, level: float, seed: int,
+                  cid: str) -> dict[str, Any]:
+    if not passes:
+        return {METRIC: math.nan, "ci_low": math.nan, "ci_high": math.nan}
+    rate = representative(passes)
+    low, high = interval(passes, n_boot=n_boot, level=level, seed=(seed, cid))
+    measured = {METRIC: rate, "ci_low": low, "ci_high": high}
+    inputs, outputs, requests = (_median(ok, c) for c in ("input_tokens", "output_tokens", "requests_done"))
+    if outputs and outputs > 0:
+        measured["total_tok_s"] = rate * (inputs + outputs) / outputs if inputs is not None else math.nan
+        measured["req_s"] = rate * requests / outputs if requests is not None else math.nan
+    else:
+        measured["total_tok_s"], measured["req_s"] = _median(ok, "total_tok_s"), _median(ok, "req_s")
+    for column in ("preemptions", "prefix_cache_hit_rate", "startup_s", "compile_s", "input_tokens",
+                   "output_tokens", "requests_done"):
+        measured[column] = _median(ok, column)
+    return measured
+
+
+def workload_labels(frame: pd.DataFrame) -> dict[tuple[str, str], str]:
+    """The workload name, qualified by its fingerprint where one name has several fingerprints."""
+    labels = {}
+    pairs = frame[["workload", "workload_fingerprint"]].drop_duplicates()
+    counts = pairs.groupby("workload")["workload_fingerprint"].nunique()
+    for name, fingerprint in pairs.itertuples(index=False):
+        qualified = counts.get(name, 1) > 1 and fingerprint
+        labels[(name, fingerprint)] = f"{name}@{fingerprint[:8]}" if qualified else str(name)
+    return labels
+
+
+def cells(configs: pd.DataFrame) -> list[tuple[tuple, pd.DataFrame]]:
+    """(cell key, its configs sorted best first) for every cell, in workload-label order."""
+    out = []
+    for key, group in configs.groupby(CELL, sort=False, dropna=False):
+        out.append((key, group.sort_values(METRIC, ascending=False, na_position="last")))
+    return sorted(out, key=lambda kv: str(kv[1]["cell_label"].iloc[0]))
+
+
+def _passes(passes: Any, value: Any) -> list[float]:
+    if isinstance(passes, (list, tuple, np.ndarray)) and len(passes):
+        return [float(p) for p in passes if not _missing(p)]
+    return [] if _missing(value) else [float(value)]
+
+
+def _median(frame: pd.DataFrame, column: str) -> float | None:
+    if column not in frame:
+        return None
+    values = pd.to_numeric(frame[column], errors="coerce").dropna()
+    return float(values.median()) if len(values) else None
+
+
+def _missing(value: Any) -> bool:
+    if value is None:
+        return True
+    try:
+        return bool(pd.isna(value)) if not isinstance(value, (list, dict, tuple, np.ndarray)) else False
+    except (TypeError, ValueError):
+        return False
+
+
+def _key(value: Any) -> str:
+    return "<unset>" if _missing(value) else json.dumps(value, sort_keys=True, default=str)
+
+
+def _when(text: str) -> pd.Timestamp:
+    try:
+        when = pd.Timestamp(text)
+    except ValueError as e:
+        raise TroughputError(f"cannot read {text!r} as a date: use YYYY-MM-DD or an ISO date-time") from e
+    return when.tz_localize("UTC") if when.tzinfo is None else when.tz_convert("UTC")
+
+
+def _is_date(text: str) -> bool:
+    return len(text.strip()) == 10

@@ -1,0 +1,169 @@
+"""Engine-choice decisions: computed from rows, recorded append-only, never edited.
+
+For each cell (workload fingerprint, model, hardware) the best config (highest
+low-median output tok/s over its pooled passes) is chosen; the runner-up is the best
+config of another engine, or, with one engine only, its second-best config. The
+margin is winner / runner-up - 1 with a bootstrap interval; the verdict is
+
+- ``insufficient data``: no runner-up, no successful run, or fewer than 2 passes on
+  either side (flagged ``single run``: one pass gives no interval to compare);
+- ``too close to call``: the two configs' bootstrap intervals overlap;
+- ``clear winner``: they do not.
+
+Decisions live in ``<results_dir>/decisions/<decision_id>.json``, written like runs
+(atomic, never overwritten). A decision is only appended when its basis (the rows it
+rests on and the method) differs from the cell's latest one, so rebuilding a report
+from the same rows adds nothing, and every earlier decision stays.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from harness.report.data import CELL, METRIC, cells
+from harness.report.stats import STATISTIC, ratio_interval
+from harness.results import DECISIONS_DIR, flatten, new_run_id, read_rows, write_row
+
+CLEAR, CLOSE, INSUFFICIENT = "clear winner", "too close to call", "insufficient data"
+VERDICTS = (CLEAR, CLOSE, INSUFFICIENT)
+SIDE_FIELDS = ("engine", "engine_version", "ordering", "config_id", "label", METRIC, "ci_low", "ci_high",
+               "n_passes", "run_ids", "commands", "total_tok_s", "req_s")
+
+
+def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level: float = 0.95,
+           seed: int = 0) -> list[dict[str, Any]]:
+    """One decision per cell of ``configs`` (as built by ``group_configs`` from ``frame``)."""
+    decisions = []
+    for key, group in cells(configs):
+        rows = frame
+        for column, value in zip(CELL, key):
+            rows = rows[rows[column] == value]
+        measured = group[group["n_passes"] > 0]
+        winner = measured.iloc[0] if len(measured) else None
+        runner_up, relation = _runner_up(measured)
+        decision: dict[str, Any] = dict(zip(CELL, key)) | {
+            "kind": "engine_choice", "metric": METRIC, "statistic": STATISTIC, "ci_level": level,
+            "bootstrap_resamples": n_boot, "bootstrap_seed": seed,
+            "rests_on": sorted(rows.loc[rows["status"] == "ok", "run_id"]),
+            "failed_runs": sorted(rows.loc[rows["status"] != "ok", "run_id"]),
+        }
+        if winner is not None:
+            decision |= _side("chosen", winner)
+        if runner_up is not None:
+            decision |= _side("runner_up", runner_up) | {"runner_up.relation": relation}
+        decision |= _verdict(winner, runner_up, len(rows), n_boot, level, seed)
+        decision["basis"] = _basis(decision)
+        decisions.append(decision)
+    return decisions
+
+
+def _runner_up(measured: pd.DataFrame) -> tuple[pd.Series | None, str | None]:
+    if len(measured) < 2:
+        return None, None
+    winner = measured.iloc[0]
+    others = measured[measured["engine"] != winner["engine"]]
+    if len(others):
+        return others.iloc[0], "best config of another engine"
+    return measured.iloc[1], "second-best config of the same engine (no other engine measured)"
+
+
+def _side(prefix: str, config: pd.Series) -> dict[str, Any]:
+    side = {field: _plain(config.get(field)) for field in SIDE_FIELDS}
+    return flatten(prefix, side) | flatten(f"{prefix}.knob", dict(config["knobs"]))
+
+
+def _verdict(winner, runner_up, n_rows: int, n_boot: int, level: float, seed: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"margin": None, "margin_ci_low": None, "margin_ci_high": None, "flags": []}
+    if winner is None:
+        return out | {"verdict": INSUFFICIENT, "flags": ["no successful run"],
+                      "reason": f"all {n_rows} run(s) of this cell failed"}
+    if runner_up is None:
+        return out | {"verdict": INSUFFICIENT, "flags": ["no runner-up"],
+                      "reason": "only one config was measured here: nothing to compare it with"}
+    out["margin"] = winner[METRIC] / runner_up[METRIC] - 1
+    short = [name for name, side in (("winner", winner), ("runner-up", runner_up)) if side["n_passes"] < 2]
+    if short:
+        return out | {"verdict": INSUFFICIENT, "flags": ["single run"],
+                      "reason": f"fewer than 2 passes for the {' and the '.join(short)}: no interval to compare; "
+                                f"rerun with run.repeats=3"}
+    low, high = ratio_interval(winner["passes"], runner_up["passes"], n_boot=n_boot, level=level,
+                               seed=(seed, winner["config_id"], runner_up["config_id"]))
+    out["margin_ci_low"], out["margin_ci_high"] = low - 1, high - 1
+    pct = f"{level:.0%}"
+    spans = (f"winner [{winner['ci_low']:,.0f}, {winner['ci_high']:,.0f}] vs runner-up "
+             f"[{runner_up['ci_low']:,.0f}, {runner_up['ci_high']:,.0f}] tok/s")
+    if winner["ci_low"] <= runner_up["ci_high"]:
+        return out | {"verdict": CLOSE, "reason": f"the {pct} intervals overlap: {spans}"}
+    return out | {"verdict": CLEAR, "reason": f"the {pct} intervals do not overlap: {spans}"}
+
+
+def _basis(decision: dict[str, Any]) -> str:
+    keys = [*CELL, "metric", "statistic", "ci_level", "bootstrap_resamples", "bootstrap_seed", "rests_on",
+            "failed_runs"]
+    return hashlib.sha256(json.dumps({k: decision[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cell_of(decision: dict[str, Any]) -> tuple:
+    return tuple(decision.get(column) for column in CELL)
+
+
+def read_decisions(results_dir: str | Path) -> list[dict[str, Any]]:
+    """All recorded decisions, oldest first."""
+    return sorted(read_rows(results_dir, DECISIONS_DIR), key=lambda d: (d.get("timestamp", ""), d["decision_id"]))
+
+
+def history(results_dir: str | Path) -> dict[tuple, list[dict[str, Any]]]:
+    """Recorded decisions per cell, oldest first (the last one is the cell's latest)."""
+    by_cell: dict[tuple, list[dict[str, Any]]] = {}
+    for decision in read_decisions(results_dir):
+        by_cell.setdefault(cell_of(decision), []).append(decision)
+    return by_cell
+
+
+def record(results_dir: str | Path, decisions: list[dict[str, Any]], extra: dict[str, Any] | None = None
+           ) -> list[dict[str, Any]]:
+    """Append each decision whose basis differs from its cell's latest; return the cells' latest decisions.
+
+    Each returned decision carries ``recorded`` (``new`` or ``unchanged``).
+    """
+    previous = history(results_dir)
+    latest = []
+    for decision in decisions:
+        before = previous.get(cell_of(decision), [])
+        if before and before[-1].get("basis") == decision["basis"]:
+            latest.append(before[-1] | {"recorded": "unchanged"})
+            continue
+        row = _jsonable(decision | (extra or {}) | {
+            "decision_id": new_run_id(), "timestamp": datetime.now(timezone.utc).isoformat(),
+            "supersedes": before[-1]["decision_id"] if before else None})
+        write_row(results_dir, row, kind=DECISIONS_DIR, id_key="decision_id")
+        latest.append(row | {"recorded": "new"})
+    return latest
+
+
+def chosen_knobs(decision: dict[str, Any], side: str = "chosen") -> dict[str, Any]:
+    prefix = f"{side}.knob."
+    return {k.removeprefix(prefix): v for k, v in decision.items() if k.startswith(prefix) and v is not None}
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    return value
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return _plain(value)

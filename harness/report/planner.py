@@ -1,0 +1,116 @@
+"""The idle-window planner and cost: how long each engine's best config needs for a backlog.
+
+time = backlog ÷ measured rate + startup + compile
+
+- backlog: ``backlog_requests`` (default 1,000,000) at the workload's mean tokens per
+  request (prompt + output, measured in the rows), or ``backlog_tokens`` directly;
+- rate: the config's req/s for a backlog in requests, its total tok/s for one in tokens;
+- startup and compile: the config's measured seconds. vLLM times compilation inside
+  its startup (``LLM(...)`` compiles before it returns), so for engines listed in
+  ``STARTUP_INCLUDES_COMPILE`` the startup shown is the measured startup minus compile
+  and nothing is counted twice.
+
+Cost = total hours × GPUs × price per GPU-hour (on a CPU host read it as the machine-hour
+price); per million tokens it is that cost over the backlog's tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from harness.report.data import CELL, METRIC, cells
+
+STARTUP_INCLUDES_COMPILE = {"vllm"}
+PARALLEL_KNOBS = ("tensor_parallel_size", "tp_size", "pipeline_parallel_size", "pp_size")
+
+
+@dataclass(frozen=True)
+class PlannerInputs:
+    backlog_requests: float = 1_000_000
+    backlog_tokens: float | None = None   # when set, the backlog is this many tokens (prompt + output)
+    window_h: float = 8.0
+    usd_per_gpu_hour: float = 2.50
+
+    def describe(self) -> str:
+        backlog = (f"{self.backlog_tokens:,.0f} tokens" if self.backlog_tokens
+                   else f"{self.backlog_requests:,.0f} requests")
+        return (f"backlog {backlog}, idle window {self.window_h:g} h, "
+                f"price {self.usd_per_gpu_hour:.2f} USD per GPU-hour")
+
+
+def tokens_per_request(frame: pd.DataFrame, key: tuple) -> float | None:
+    """Mean prompt + output tokens per request over the cell's successful rows."""
+    rows = frame[frame["status"] == "ok"]
+    for column, value in zip(CELL, key):
+        rows = rows[rows[column] == value]
+    if not {"input_tokens", "output_tokens", "requests_done"} <= set(rows.columns):
+        return None
+    rows = rows.dropna(subset=["input_tokens", "output_tokens", "requests_done"])
+    requests = rows["requests_done"].sum()
+    return float((rows["input_tokens"] + rows["output_tokens"]).sum() / requests) if requests else None
+
+
+def best_per_engine(group: pd.DataFrame) -> pd.DataFrame:
+    measured = group[group["n_passes"] > 0].sort_values(METRIC, ascending=False)
+    return measured.drop_duplicates("engine")
+
+
+def plan(frame: pd.DataFrame, configs: pd.DataFrame, inputs: PlannerInputs) -> pd.DataFrame:
+    """One line per cell and engine (its best config) with every input of the sum next to the result."""
+    lines = []
+    for key, group in cells(configs):
+        per_request = tokens_per_request(frame, key)
+        for config in best_per_engine(group).to_dict("records"):
+            lines.append(plan_line(config, per_request, inputs))
+    return pd.DataFrame.from_records(lines)
+
+
+def plan_line(config: dict[str, Any], per_request: float | None, inputs: PlannerInputs) -> dict[str, Any]:
+    startup = _number(config.get("startup_s"))
+    compile_s = _number(config.get("compile_s"))
+    if config["engine"] in STARTUP_INCLUDES_COMPILE:
+        startup = max(startup - compile_s, 0.0)
+    if inputs.backlog_tokens:
+        tokens = float(inputs.backlog_tokens)
+        requests = tokens / per_request if per_request else math.nan
+        rate, unit = _number(config.get("total_tok_s"), math.nan), "tok/s"
+        generate_s = tokens / rate
+    else:
+        requests = float(inputs.backlog_requests)
+        tokens = requests * per_request if per_request else math.nan
+        rate, unit = _number(config.get("req_s"), math.nan), "req/s"
+        generate_s = requests / rate
+    total_s = generate_s + startup + compile_s
+    gpus = _gpus(config.get("knobs") or {})
+    cost = total_s / 3600 * gpus * inputs.usd_per_gpu_hour
+    return {
+        "cell_label": config["cell_label"], "model": config["model"], "hardware": config["hardware"],
+        "engine": config["engine"], "label": config["label"], "config_id": config["config_id"],
+        "tokens_per_request": per_request, "backlog_requests": requests, "backlog_tokens": tokens,
+        "rate": rate, "rate_unit": unit, "generate_s": generate_s, "startup_s": startup, "compile_s": compile_s,
+        "total_s": total_s, "total_h": total_s / 3600, "window_h": inputs.window_h,
+        "clears": bool(total_s <= inputs.window_h * 3600), "slack_h": inputs.window_h - total_s / 3600,
+        "gpus": gpus, "cost_usd": cost, "usd_per_m_tokens": cost / tokens * 1e6 if tokens else math.nan,
+    }
+
+
+def _gpus(knobs: dict[str, Any]) -> int:
+    count = 1
+    for name in PARALLEL_KNOBS:
+        try:
+            count *= max(int(knobs.get(name) or 1), 1)
+        except (TypeError, ValueError):
+            pass
+    return count
+
+
+def _number(value: Any, default: float = 0.0) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isnan(value) else value

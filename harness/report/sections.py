@@ -1,0 +1,233 @@
+"""The report's sections, each only where the rows allow it."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pandas as pd
+
+from harness.report.data import METRIC, cells
+from harness.report.decisions import CLEAR
+from harness.report.document import Details, Figure, Paragraph, RowLink, Section, Table, first_line, fmt, fmt_interval
+from harness.report.stats import STATISTIC
+
+
+def build(report) -> list[Section]:
+    out = [overview(report), recommendation(report), headline(report), *figures(report), planner(report),
+           failures(report), provenance(report), all_configs(report), runs(report)]
+    return [section for section in out if section is not None]
+
+
+def overview(report) -> Section:
+    frame = report.frame
+    when = frame["_time"].dropna()
+    span = f"{when.min():%Y-%m-%d %H:%M} – {when.max():%Y-%m-%d %H:%M} UTC" if len(when) else "unknown dates"
+    filters = ", ".join(f"{k}={v}" for k, v in report.filters.describe().items()) or "none"
+    text = (f"{len(frame)} run(s) ({len(report.ok)} ok, {len(report.failed)} failed) from {span}; "
+            f"engines: {', '.join(sorted(frame['engine'].unique()))}; workloads: "
+            f"{', '.join(sorted(frame['cell_label'].unique()))}; {len(report.configs)} config(s). "
+            f"Results table: {report.results_dir.resolve()}; filters: {filters}. Generated {report.created}.")
+    how = (f"A config is one engine with one set of knobs (and ordering) on one workload fingerprint, model and "
+           f"hardware; its repeats are all passes of its rows. Throughput is the {STATISTIC}; intervals are "
+           f"{report.options.level:.0%} percentile bootstrap intervals ({report.options.resamples} resamples, seed "
+           f"{report.options.seed}). A winner is 'clear' only when its interval and the runner-up's do not overlap.")
+    return Section("Summary", "summary", [Paragraph([text]), Paragraph([how])])
+
+
+def recommendation(report) -> Section:
+    rows = []
+    for d in report.decisions:
+        chosen = f"{d['chosen.engine']}: {d['chosen.label']}" if d.get("chosen.engine") else "–"
+        runner = (f"{d['runner_up.engine']}: {d['runner_up.label']} ({d['runner_up.relation'].split(' (')[0]})"
+                  if d.get("runner_up.engine") else "–")
+        margin = fmt(d.get("margin"), "pct")
+        ci = fmt_interval(d.get("margin_ci_low"), d.get("margin_ci_high"), "pct")
+        basis = _links("winner", d.get("chosen.run_ids")) + _links("runner-up", d.get("runner_up.run_ids"))
+        cell = (d["workload_fingerprint"], d["model"], d["hardware"])
+        count = report.history.get((d["workload"], *cell), 0)
+        recorded = [RowLink(d["decision_id"], "decisions")] if d.get("decision_id") else []
+        recorded.append(f" {d['recorded']}" + (f", {count - 1} earlier kept" if count > 1 else ""))
+        verdict = d["verdict"] + (f" ({', '.join(d['flags'])})" if d.get("flags") else "")
+        rows.append([d["cell_label"], d["model"], d["hardware"], chosen, runner, margin, ci, verdict,
+                     d.get("reason", ""), basis or "–", recorded])
+    table = Table(["workload", "model", "hardware", "use", "runner-up", "margin", f"{report.options.level:.0%} CI",
+                   "verdict", "why", "rests on", "decision"], rows, id="decisions")
+    clear = sum(d["verdict"] == CLEAR for d in report.decisions)
+    lead = (f"{clear} of {len(report.decisions)} cell(s) have a clear winner. The latest decision per cell, "
+            f"recomputed from the rows (results/decisions/, append-only: a decision is added only when the rows "
+            f"behind it change). Margin = winner ÷ runner-up − 1 on output tok/s.")
+    blocks: list[Any] = [Paragraph([lead]), table]
+    for d in report.decisions:
+        everything = [RowLink(r) for r in d.get("rests_on", [])] + [RowLink(r) for r in d.get("failed_runs", [])]
+        if everything:
+            blocks.append(Paragraph([f"Rows behind {d['cell_label']} ({d['model']}, {d['hardware']}): ",
+                                     _join(everything)]))
+    return Section("Recommendation", "recommendation", blocks)
+
+
+def headline(report) -> Section:
+    by_cell = {(d["workload"], d["workload_fingerprint"], d["model"], d["hardware"]): d for d in report.decisions}
+    rows, ids = [], []
+    for key, group in cells(report.configs):
+        decision = by_cell.get(key, {})
+        measured = group[group["n_passes"] > 0]
+        shown = measured.drop_duplicates("engine")
+        runner_id = decision.get("runner_up.config_id")
+        if runner_id and runner_id not in set(shown["config_id"]):
+            shown = pd.concat([shown, measured[measured["config_id"] == runner_id]])
+        for config in shown.to_dict("records"):
+            role, margin, verdict = "", "", ""
+            if config["config_id"] == decision.get("chosen.config_id"):
+                role, verdict = "winner", decision["verdict"]
+                margin = (f"{fmt(decision.get('margin'), 'pct')} "
+                          f"{fmt_interval(decision.get('margin_ci_low'), decision.get('margin_ci_high'), 'pct')}"
+                          ).strip() if decision.get("margin") is not None else "–"
+            elif config["config_id"] == runner_id:
+                role = "runner-up" + (" (same engine)" if config["engine"] == decision.get("chosen.engine") else "")
+            rows.append([config["cell_label"], config["engine"], config["label"], role, fmt(config[METRIC]),
+                         fmt_interval(config["ci_low"], config["ci_high"]), str(config["n_passes"]),
+                         fmt(config.get("total_tok_s")), fmt(config.get("req_s")),
+                         fmt(config.get("preemptions"), "int"), fmt(config.get("prefix_cache_hit_rate"), "share"),
+                         fmt(config.get("startup_s"), "s"), fmt(config.get("compile_s"), "s"), margin, verdict])
+            ids.append(f"headline-{config['config_id']}")
+    table = Table(["workload", "engine", "config", "role", "output tok/s", "95% interval", "passes", "total tok/s",
+                   "req/s", "preemptions", "prefix-cache hit", "startup s", "compile s", "margin [CI]", "verdict"],
+                  rows, id="headline", row_ids=ids)
+    lead = ("Per workload, the best measured config of each engine side by side (and the runner-up when it is a "
+            "second config of the winner's engine). Numbers are for the config's low-median pass.")
+    if not rows:
+        return Section("Headline", "headline-section", [Paragraph(["No successful run to compare."]), table])
+    return Section("Headline", "headline-section", [Paragraph([lead]), table])
+
+
+def figures(report) -> list[Section]:
+    groups = {"throughput": ("Throughput", "plots-throughput"), "response": ("Response curves", "plots-response"),
+              "preemptions": ("Preemptions", "plots-preemptions"), "startup": ("Startup and compile", "plots-startup"),
+              "study": ("Studies", "plots-studies")}
+    out: dict[str, Section] = {}
+    for plot in report.plots:
+        kind = plot.name.split("-")[0]
+        title, anchor = groups.get(kind, ("Plots", "plots"))
+        out.setdefault(kind, Section(title, anchor)).blocks.append(Figure(plot))
+    if "study" in out:
+        out["study"].blocks.insert(0, study_table(report))
+    return list(out.values())
+
+
+def study_table(report) -> Table:
+    trials = report.frame[report.frame["study"].notna() & report.frame["trial"].notna()]
+    rows = []
+    for study, group in trials.groupby("study"):
+        ok = group[group["status"] == "ok"]
+        best = ok.loc[ok[METRIC].idxmax()] if len(ok) else None
+        rows.append([str(study), str(len(group)), str(len(ok)), str(len(group) - len(ok)),
+                     str(int(best["trial"])) if best is not None else "–",
+                     fmt(best[METRIC]) if best is not None else "–",
+                     RowLink(best["run_id"]) if best is not None else "–"])
+    return Table(["study", "trials", "ok", "failed", "best trial", "best output tok/s", "row"], rows, id="studies")
+
+
+def planner(report) -> Section | None:
+    plan, inputs = report.plan, report.options.planner
+    if plan.empty:
+        return None
+    rows = [[p["cell_label"], p["engine"], p["label"], fmt(p["tokens_per_request"]), fmt(p["backlog_requests"], "int"),
+             fmt(p["backlog_tokens"], "int"), f"{fmt(p['rate'])} {p['rate_unit']}", fmt(p["generate_s"] / 3600, "h"),
+             fmt(p["startup_s"], "s"), fmt(p["compile_s"], "s"), fmt(p["total_h"], "h"), fmt(p["window_h"], "h"),
+             ("yes" if p["clears"] else "no") + f" ({fmt(p['slack_h'], 'h')} h {'spare' if p['clears'] else 'over'})",
+             str(p["gpus"]), fmt(p["cost_usd"], "usd"), fmt(p["usd_per_m_tokens"], "usd")]
+            for p in plan.to_dict("records")]
+    table = Table(["workload", "engine", "config", "tokens / request", "backlog requests", "backlog tokens", "rate",
+                   "generate h", "startup s", "compile s", "total h", "window h", "clears the window",
+                   "GPUs", "cost USD", "USD / M tokens"], rows, id="planner")
+    lead = (f"Inputs: {inputs.describe()}. total = backlog ÷ rate + startup + compile, with each engine's best "
+            f"config per workload; tokens are prompt + output, tokens per request the mean measured in the rows. "
+            f"Startup excludes compile where the engine times compile inside startup (vLLM). Cost = total h × GPUs × "
+            f"price; on a CPU host read the price as the machine-hour price. Change with --backlog-requests, "
+            f"--backlog-tokens, --window-hours and --gpu-hour-usd.")
+    return Section("Idle-window planner and cost", "planner", [Paragraph([lead]), table])
+
+
+def failures(report) -> Section:
+    failed = report.failed
+    if failed.empty:
+        return Section("Failures", "failures", [Paragraph(["No failed runs."])])
+    labels = dict(zip(report.configs["config_id"], report.configs["label"]))
+    rows = [[RowLink(r["run_id"]), str(r["timestamp"])[:19], r["engine"], r["model"], r["cell_label"],
+             labels.get(r["config_id"], ""), r["status"], str(r.get("failed_phase") or "–"), first_line(r["error"])]
+            for r in failed.to_dict("records")]
+    blocks: list[Any] = [Paragraph([f"{len(failed)} failed run(s); each is a row of the results table with its "
+                                    f"reason."]),
+                         Table(["run", "time", "engine", "model", "workload", "config", "status", "phase", "reason"],
+                               rows, id="failures")]
+    blocks += [Details(f"{r['run_id']} ({r['status']}): full error", str(r["error"]))
+               for r in failed.to_dict("records") if len(str(r["error"]).splitlines()) > 1]
+    return Section("Failures", "failures", blocks)
+
+
+def provenance(report) -> Section:
+    frame = report.frame
+    blocks: list[Any] = [Paragraph(["Engines"]), _count_table(frame, ["engine", "engine_version", "engine_python"])]
+    hardware = [c for c in ["hardware", "env.cpu", "env.cpu_count", "env.gpu", "env.gpu_count", "env.gpu_driver",
+                            "env.hostname"] if c in frame]
+    blocks += [Paragraph(["Hardware"]), _count_table(frame, hardware)]
+    blocks += [Paragraph(["Harness commits"]), _count_table(frame, ["git_commit"], code=("git_commit",))]
+    workload = [c for c in ["workload", "workload_fingerprint", "workload_info.requests",
+                            "workload_info.input_tokens_requested", "workload_info.output_tokens_requested",
+                            "workload_info.images"] if c in frame]
+    blocks += [Paragraph(["Workloads"]), _count_table(frame, workload, code=("workload_fingerprint",))]
+    rows = []
+    for key, group in cells(report.configs):
+        for config in group[group["n_passes"] > 0].drop_duplicates("engine").to_dict("records"):
+            rows.append([config["cell_label"], config["engine"], config["label"], f"{fmt(config[METRIC])} tok/s",
+                         "; ".join(config["commands"]) or "–", _join([RowLink(r) for r in config["run_ids"]])])
+    blocks += [Paragraph(["Reproduce each headline number (the rows' own commands):"]),
+               Table(["workload", "engine", "config", "number", "command", "runs"], rows, id="reproduce",
+                     code_columns=("command",))]
+    return Section("Provenance", "provenance", blocks)
+
+
+def all_configs(report) -> Section:
+    rows = []
+    for key, group in cells(report.configs):
+        for c in group.to_dict("records"):
+            rows.append([c["cell_label"], c["engine"], c["label"], fmt(c[METRIC]),
+                         fmt_interval(c["ci_low"], c["ci_high"]),
+                         ", ".join(fmt(p) for p in c["passes"]) or "–", f"{c['n_ok']} ok / {c['n_failed']} failed",
+                         " ".join(f"{k}={v}" for k, v in c["knobs"].items()), c["ordering"]])
+    return Section("All configs", "configs", [Table(["workload", "engine", "config", "output tok/s", "95% interval",
+                                                     "passes (tok/s)", "runs", "knobs", "ordering"], rows,
+                                                    id="all-configs", code_columns=("knobs",))])
+
+
+def runs(report) -> Section:
+    labels = dict(zip(report.configs["config_id"], report.configs["label"]))
+    rows = [[RowLink(r["run_id"]), str(r["timestamp"])[:19], r["status"], r["engine"], r["model"], r["cell_label"],
+             labels.get(r["config_id"], ""), fmt(r.get(METRIC)), ", ".join(fmt(p) for p in r["passes"]) or "–",
+             str(r.get("command") or "–")] for r in report.frame.to_dict("records")]
+    return Section("Runs", "runs", [Table(["run", "time", "status", "engine", "model", "workload", "config",
+                                           "output tok/s", "passes", "command"], rows, id="runs-table",
+                                          row_ids=[f"run-{r}" for r in report.frame["run_id"]],
+                                          code_columns=("command",))])
+
+
+def _count_table(frame: pd.DataFrame, columns: list[str], code: tuple[str, ...] = ()) -> Table:
+    columns = [c for c in columns if c in frame]
+    values = frame[columns].map(lambda v: json.dumps(v) if isinstance(v, (list, dict)) else v).astype(str)
+    counted = values.groupby(columns, dropna=False).size().reset_index(name="rows")
+    rows = [[("–" if v in ("None", "nan") else v) for v in map(str, r)] for r in counted.itertuples(index=False)]
+    return Table([*columns, "rows"], rows, code_columns=code)
+
+
+def _links(label: str, run_ids: Any) -> list:
+    if not run_ids:
+        return []
+    return [f"{label}: ", *_join([RowLink(r) for r in run_ids]), " "]
+
+
+def _join(links: list) -> list:
+    out: list = []
+    for i, link in enumerate(links):
+        out += ([", "] if i else []) + [link]
+    return out

@@ -1,0 +1,218 @@
+"""The Hugging Face baseline adapter: knob checks and counters without a model; real greedy runs on the tiny Llama."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+
+import pytest
+
+from engines import get_engine_class
+from engines.base import EngineStats, KnobError, Request
+from engines.hf import HfEngine, HfStats, OffloadCounter, count_offloaded
+from tests.conftest import ROOT, compose
+
+CONTINUOUS = {"mode": "continuous", "num_blocks": 64, "page_size": 16, "max_batch_tokens": 128,
+              "max_requests_per_batch": 8}
+
+
+def engine(knobs: dict, model: dict | None = None) -> HfEngine:
+    return HfEngine(model or {"path": "/nonexistent", "name": "tiny"}, knobs)
+
+
+def test_registered_as_hf():
+    assert get_engine_class("hf") is HfEngine
+
+
+def test_unknown_knob_names_the_known_ones():
+    with pytest.raises(KnobError) as error:
+        engine({"batch_sz": 8}).validate()
+    assert "batch_sz" in str(error.value) and "batch_size" in str(error.value) and "num_blocks" in str(error.value)
+
+
+@pytest.mark.parametrize("knobs, words", [
+    ({"mode": "paged"}, ["mode", "static", "continuous"]),
+    ({"batch_size": 0}, ["batch_size", "positive"]),
+    ({"batch_size": "8"}, ["batch_size"]),
+    ({"early_stop": "yes"}, ["early_stop"]),
+    ({"dtype": "int8"}, ["dtype", "float32"]),
+    ({"mode": "continuous", "num_blocks": None}, ["num_blocks", "memory"]),
+    ({**CONTINUOUS, "num_blocks": -1}, ["num_blocks", "positive"]),
+])
+def test_invalid_knob_values_fail_validation(knobs, words):
+    with pytest.raises(KnobError) as error:
+        engine(knobs).validate()
+    assert all(word in str(error.value) for word in words), str(error.value)
+
+
+def test_continuous_knobs_are_checked_by_transformers():
+    pytest.importorskip("transformers")
+    with pytest.raises(KnobError, match="scheduler_type"):
+        engine({**CONTINUOUS, "scheduler_type": "lifo"}).validate()
+    engine({**CONTINUOUS, "safety_margin": 0.1}).validate()  # any ContinuousBatchingConfig field passes through
+
+
+def test_knobs_of_the_other_mode_are_accepted_and_ignored():
+    engine({"mode": "static", "batch_size": 4, **{k: v for k, v in CONTINUOUS.items() if k != "mode"}}).validate()
+    engine({**CONTINUOUS, "batch_size": 4, "early_stop": False}).validate()
+
+
+def test_vision_language_models_are_rejected(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3", "vision_config": {}}))
+    with pytest.raises(KnobError, match="text-only"):
+        engine({}, {"path": str(tmp_path), "local_dir": str(tmp_path), "name": "tiny_vlm"}).validate()
+
+
+def test_requests_with_images_are_rejected():
+    with pytest.raises(KnobError, match="text-only"):
+        engine({}).generate([Request("a", [5, 6], 2, images=["x.png"])])
+
+
+def test_offload_log_lines_are_parsed_and_summed():
+    assert count_offloaded("Offloaded 3 requests (1 to CPU, 2 soft reset): 0 starved requests remain.") == 3
+    assert count_offloaded("Paged cache initialized: self.max_batch_tokens = 256") == 0
+    counter, cb_logger = OffloadCounter(), logging.getLogger("test_hf.offloads")
+    cb_logger.addHandler(counter)
+    cb_logger.setLevel(logging.INFO)
+    try:
+        cb_logger.info("Offloaded 1 requests (0 to CPU, 1 soft reset): 2 starved requests remain.")
+        cb_logger.info("Offloaded 2 requests (0 to CPU, 2 soft reset): 0 starved requests remain.")
+        cb_logger.info("Generation loop finished")
+    finally:
+        cb_logger.removeHandler(counter)
+    assert counter.offloaded == 3
+
+
+def test_padding_waste_of_a_pass_comes_from_its_slot_counts():
+    before = HfStats(preemptions=0, extra={"useful_slots": 100.0, "padded_slots": 100.0, "padding_waste": 1.0})
+    after = HfStats(preemptions=0, extra={"useful_slots": 300.0, "padded_slots": 150.0, "padding_waste": 0.5})
+    diff = after.minus(before)
+    assert diff.extra["padding_waste"] == pytest.approx(50 / 200)
+    assert diff.minus(EngineStats()).extra["padding_waste"] == pytest.approx(0.25)
+
+
+# --- real runs on the tiny Llama ---------------------------------------------------------------------------------
+
+def _requests() -> list[Request]:
+    """Six prompts of varied lengths and output lengths: two static batches of 4 and 2 rows."""
+    rng = random.Random(7)
+    return [Request(f"r{i}", [rng.randrange(10, 2000) for _ in range(rng.randint(3, 40))], rng.randint(1, 8))
+            for i in range(6)]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> dict:
+    from engines.tiny_model import build
+
+    path = build("tiny", ROOT / ".cache/troughput/models/tiny")
+    return {"path": str(path), "local_dir": str(path), "name": "tiny"}
+
+
+def generate(model: dict, knobs: dict, requests: list[Request]) -> tuple[list[list[int]], EngineStats, HfEngine]:
+    """Start the adapter in-process, generate once, stop; (output ids, counters of that call, engine)."""
+    hf = HfEngine(model, knobs)
+    hf.validate()
+    hf.start()
+    try:
+        before = hf.stats()
+        completions = hf.generate(requests)
+        stats = hf.stats().minus(before)
+    finally:
+        hf.stop()
+    assert [c.id for c in completions] == [r.id for r in requests]
+    return [c.output_token_ids for c in completions], stats, hf
+
+
+@pytest.mark.engine
+def test_static_and_continuous_greedy_outputs_match_token_for_token(tiny):
+    requests = _requests()
+    with_stop, _, _ = generate(tiny, {"batch_size": 4, "early_stop": True}, requests)
+    without_stop, _, _ = generate(tiny, {"batch_size": 4, "early_stop": False}, requests)
+    continuous, stats, _ = generate(tiny, CONTINUOUS, requests)
+    assert [len(tokens) for tokens in with_stop] == [r.max_tokens for r in requests]
+    assert with_stop == without_stop == continuous
+    assert stats.preemptions == 0
+
+
+@pytest.mark.engine
+def test_static_matches_plain_generate_for_one_request(tiny):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    requests = _requests()
+    outputs, _, _ = generate(tiny, {"batch_size": 4}, requests)
+    longest = max(range(len(requests)), key=lambda i: requests[i].max_tokens)
+    request = requests[longest]
+    model = AutoModelForCausalLM.from_pretrained(tiny["path"], dtype=torch.float32).eval()
+    expected = model.generate(torch.tensor([request.prompt_token_ids]), max_new_tokens=request.max_tokens,
+                              min_new_tokens=request.max_tokens, do_sample=False)[0, len(request.prompt_token_ids):]
+    assert outputs[longest] == expected.tolist()
+
+
+@pytest.mark.engine
+def test_early_stop_does_fewer_padded_decode_slots(tiny):
+    requests = _requests()
+    batches = [requests[:4], requests[4:]]
+    _, idle, _ = generate(tiny, {"batch_size": 4, "early_stop": False}, requests)
+    _, stop, _ = generate(tiny, {"batch_size": 4, "early_stop": True}, requests)
+    longest = [max(r.max_tokens for r in batch) for batch in batches]
+    # Without early stop every row rides along until its batch's longest row ends.
+    assert idle.extra["padded_decode_slots"] == sum(n - r.max_tokens for n, b in zip(longest, batches) for r in b) > 0
+    assert stop.extra["padded_decode_slots"] == 0 < idle.extra["padded_decode_slots"]
+    assert idle.extra["decode_steps"] == stop.extra["decode_steps"] == sum(n - 1 for n in longest)
+    assert idle.extra["padded_prefill_slots"] == stop.extra["padded_prefill_slots"] == sum(
+        len(b) * max(len(r.prompt_token_ids) for r in b) - sum(len(r.prompt_token_ids) for r in b) for b in batches)
+    assert stop.extra["useful_slots"] == sum(len(r.prompt_token_ids) + r.max_tokens - 1 for r in requests)
+    assert stop.extra["padding_waste"] < idle.extra["padding_waste"]
+
+
+@pytest.mark.engine
+def test_tiny_kv_cache_evictions_are_counted_as_preemptions(tiny):
+    rng = random.Random(1)
+    # Two 30-token prompts fill 4 blocks of 16; each needs a third block to decode, so one is evicted.
+    requests = [Request(f"r{i}", [rng.randrange(10, 2000) for _ in range(30)], 8) for i in range(4)]
+    roomy, roomy_stats, _ = generate(tiny, CONTINUOUS, requests)
+    tight, tight_stats, _ = generate(tiny, {**CONTINUOUS, "num_blocks": 4}, requests)
+    assert roomy_stats.preemptions == 0 and tight_stats.preemptions > 0
+    assert tight == roomy
+
+
+@pytest.mark.engine
+def test_a_request_larger_than_the_kv_cache_fails_clearly(tiny):
+    with pytest.raises(KnobError, match="num_blocks"):
+        generate(tiny, {**CONTINUOUS, "num_blocks": 2}, [Request("long", list(range(10, 50)), 8)])
+
+
+def _run(tmp_path, *overrides):
+    from harness.cli import spec_from_config
+    from harness.runner import execute
+
+    cfg = compose(*overrides, f"run.results_dir={tmp_path}", "run.progress=false")
+    return execute(spec_from_config(cfg), progress=False)
+
+
+SMALL_UNIQUE = ["workload=unique", "workload.num_requests=12", "workload.input_len={kind: uniform, low: 8, high: 48}",
+                "workload.output_len={kind: uniform, low: 1, high: 8}", "run.warmup_requests=2"]
+
+
+@pytest.mark.engine
+def test_harness_rows_carry_engine_hf_and_the_columns_of_vllm_rows(tmp_path):
+    hf = _run(tmp_path, "engine=hf", *SMALL_UNIQUE)
+    assert hf["status"] == "ok", hf["error"]
+    assert hf["engine"] == "hf" and hf["output_tokens"] == hf["workload_info.output_tokens_requested"]
+    assert hf["preemptions"] == 0 and hf["stat.padded_decode_slots"] == 0 and hf["stat.padding_waste"] > 0
+    vllm = _run(tmp_path, "engine=vllm", *SMALL_UNIQUE)
+    assert vllm["status"] == "ok", vllm["error"]
+    assert vllm["workload_fingerprint"] == hf["workload_fingerprint"]
+    # knob-dependent columns differ by engine; canon.* follows engines/knobs.py rows
+    shared = {k for k in vllm if not k.startswith(("engine_info.", "knob.", "stat.", "canon."))}
+    assert shared <= set(hf), sorted(shared - set(hf))
+
+
+@pytest.mark.engine
+def test_multimodal_workload_is_refused_before_the_engine_starts(tmp_path):
+    row = _run(tmp_path, "engine=hf", "workload=multimodal", "workload.num_requests=2",
+               f"run.image_dir={tmp_path / 'images'}")
+    assert row["status"] == "invalid" and row["failed_phase"] == "validate"
+    assert "text-only" in row["error"]

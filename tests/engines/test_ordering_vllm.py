@@ -1,0 +1,37 @@
+"""Ordering against a real engine: on a prefix-heavy workload with a tiny KV cache, grouping wins hits."""
+
+import pytest
+
+from harness.cli import spec_from_config
+from harness.runner import execute
+from tests.conftest import compose
+
+pytestmark = pytest.mark.engine
+
+# 6 groups x 4 prompts sharing 512 tokens (16 blocks of 32). The cache holds 40 blocks: one group's
+# prefix and its 4 running requests fit (16 + 4 x 2 blocks), four unrelated requests (4 x 18) do not.
+OVERRIDES = ["workload=prefix_heavy", "workload.num_groups=6", "workload.prompts_per_group=4",
+             "workload.prefix_len={kind: fixed, value: 512}", "workload.suffix_len={kind: uniform, low: 16, high: 32}",
+             "workload.output_len={kind: fixed, value: 2}", "model.knobs.vllm.max_model_len=1024",
+             "hardware.knobs.vllm.kv_cache_memory_bytes=1310720", "engine.knobs.max_num_seqs=4",
+             "run.warmup_requests=0", "run.progress=false"]
+
+
+def test_prefix_grouped_reaches_the_ideal_hit_count_and_shuffled_does_not(tmp_path):
+    spec = spec_from_config(compose(*OVERRIDES, f"run.results_dir={tmp_path}"))
+    rows = {}
+    for name in ("shuffled", "prefix_grouped"):
+        spec.ordering = {**compose(f"ordering={name}").ordering}
+        rows[name] = execute(spec, progress=False)
+        assert rows[name]["status"] == "ok", rows[name]["error"]
+    shuffled, grouped = rows["shuffled"], rows["prefix_grouped"]
+    block = grouped["engine_info.block_size"]
+    ideal_blocks = grouped[f"workload_info.ideal_prefix_hit_tokens_block{block}"]
+    ideal_tokens = grouped["workload_info.ideal_prefix_hit_tokens_tree"]
+    assert ideal_blocks == 6 * 3 * 512, "the prefix tree's ceiling: whole shared blocks, by all but the first prompt"
+    assert ideal_blocks <= ideal_tokens < ideal_blocks + block * 24, "token level: within a block per request"
+    assert grouped["preemptions"] == 0
+    assert grouped["prefix_cache_hits"] == ideal_blocks, "grouped: every shared block served from the cache"
+    assert grouped["prefix_cache_hit_rate"] == pytest.approx(grouped["workload_info.ideal_prefix_hit_rate_block32"])
+    assert shuffled["prefix_cache_hits"] < grouped["prefix_cache_hits"]
+    assert shuffled["output_tokens"] == grouped["output_tokens"] == 24 * 2

@@ -1,0 +1,84 @@
+import json
+
+import pytest
+
+from harness.report.data import group_configs, load_runs
+from harness.report.decisions import CLEAR, CLOSE, INSUFFICIENT, chosen_knobs, decide, history, record
+
+
+def decisions_for(directory, **kwargs):
+    frame = load_runs(directory)
+    return decide(frame, group_configs(frame, **kwargs), **kwargs)
+
+
+def test_separated_repeats_are_a_clear_winner_with_its_margin(results, row):
+    directory = results(row(knobs={"max_num_seqs": 64}, passes=(200, 205, 210)),
+                        row(knobs={"max_num_seqs": 8}, passes=(100, 105, 110)))
+    [d] = decisions_for(directory)
+    assert d["verdict"] == CLEAR and chosen_knobs(d) == {"max_num_seqs": 64}
+    assert d["margin"] == pytest.approx(205 / 105 - 1)
+    assert 0 < d["margin_ci_low"] <= d["margin"] <= d["margin_ci_high"]
+    assert d["runner_up.relation"].startswith("second-best config of the same engine")
+
+
+def test_overlapping_repeat_intervals_are_too_close_to_call_not_a_win(results, row):
+    directory = results(row(knobs={"max_num_seqs": 64}, passes=(100, 130, 160)),
+                        row(knobs={"max_num_seqs": 8}, passes=(110, 120, 150)))
+    [d] = decisions_for(directory)
+    assert d["verdict"] == CLOSE, "130 beats 120 on the median, but the intervals overlap"
+    assert d["chosen.ci_low"] <= d["runner_up.ci_high"]
+    assert d["margin_ci_low"] < 0 < d["margin_ci_high"]
+
+
+def test_a_single_pass_is_flagged_and_not_called(results, row):
+    directory = results(row(knobs={"max_num_seqs": 64}, passes=(300,)),
+                        row(knobs={"max_num_seqs": 8}, passes=(100, 105, 110)))
+    [d] = decisions_for(directory)
+    assert d["verdict"] == INSUFFICIENT and d["flags"] == ["single run"]
+    assert d["margin"] == pytest.approx(300 / 105 - 1) and d["margin_ci_low"] is None
+
+
+def test_one_config_or_only_failures_is_insufficient_data(results, row):
+    directory = results(row(workload="unique"), row(workload="prefix_heavy", status="oom", error="oom"))
+    by_workload = {d["workload"]: d for d in decisions_for(directory)}
+    assert by_workload["unique"]["verdict"] == INSUFFICIENT and by_workload["unique"]["flags"] == ["no runner-up"]
+    assert by_workload["prefix_heavy"]["flags"] == ["no successful run"]
+    assert by_workload["prefix_heavy"]["failed_runs"]
+
+
+def test_the_runner_up_is_another_engine_when_there_is_one(results, row):
+    directory = results(row("vllm", knobs={"max_num_seqs": 64}, passes=(300, 300, 300)),
+                        row("vllm", knobs={"max_num_seqs": 8}, passes=(250, 250, 250)),
+                        row("sglang", knobs={"max_running_requests": 8}, passes=(200, 200, 200)))
+    [d] = decisions_for(directory)
+    assert d["chosen.engine"] == "vllm" and d["runner_up.engine"] == "sglang"
+    assert d["runner_up.relation"] == "best config of another engine"
+    assert d["verdict"] == CLEAR and d["margin"] == pytest.approx(0.5)
+
+
+def test_the_bootstrap_is_seeded(results, row):
+    directory = results(row(knobs={"max_num_seqs": 64}, passes=(200, 230, 210, 250)),
+                        row(knobs={"max_num_seqs": 8}, passes=(100, 150, 110, 120)))
+    first, second = decisions_for(directory), decisions_for(directory)
+    assert first[0]["margin_ci_low"] == second[0]["margin_ci_low"]
+    assert first[0]["basis"] == second[0]["basis"]
+
+
+def test_decisions_are_appended_only_when_their_rows_change_and_old_ones_are_kept(results, row):
+    directory = results(row(knobs={"max_num_seqs": 64}, passes=(200, 205, 210)),
+                        row(knobs={"max_num_seqs": 8}, passes=(100, 105, 110)))
+    [first] = record(directory, decisions_for(directory))
+    [again] = record(directory, decisions_for(directory))
+    assert first["recorded"] == "new" and again["recorded"] == "unchanged"
+    assert again["decision_id"] == first["decision_id"]
+    assert len(list((directory / "decisions").glob("*.json"))) == 1
+
+    results(*[row(knobs={"max_num_seqs": 8}, passes=(400, 405, 410)) for _ in range(2)])  # new evidence flips it
+    [latest] = record(directory, decisions_for(directory))
+    assert latest["recorded"] == "new" and latest["supersedes"] == first["decision_id"]
+    assert chosen_knobs(latest) == {"max_num_seqs": 8}
+    [cell] = history(directory).values()
+    assert [d["decision_id"] for d in cell] == [first["decision_id"], latest["decision_id"]]
+    stored = json.loads((directory / "decisions" / f"{first['decision_id']}.json").read_text())
+    assert stored["chosen.knob.max_num_seqs"] == 64, "the older decision is kept as it was"
+    assert set(stored["rests_on"]) <= {p.stem for p in (directory / "runs").glob("*.json")}

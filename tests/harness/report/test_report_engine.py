@@ -1,0 +1,52 @@
+"""From a real ``troughput-run -m`` (three workloads x two configs on the CPU default) to both reports."""
+
+import json
+import re
+import statistics
+import subprocess
+import sys
+
+import pytest
+
+from harness.report.decisions import VERDICTS, chosen_knobs, read_decisions
+from harness.results import read_results
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.engine
+
+
+def test_real_multirun_rows_give_both_reports_with_the_winners_the_rows_give(tmp_path):
+    results, reports = tmp_path / "results", tmp_path / "reports"
+    run = subprocess.run(
+        [sys.executable, "-m", "harness.cli", "-m", "workload=unique,prefix_heavy,multimodal",
+         "engine.knobs.max_num_seqs=2,16", "run.repeats=2", "run.warmup_requests=2", "++workload.num_requests=16",
+         "++workload.num_groups=2", "++workload.prompts_per_group=8", f"run.results_dir={results}",
+         f"run.image_dir={tmp_path / 'images'}", "run.progress=false"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    frame = read_results(results)
+    assert len(frame) == 6 and set(frame["status"]) == {"ok"}, frame[["status", "error"]]
+
+    report = subprocess.run([sys.executable, "-m", "harness.report.cli", "--results-dir", str(results),
+                             "--reports-dir", str(reports), "--name", "real"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert report.returncode == 0, report.stderr
+    out = reports / "real"
+    assert (out / "index.html").is_file() and (out / "throughput.png").is_file()
+    markdown = (out / "report.md").read_text()
+
+    expected = {}
+    for workload, rows in frame.groupby("workload"):
+        rates = {seqs: statistics.median_low([p for ps in group["output_tok_s_passes"] for p in ps])
+                 for seqs, group in rows.groupby("knob.max_num_seqs")}
+        expected[workload] = max(rates, key=rates.get)
+    decisions = {d["workload"]: d for d in read_decisions(results)}
+    assert {w: chosen_knobs(d)["max_num_seqs"] for w, d in decisions.items()} == expected
+    assert all(d["verdict"] in VERDICTS and d["rests_on"] for d in decisions.values())
+    for workload, seqs in expected.items():
+        line = next(line for line in markdown.splitlines()
+                    if line.startswith(f"| {workload} | vllm | max_num_seqs={seqs} | winner |"))
+        assert decisions[workload]["verdict"] in line
+    for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown):
+        assert (out / image).is_file()
+    json.dumps(decisions)   # records are plain JSON

@@ -1,0 +1,49 @@
+import pytest
+
+from harness.report.data import group_configs, load_runs
+from harness.report.planner import PlannerInputs, plan
+
+
+def planned(directory, inputs):
+    frame = load_runs(directory)
+    return plan(frame, group_configs(frame), inputs).set_index("engine")
+
+
+def test_time_is_backlog_over_measured_rate_plus_startup_plus_compile(results, row):
+    # unique: 100 requests, 12,000 + 4,000 tokens per pass -> 160 tokens per request
+    directory = results(row("vllm", passes=(400, 400, 400), startup_s=30.0, compile_s=10.0),
+                        row("sglang", passes=(200, 200, 200), startup_s=12.0, compile_s=3.0))
+    inputs = PlannerInputs(backlog_requests=500_000, window_h=2.0, usd_per_gpu_hour=3.0)
+    lines = planned(directory, inputs)
+    for engine, rate_out in (("vllm", 400), ("sglang", 200)):
+        line = lines.loc[engine]
+        req_s = rate_out * 100 / 4000
+        assert line["rate"] == pytest.approx(req_s) and line["rate_unit"] == "req/s"
+        assert line["tokens_per_request"] == pytest.approx(160)
+        assert line["backlog_tokens"] == pytest.approx(500_000 * 160)
+        assert line["total_s"] == pytest.approx(500_000 / req_s + line["startup_s"] + line["compile_s"])
+        assert line["cost_usd"] == pytest.approx(line["total_s"] / 3600 * 3.0)
+        assert line["usd_per_m_tokens"] == pytest.approx(line["cost_usd"] / (500_000 * 160) * 1e6)
+    # vLLM times compilation inside startup: shown apart, counted once
+    assert (lines.loc["vllm", "startup_s"], lines.loc["vllm", "compile_s"]) == (20.0, 10.0)
+    assert lines.loc["vllm", "total_s"] == pytest.approx(500_000 / 10 + 30.0)
+    assert (lines.loc["sglang", "startup_s"], lines.loc["sglang", "compile_s"]) == (12.0, 3.0)
+    assert bool(lines.loc["vllm", "clears"]) is False and lines.loc["vllm", "slack_h"] < 0   # 13.9 h > 2 h
+    assert lines.loc["vllm", "total_h"] == pytest.approx((50_000 + 30) / 3600)
+
+
+def test_a_backlog_in_tokens_uses_total_tokens_per_second(results, row):
+    directory = results(row("vllm", passes=(400, 400, 400), startup_s=6.0))
+    line = planned(directory, PlannerInputs(backlog_tokens=16_000_000, window_h=8)).loc["vllm"]
+    total_tok_s = 400 * 16000 / 4000
+    assert line["rate"] == pytest.approx(total_tok_s) and line["rate_unit"] == "tok/s"
+    assert line["total_s"] == pytest.approx(16_000_000 / total_tok_s + 6.0)
+    assert line["backlog_requests"] == pytest.approx(100_000) and bool(line["clears"]) is True
+
+
+def test_the_best_config_of_each_engine_is_planned(results, row):
+    directory = results(row("vllm", knobs={"max_num_seqs": 8}, passes=(100, 100, 100)),
+                        row("vllm", knobs={"max_num_seqs": 64}, passes=(300, 300, 300)))
+    lines = planned(directory, PlannerInputs())
+    assert list(lines["label"]) == ["max_num_seqs=64"]
+    assert lines.loc["vllm", "gpus"] == 1

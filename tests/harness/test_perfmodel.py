@@ -1,0 +1,137 @@
+"""The performance model: model and hardware specs, KV sizing, speed of light, step cost."""
+
+import json
+
+import pytest
+
+from harness.perfmodel import (Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes,
+                               max_resident_seqs, measure_host, sol_columns, speed_of_light)
+from tests.conftest import ROOT, compose
+
+GPU_HARDWARE = ["h100", "h100_pcie", "h200", "a100_80gb", "l40s"]
+
+
+@pytest.fixture
+def llama() -> ModelSpec:
+    return ModelSpec.load(None, "llama-3.1-8b")
+
+
+@pytest.fixture
+def h100() -> HardwareSpec:
+    from omegaconf import OmegaConf
+
+    return HardwareSpec.from_config(OmegaConf.to_container(compose("hardware=h100").hardware.spec, resolve=True))
+
+
+def summary(requests: int, isl: int, osl: int, **extra) -> dict:
+    return {"requests": requests, "input_tokens_requested": requests * isl, "output_tokens_requested": requests * osl,
+            **extra}
+
+
+def test_llama_3_1_8b_weights_and_kv_bytes(llama):
+    assert llama.params == 8_030_261_248, "the published parameter count of Llama-3.1-8B"
+    assert llama.weight_bytes() == pytest.approx(16.06e9, rel=1e-3)
+    assert llama.kv_bytes_per_token() == 2 * 32 * 8 * 128 * 2 == 131072
+    assert llama.kv_bytes_per_token(1) == 65536, "fp8 KV cache"
+
+
+def test_vlm_config_reads_its_text_config_and_float32_is_served_in_16_bits(tmp_path):
+    text = {"num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 256, "vocab_size": 2048, "torch_dtype": "float32"}
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "idefics3", "text_config": text}))
+    spec = ModelSpec.load(tmp_path, "tiny_vlm")
+    assert (spec.layers, spec.head_dim, spec.kv_heads, spec.dtype_bytes) == (4, 32, 2, 2)
+    assert spec.kv_bytes_per_token() == 2 * 4 * 2 * 32 * 2
+
+
+def test_unknown_model_names_where_it_looked(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no-such-model"):
+        ModelSpec.load(tmp_path, "no-such-model")
+
+
+@pytest.mark.parametrize("option", GPU_HARDWARE)
+def test_every_gpu_hardware_config_has_a_datasheet_spec(option):
+    from omegaconf import OmegaConf
+
+    spec = HardwareSpec.from_config(OmegaConf.to_container(compose(f"hardware={option}").hardware.spec, resolve=True))
+    assert spec.peak_flops_bf16 > 1e14 and spec.bandwidth_bytes_s > 5e11 and spec.memory_bytes > 4e10
+    assert spec.source == "datasheet"
+    assert spec.peak_flops(1) >= spec.peak_flops(2)
+
+
+def test_resident_sequences_and_kv_budget(llama, h100):
+    budget = kv_budget_bytes(llama, h100)
+    assert budget == pytest.approx(h100.memory_bytes * 0.9 - llama.weight_bytes())
+    assert max_resident_seqs(llama, budget, 2000) == int(budget // (131072 * 2000))
+    assert kv_budget_bytes(llama, h100, {"kv_cache_memory_bytes": 1 << 30}) == 1 << 30
+    assert kv_budget_bytes(llama, h100, {"gpu_memory_utilization": 0.5}) < budget
+
+
+def test_prefill_heavy_workloads_are_compute_bound_and_decode_heavy_ones_bandwidth_bound(llama, h100):
+    prefill = speed_of_light(llama, h100, summary(1000, 2048, 16))
+    decode = speed_of_light(llama, h100, summary(1000, 128, 2048))
+    assert prefill.bound == "compute" and prefill.compute_s > prefill.memory_s
+    assert decode.bound == "bandwidth" and decode.memory_s > decode.compute_s
+    assert prefill.seconds == max(prefill.compute_s, prefill.memory_s)
+
+
+def test_fp8_raises_the_bound_and_prefix_hits_lower_prefill_flops(llama, h100):
+    work = summary(3000, 1000, 1000)
+    assert (speed_of_light(llama, h100, work, {"quantization": "fp8", "kv_cache_dtype": "fp8"}).tok_s
+            > 1.5 * speed_of_light(llama, h100, work).tok_s)
+    prefill = summary(1000, 2048, 16)
+    cached = speed_of_light(llama, h100, {**prefill, "ideal_prefix_hit_tokens": 1000 * 1024})
+    assert cached.compute_s < speed_of_light(llama, h100, prefill).compute_s
+
+
+def test_step_cost_is_a_roofline_for_linear_layers_plus_one_for_attention_plus_overheads(llama, h100):
+    import numpy as np
+
+    cost = StepCost(llama, h100, Precision.from_knobs(llama))
+    eff = Efficiency(compute=0.9, bandwidth=0.8, step_overhead_s=1e-3, seq_overhead_s=1e-6)
+    # 256 decoding sequences with 1,000 tokens of context each: both parts bandwidth-bound on an H100.
+    decode = cost.step_seconds(256, 256, 256 * 1000, 256 * 1000, eff)
+    memory = (llama.weight_bytes() + 131072 * 256 * 1000) / (h100.bandwidth_bytes_s * 0.8)
+    assert decode == pytest.approx(memory + 1e-3 + 256e-6)
+    # One 8,192-token prefill chunk: the linear layers are compute-bound.
+    prefill = cost.step_seconds(8192, 1, 8192 * 4096, 8192, eff)
+    assert prefill > 2 * 8192 * llama.matmul_params / (h100.peak_flops_bf16 * 0.9)
+    steps = cost.step_seconds(np.array([256, 8192]), np.array([256, 1]), np.array([256e3, 8192 * 4096]),
+                              np.array([256e3, 8192]), eff)
+    assert steps == pytest.approx([decode, prefill]), "the same numbers elementwise on arrays"
+    with pytest.raises(ValueError, match="unknown efficiency"):
+        Efficiency.from_dict({"compute": 0.5, "speed": 2})
+
+
+def test_sol_columns_for_a_row_and_none_when_unknown(h100):
+    from dataclasses import asdict
+
+    spec = asdict(h100)
+    columns = sol_columns(None, "llama-3.1-8b", spec, summary(100, 1000, 1000), {}, output_tok_s=1000.0)
+    assert columns["sol_tok_s"] > 1000 and columns["sol_fraction"] == pytest.approx(1000 / columns["sol_tok_s"])
+    assert columns["hw.bandwidth_bytes_s"] == h100.bandwidth_bytes_s
+    assert sol_columns(None, "llama-3.1-8b", None, summary(1, 1, 1), {}, 1.0) == {"sol_tok_s": None,
+                                                                                 "sol_fraction": None}
+    assert sol_columns(None, "unknown-model", spec, summary(1, 1, 1), {}, 1.0)["sol_tok_s"] is None
+
+
+def test_host_measurement_is_cached(tmp_path):
+    first = measure_host(tmp_path)
+    assert first["peak_flops_bf16"] > 0 and first["bandwidth_bytes_s"] > 0 and "measured" in first["source"]
+    (cache,) = tmp_path.glob("host_spec-*.json")
+    cache.write_text(json.dumps({**first, "peak_flops_bf16": 123.0}))
+    assert measure_host(tmp_path)["peak_flops_bf16"] == 123.0, "the second call reads the cache"
+
+
+def test_cpu_spec_is_measured_where_the_config_leaves_it_null(monkeypatch):
+    import harness.perfmodel as perfmodel
+
+    monkeypatch.setattr(perfmodel, "measure_host", lambda: {"peak_flops_bf16": 5e10, "bandwidth_bytes_s": 1e10,
+                                                             "memory_bytes": 8e9, "source": "measured"})
+    spec = HardwareSpec.from_config({"name": "cpu", "kind": "cpu", "peak_flops_bf16": None, "bandwidth_bytes_s": None})
+    assert (spec.name, spec.peak_flops_bf16, spec.source) == ("cpu", 5e10, "measured")
+
+
+def test_shipped_architectures_are_valid():
+    for path in (ROOT / "conf" / "architectures").glob("*.json"):
+        assert ModelSpec.load(None, path.stem).params > 1e9
