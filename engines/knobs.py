@@ -17,7 +17,8 @@ from typing import Any
 
 from engines.base import KnobError
 
-ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "hf": "HF transformers"}
+ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "hf": "HF transformers",
+                 "sim": "simulator (vLLM-style)"}
 UNSET: Any = object()
 
 
@@ -149,6 +150,7 @@ TABLE: dict[str, Canonical] = {c.name: c for c in [
         "vllm": NativeMapping(("max_num_seqs",)),
         "sglang": NativeMapping(("max_running_requests",)),
         "trtllm": NativeMapping(("max_batch_size",)),
+        "sim": NativeMapping(("max_num_seqs",)),
         "hf": NativeMapping(("batch_size", "max_requests_per_batch"),
                             note="both set: static batch size, continuous requests per step",
                             backward=lambda flat: flat.get("max_requests_per_batch" if flat.get("mode") == "continuous"
@@ -159,6 +161,7 @@ TABLE: dict[str, Canonical] = {c.name: c for c in [
                   "vllm": NativeMapping(("max_num_batched_tokens",)),
                   "sglang": _sglang_token_budget(),
                   "trtllm": NativeMapping(("max_num_tokens",)),
+                  "sim": NativeMapping(("max_num_batched_tokens",)),
                   "hf": NativeMapping(("max_batch_tokens",), note="mode=continuous only"),
               }),
     Canonical("kv_memory_fraction", "GPU memory fraction the engine sizes its KV cache from (each engine's "
@@ -167,28 +170,34 @@ TABLE: dict[str, Canonical] = {c.name: c for c in [
                   "vllm": NativeMapping(("gpu_memory_utilization",)),
                   "sglang": NativeMapping(("mem_fraction_static",)),
                   "trtllm": NativeMapping(("kv_cache_config.free_gpu_memory_fraction",)),
+                  "sim": NativeMapping(("gpu_memory_utilization",)),
               }),
     Canonical("prefix_caching", "reuse KV of shared prompt prefixes", "true / false", _boolean, {
         "vllm": NativeMapping(("enable_prefix_caching",)),
         "sglang": _inverted("disable_radix_cache"),
         "trtllm": NativeMapping(("kv_cache_config.enable_block_reuse",)),
+        "sim": NativeMapping(("enable_prefix_caching",)),
         "hf": NativeMapping(("allow_block_sharing",), note="mode=continuous only"),
     }),
     Canonical("chunked_prefill", "split long prompts across steps", "true / false", _boolean, {
         "vllm": NativeMapping(("enable_chunked_prefill",)),
         "sglang": _sglang_chunked_prefill(),
         "trtllm": NativeMapping(("enable_chunked_prefill",)),
+        "sim": NativeMapping(("enable_chunked_prefill",)),
     }),
     Canonical("tensor_parallel", "GPUs one model is split across", "int > 0", _positive_int, {
         "vllm": NativeMapping(("tensor_parallel_size",)),
         "sglang": NativeMapping(("tp_size",)),
         "trtllm": NativeMapping(("tensor_parallel_size",)),
+        "sim": NativeMapping(("tensor_parallel_size",), note="ideal split, no communication"),
     }),
     Canonical("kv_cache_dtype", "KV cache element type", "the engine's names (checked)", _choice, {
         "vllm": NativeMapping(("kv_cache_dtype",), choices=_VLLM_KV_DTYPES),
         "sglang": NativeMapping(("kv_cache_dtype",), choices=_SGLANG_KV_DTYPES),
         "trtllm": NativeMapping(("kv_cache_config.dtype",), note="PyTorch backend only",
                                 choices=_TRTLLM_KV_DTYPES),
+        "sim": NativeMapping(("kv_cache_dtype",), choices=("auto", "bfloat16", "float16", "fp8", "fp8_e4m3",
+                                                           "fp8_e5m2")),
     }),
     Canonical("speculative", "speculative decoding settings, in the engine's own keys", "mapping", _mapping, {
         "vllm": NativeMapping(("speculative_config",)),
@@ -200,6 +209,7 @@ TABLE: dict[str, Canonical] = {c.name: c for c in [
                   "vllm": NativeMapping(("scheduling_policy",), choices=("fcfs", "priority")),
                   "sglang": NativeMapping(("schedule_policy",), choices=_SGLANG_POLICIES),
                   "trtllm": NativeMapping(("scheduler_config.waiting_queue_policy",), choices=("fcfs",)),
+                  "sim": NativeMapping(("scheduling_policy",), choices=("fcfs",)),
                   "hf": NativeMapping(("scheduler_type",), choices=("fifo", "prefill_first"),
                                       note="mode=continuous only"),
               }),

@@ -17,6 +17,7 @@ COLUMNS = {
     "req_s": "req/s",
     "preemptions": "preempt",
     "prefix_cache_hit_rate": "prefix hit",
+    "sol_fraction": "of SoL",
     "startup_s": "startup s",
     "knobs": "knobs",
 }

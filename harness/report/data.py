@@ -210,7 +210,7 @@ def _measurements(ok: pd.DataFrame, passes: list[float], n_boot: int, level: flo
     else:
         measured["total_tok_s"], measured["req_s"] = _median(ok, "total_tok_s"), _median(ok, "req_s")
     for column in ("preemptions", "prefix_cache_hit_rate", "startup_s", "compile_s", "input_tokens",
-                   "output_tokens", "requests_done"):
+                   "output_tokens", "requests_done", "sol_fraction"):
         measured[column] = _median(ok, column)
     return measured
 

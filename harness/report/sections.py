@@ -89,10 +89,12 @@ def headline(report) -> Section:
                          fmt_interval(config["ci_low"], config["ci_high"]), str(config["n_passes"]),
                          fmt(config.get("total_tok_s")), fmt(config.get("req_s")),
                          fmt(config.get("preemptions"), "int"), fmt(config.get("prefix_cache_hit_rate"), "share"),
+                         fmt(config.get("sol_fraction"), "share"),
                          fmt(config.get("startup_s"), "s"), fmt(config.get("compile_s"), "s"), margin, verdict])
             ids.append(f"headline-{config['config_id']}")
     table = Table(["workload", "engine", "config", "role", "output tok/s", "95% interval", "passes", "total tok/s",
-                   "req/s", "preemptions", "prefix-cache hit", "startup s", "compile s", "margin [CI]", "verdict"],
+                   "req/s", "preemptions", "prefix-cache hit", "of speed of light", "startup s", "compile s",
+                   "margin [CI]", "verdict"],
                   rows, id="headline", row_ids=ids)
     lead = ("Per workload, the best measured config of each engine side by side (and the runner-up when it is a "
             "second config of the winner's engine). Numbers are for the config's low-median pass.")
