@@ -117,3 +117,12 @@ class RequestCounters:
     def stats(self) -> EngineStats:
         return EngineStats(preemptions=self.preemptions, prefix_cache_queries=self.prefix_cache_queries,
                            prefix_cache_hits=self.prefix_cache_hits, extra=dict(self.extra))
+
+
+def shutdown(engine: Any) -> None:
+    """``Engine.stop`` for adapters whose engine object (``engine.llm``) has ``shutdown()``."""
+    llm = getattr(engine, "llm", None)
+    if llm is not None:
+        llm.shutdown()
+        del engine.llm
+    engine.started = False

@@ -27,7 +27,9 @@ import time
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
-from engines.common import RequestCounters, check_names, load_field_list, require_cuda, require_module
+from engines.common import (
+    RequestCounters, check_names, load_field_list, require_cuda, require_module, shutdown,
+)
 
 LABEL = "SGLang"
 # Set by the adapter from the model config; a user setting it would point the engine elsewhere.
@@ -98,11 +100,7 @@ class SglangEngine(Engine):
         self.llm.flush_cache()
 
     def stop(self) -> None:
-        llm = getattr(self, "llm", None)
-        if llm is not None:
-            llm.shutdown()
-            del self.llm
-        self.started = False
+        shutdown(self)
 
 
 def sampling_params(request: Request) -> dict[str, Any]:

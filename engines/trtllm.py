@@ -29,7 +29,9 @@ from datetime import timedelta
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
-from engines.common import RequestCounters, check_names, load_field_list, load_images, require_cuda, require_module
+from engines.common import (
+    RequestCounters, check_names, load_field_list, load_images, require_cuda, require_module, shutdown,
+)
 
 LABEL = "TensorRT-LLM"
 BACKENDS = {"pytorch": "tensorrt_llm:LLM", "tensorrt": "tensorrt_llm._tensorrt_engine:LLM"}
@@ -129,11 +131,7 @@ class TrtllmEngine(Engine):
         self.salt = f"troughput-{time.monotonic_ns()}"
 
     def stop(self) -> None:
-        llm = getattr(self, "llm", None)
-        if llm is not None:
-            llm.shutdown()
-            del self.llm
-        self.started = False
+        shutdown(self)
 
 
 def prompt(request: Request) -> dict[str, Any]:
