@@ -35,6 +35,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
     for column in COLUMNS:
         if column not in frame:
             frame[column] = None
+    for column in ("requests_done", "preemptions"):  # counts stay integers beside failed rows' gaps
+        frame[column] = ["-" if pd.isna(v) else str(int(v)) for v in frame[column]]
     table = frame[list(COLUMNS)].rename(columns=COLUMNS)
     text = table.to_string(index=False, float_format=lambda v: f"{v:.3g}" if abs(v) < 1 else f"{v:,.1f}",
                            na_rep="-", max_colwidth=60)
