@@ -17,20 +17,14 @@ from sweeps.study import apply_values
 
 def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     """The best trial, or the Pareto front of a multi-objective study (feasible ones only)."""
-    complete = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))]
-    if not complete:
+    if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
         return []
     return study.best_trials if len(study.directions) > 1 else [study.best_trial]
 
 
-def trial_values(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
-    """The config values a trial ran with ({} for the engine-defaults seed)."""
-    return dict(trial.params)
-
-
 def write_engine_file(cfg: DictConfig, trial: optuna.trial.FrozenTrial, out_dir: Path, name: str) -> Path:
     """``<out_dir>/engine/<name>.yaml``: the engine config with the trial's values, usable as ``engine=<name>``."""
-    values = trial_values(trial)
+    values = dict(trial.params)  # {} for the engine-defaults seed
     tuned = apply_values(cfg, values)
     engine = OmegaConf.to_container(tuned.engine, resolve=True)
     others = {k: v for k, v in values.items() if not k.startswith("engine.")}

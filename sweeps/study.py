@@ -13,7 +13,6 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Callable
 
@@ -28,14 +27,6 @@ from sweeps.space import SearchSpace
 log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
 MEMORY_STATUSES = {"oom"}
-
-
-@dataclass
-class TrialOutcome:
-    number: int
-    values: dict[str, Any]
-    row: dict[str, Any] | None
-    reason: str = ""
 
 
 def study_name(cfg: DictConfig) -> str:
@@ -96,11 +87,14 @@ def started_trials(study: optuna.Study) -> int:
 
 
 def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objective: Objective,
-               make_spec: Callable[[DictConfig], Any]) -> list[TrialOutcome]:
+               make_spec: Callable[[DictConfig], Any]) -> int:
     """Ask, run and tell until the study holds ``tune.n_trials`` trials or ``tune.timeout`` passes.
 
     Trial numbers are handed out by the storage, so several workers never exceed
     the budget: a worker that is handed a number past it stops without running.
+
+    Returns:
+        How many trials this call ran.
     """
     base = OmegaConf.to_container(cfg, resolve=True)
     deadline = time.monotonic() + float(cfg.tune.timeout) if cfg.tune.timeout else None
@@ -108,7 +102,7 @@ def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objecti
         if trial.user_attrs.get("status") in MEMORY_STATUSES:
             space.learn_memory_edge(trial.params)
     budget = int(cfg.tune.n_trials)
-    outcomes = []
+    ran = 0
     while started_trials(study) < budget and (deadline is None or time.monotonic() < deadline):
         trial = study.ask()
         if trial.number >= budget:  # another worker took the last slot between our count and our ask
@@ -117,19 +111,20 @@ def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objecti
             break
         trial.set_user_attr("host", socket.gethostname())
         trial.set_user_attr("pid", os.getpid())
-        outcomes.append(_run_one(cfg, study, trial, space, objective, base, make_spec))
-    return outcomes
+        _run_one(cfg, study, trial, space, objective, base, make_spec)
+        ran += 1
+    return ran
 
 
-def _run_one(cfg, study, trial, space, objective, base, make_spec) -> TrialOutcome:
+def _run_one(cfg, study, trial, space, objective, base, make_spec) -> None:
     seed_name = trial.user_attrs.get("seed")
     try:
         values = {} if seed_name == "engine defaults" else space.suggest(trial, base)
     except TroughputError as e:
-        return _fail(study, trial, {}, None, f"no valid proposal: {e}")
+        return _fail(study, trial, f"no valid proposal: {e}")
     broken = space.check(values, base)
     if broken:
-        return _fail(study, trial, values, None, f"constraint broken, not launched: {broken}")
+        return _fail(study, trial, f"constraint broken, not launched: {broken}")
     trial_cfg = apply_values(cfg, values)
     OmegaConf.update(trial_cfg, "run.labels", {**cfg.run.labels, "study": study.study_name, "trial": trial.number},
                      force_add=True)
@@ -141,19 +136,17 @@ def _run_one(cfg, study, trial, space, objective, base, make_spec) -> TrialOutco
     if row["status"] != "ok":
         if row["status"] in MEMORY_STATUSES:
             space.learn_memory_edge(values)
-        return _fail(study, trial, values, row, f"{row['status']}: {(row['error'] or '').splitlines()[0][:300]}")
+        return _fail(study, trial, f"{row['status']}: {(row['error'] or '').splitlines()[0][:300]}")
     for name, value in objective.constraint_values(row).items():
         trial.set_constraint(name, value)
     study.tell(trial, objective.values(row))
     log.info("%s: %s", label, objective.describe(row))
-    return TrialOutcome(trial.number, values, row)
 
 
-def _fail(study, trial, values, row, reason: str) -> TrialOutcome:
+def _fail(study, trial, reason: str) -> None:
     trial.set_user_attr("reason", reason)
     study.tell(trial, state=optuna.trial.TrialState.FAIL)
     log.warning("trial %d failed: %s", trial.number, reason)
-    return TrialOutcome(trial.number, values, row, reason)
 
 
 def apply_values(cfg: DictConfig, values: dict[str, Any]) -> DictConfig:

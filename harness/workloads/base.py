@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -49,14 +50,15 @@ class Workload:
         only whole blocks of that many tokens are cached, as engines do. Images count as one
         pseudo-token each (``prefix_tree.prompt_keys``). Computed once per workload.
         """
-        cached = getattr(self, "_summary_cache", None)
-        if cached is not None and cached[0] == self.fingerprint:
-            return dict(cached[1])
+        return dict(self._summary)
+
+    @cached_property
+    def _summary(self) -> dict[str, Any]:
         from harness import prefix_tree
 
         images = [img for r in self.requests for img in r.images]
         tree = prefix_tree.PrefixTree(prefix_tree.prompt_keys(self.requests), block_size=16)
-        summary = {
+        return {
             "requests": len(self.requests),
             "input_tokens_requested": sum(len(r.prompt_token_ids) for r in self.requests),
             "output_tokens_requested": sum(r.max_tokens for r in self.requests),
@@ -65,8 +67,6 @@ class Workload:
             **tree.stats(block_sizes=(1, 16, 32)),
             **self.info,
         }
-        self._summary_cache = (self.fingerprint, summary)
-        return dict(summary)
 
 
 def fingerprint(requests: list[Request]) -> str:
