@@ -3,7 +3,10 @@
 Reads ``job.json`` and ``requests.jsonl`` from JOB_DIR, runs warm-up and the
 timed passes, and writes ``result.json`` (plus ``completions.jsonl`` of the last
 pass). Progress and phase changes go to stdout as JSON lines; everything the
-engine prints goes to stderr. Standard library only, besides the adapter and its engine.
+engine prints goes to stderr. A replica of a data-parallel run (``job["barrier"]``)
+says ``ready`` before each timed pass and waits for ``go`` on stdin, so that all
+replicas time the same interval; ``TROUGHPUT_CPU_AFFINITY`` pins it to its cores.
+Standard library only, besides the adapter and its engine.
 """
 
 from __future__ import annotations
@@ -40,6 +43,20 @@ def reserve_stdout_for_events() -> None:
     _events = os.fdopen(os.dup(1), "w")
     sys.stdout.flush()
     os.dup2(2, 1)
+
+
+def wait_for_go(phase: str) -> None:
+    """Tell the driver this replica is ready for ``phase``; block until it says go."""
+    emit("ready", phase=phase)
+    if sys.stdin.readline().strip() != "go":
+        raise RuntimeError(f"the driver stopped the run before {phase} (another replica failed)")
+
+
+def pin_to_cores() -> None:
+    """Restrict this process (and the engine's threads) to the cores the driver gave this replica."""
+    cores = os.environ.get("TROUGHPUT_CPU_AFFINITY")
+    if cores:
+        os.sched_setaffinity(0, {int(c) for c in cores.split(",")})
 
 
 def classify_failure(text: str) -> str:
@@ -120,6 +137,8 @@ def run_job(job_dir: Path) -> int:
         completions: list[Completion] = []
         for index in range(int(job.get("repeats", 1))):
             result["phase"] = f"pass {index + 1}"
+            if job.get("barrier"):
+                wait_for_go(result["phase"])
             emit("phase", phase=result["phase"], total=len(requests))
             measured, completions = timed_pass(engine, requests, index)
             result["passes"].append(measured)
@@ -165,6 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write("usage: python -m engines.worker JOB_DIR\n")
         return 2
     reserve_stdout_for_events()
+    pin_to_cores()
     return run_job(Path(argv[0]))
 
 

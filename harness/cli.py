@@ -59,8 +59,14 @@ def spec_from_config(cfg: DictConfig) -> RunSpec:
         memory_limit_bytes=cfg.run.get("memory_limit_bytes"),
         results_dir=Path(cfg.run.results_dir), save_outputs=bool(cfg.run.save_outputs), labels=labels,
         hardware_spec=OmegaConf.to_container(cfg.hardware.spec, resolve=True) if cfg.hardware.get("spec") else None,
-        workload_cfg=workload_cfg,
+        workload_cfg=workload_cfg, replicas=_replicas(cfg.engine.get("replicas", 1)),
     )
+
+
+def _replicas(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TroughputError(f"engine.replicas={value!r}: must be an integer >= 1")
+    return value
 
 
 def _command_line() -> str:

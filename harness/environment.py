@@ -57,6 +57,11 @@ def _memory_bytes() -> int | None:
         return None
 
 
+def gpu_count() -> int:
+    """GPUs that ``nvidia-smi`` lists (0 without it)."""
+    return int(_gpus()["env.gpu_count"])
+
+
 def _gpus() -> dict[str, Any]:
     if not shutil.which("nvidia-smi"):
         return {"env.gpu": None, "env.gpu_count": 0}

@@ -1,7 +1,7 @@
-"""The runner: one run = one worker process under a time limit = one results row, whatever happens.
+"""The runner: one run = one worker process per replica under a time limit = one results row, whatever happens.
 
 The engine runs in ``python -m engines.worker`` started with the engine's own
-interpreter. A crash, an OOM, a kill or a time-out costs one failed row, never
+interpreter (one worker per data-parallel replica, see harness/replicas.py). A crash, an OOM, a kill or a time-out costs one failed row, never
 the sweep; the engine's log is kept under ``results/logs/``.
 """
 
@@ -17,6 +17,7 @@ import sys
 import tempfile
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -26,9 +27,11 @@ from tqdm import tqdm
 
 from engines.knobs import canonical_view
 from harness import environment
+from harness.errors import TroughputError
 from harness.measure import measurement_columns
 from harness.ordering import apply_ordering
 from harness.perfmodel import sol_columns
+from harness.replicas import device_envs, merge_results, shard_requests
 from harness.results import flatten, new_run_id, write_row
 from harness.workloads import Workload
 
@@ -55,26 +58,37 @@ class RunSpec:
     labels: dict[str, Any] = field(default_factory=dict)
     hardware_spec: dict[str, Any] | None = None  # the hardware config's spec: block, for the speed of light
     workload_cfg: dict[str, Any] | None = None   # the workload config, kept in the row to re-simulate the run
+    replicas: int = 1                            # data-parallel engine instances (harness/replicas.py)
 
 
 def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
-    """Run ``spec`` in a worker process and write its row; return the row."""
+    """Run ``spec`` in worker processes (one per replica) and write its row; return the row."""
     run_id = new_run_id()
     results_dir = Path(spec.results_dir)
     (results_dir / "jobs").mkdir(parents=True, exist_ok=True)
-    log_path = results_dir / "logs" / f"{run_id}.log"
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    job_dir = Path(tempfile.mkdtemp(prefix=f"{run_id}-", dir=results_dir / "jobs"))
+    log_paths = [results_dir / "logs" / (f"{run_id}.log" if i == 0 else f"{run_id}.replica{i + 1}.log")
+                 for i in range(spec.replicas)]
+    log_paths[0].parent.mkdir(parents=True, exist_ok=True)
     ordered = apply_ordering(spec.workload.requests, spec.ordering)
     started = datetime.now(timezone.utc)
+    job_dirs: list[Path] = []
     try:
-        _write_job(job_dir, spec, ordered)
-        outcome = _supervise(spec, job_dir, log_path, progress)
+        try:
+            shards = shard_requests(ordered, spec.replicas)
+            device_env = device_envs(spec.replicas, (spec.hardware_spec or {}).get("kind", "cpu"), spec.env)
+        except TroughputError as e:
+            outcome = {"result": {"status": "invalid", "phase": "launch", "error": str(e)}, "seconds": 0.0}
+        else:
+            for shard in shards:
+                job_dirs.append(Path(tempfile.mkdtemp(prefix=f"{run_id}-", dir=results_dir / "jobs")))
+                _write_job(job_dirs[-1], spec, shard)
+            outcome = _supervise(spec, job_dirs, device_env, log_paths, progress)
         result = outcome["result"]
         if result.get("status") == "ok" and spec.save_outputs:
-            _save_outputs(job_dir, spec.workload, results_dir / "outputs" / f"{run_id}.jsonl")
+            _save_outputs(job_dirs, spec.workload, results_dir / "outputs" / f"{run_id}.jsonl")
     finally:
-        shutil.rmtree(job_dir, ignore_errors=True)
+        for job_dir in job_dirs:
+            shutil.rmtree(job_dir, ignore_errors=True)
     row = {
         "run_id": run_id,
         "timestamp": started.isoformat(),
@@ -90,13 +104,15 @@ def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
         **{f"workload_info.{k}": v for k, v in spec.workload.summary().items()},
         "ordering": spec.ordering.get("name"),
         **flatten("knob", spec.knobs),
+        **({"knob.replicas": spec.replicas} if spec.replicas > 1 else {}),
         **flatten("canon", canonical_view(spec.engine, spec.knobs)),
+        "replicas": spec.replicas,
         "repeats": spec.repeats,
         "warmup_requests": spec.warmup_requests,
         "time_limit_s": spec.time_limit_s,
         "memory_limit_bytes": spec.memory_limit_bytes,
         "run_seconds": outcome["seconds"],
-        "log_path": str(log_path),
+        "log_path": str(log_paths[0]),
         **measurement_columns(result),
         **environment.capture(),
         **spec.labels,
@@ -115,74 +131,121 @@ def _speed_of_light_columns(spec: RunSpec, row: dict[str, Any]) -> dict[str, Any
     return columns
 
 
-def _write_job(job_dir: Path, spec: RunSpec, ordered: list) -> None:
-    job = {"engine": spec.engine, "model": spec.model, "knobs": spec.knobs,
-           "repeats": spec.repeats, "warmup_requests": spec.warmup_requests}
+def _write_job(job_dir: Path, spec: RunSpec, requests: list) -> None:
+    job = {"engine": spec.engine, "model": spec.model, "knobs": spec.knobs, "repeats": spec.repeats,
+           "warmup_requests": spec.warmup_requests, "barrier": spec.replicas > 1}
     (job_dir / "job.json").write_text(json.dumps(job))
     with open(job_dir / "requests.jsonl", "w") as f:
-        for request in ordered:
+        for request in requests:
             f.write(json.dumps(request.to_dict()) + "\n")
 
 
-def _supervise(spec: RunSpec, job_dir: Path, log_path: Path, progress: bool) -> dict[str, Any]:
-    """Start the worker, follow its events, enforce the time limit, and say how it ended."""
+def _supervise(spec: RunSpec, job_dirs: list[Path], device_env: list[dict[str, str]], log_paths: list[Path],
+               progress: bool) -> dict[str, Any]:
+    """Start one worker per replica, follow their events, enforce the limits, and say how the run ended."""
     env = {**os.environ, **{k: str(v) for k, v in spec.env.items()},
            "PYTHONPATH": os.pathsep.join(filter(None, [str(environment.PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
-    command = [spec.python, "-m", "engines.worker", str(job_dir)]
     t0 = time.monotonic()
-    with open(log_path, "w") as log_file:
-        try:
-            proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=log_file, text=True, env=env,
-                                    cwd=environment.PROJECT_ROOT, start_new_session=True)
-        except OSError as e:
-            return {"result": {"status": "invalid", "phase": "launch",
-                               "error": f"cannot start the worker with {spec.python!r}: {e}; "
-                                        f"set engine.python to an interpreter that has the engine installed"},
-                    "seconds": 0.0}
-        phase = {"name": "launch"}
-        reader = threading.Thread(target=_follow_events, args=(proc, phase, spec, progress), daemon=True)
-        reader.start()
-        ending, rss = _watch(proc, spec, t0)
-        reader.join(timeout=10)
+    procs: list[subprocess.Popen] = []
+    with ExitStack() as stack:
+        for job_dir, extra, log_path in zip(job_dirs, device_env, log_paths):
+            log_file = stack.enter_context(open(log_path, "w"))
+            try:
+                procs.append(subprocess.Popen(
+                    [spec.python, "-m", "engines.worker", str(job_dir)], stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=log_file, text=True, env={**env, **extra},
+                    cwd=environment.PROJECT_ROOT, start_new_session=True))
+            except OSError as e:
+                for proc in procs:
+                    _kill_group(proc)
+                return {"result": {"status": "invalid", "phase": "launch",
+                                   "error": f"cannot start the worker with {spec.python!r}: {e}; "
+                                            f"set engine.python to an interpreter that has the engine installed"},
+                        "seconds": 0.0}
+        phases = [{"name": "launch"} for _ in procs]
+        barrier = PassBarrier(procs)
+        readers = [threading.Thread(target=_follow_events, args=(proc, phase, spec, progress and i == 0, barrier),
+                                    daemon=True) for i, (proc, phase) in enumerate(zip(procs, phases))]
+        for reader in readers:
+            reader.start()
+        ending, rss, culprit = _watch(procs, spec, t0)
+        for reader in readers:
+            reader.join(timeout=10)
+        for proc in procs:
+            proc.stdin.close()  # type: ignore[union-attr]
     seconds = time.monotonic() - t0
-    result_path = job_dir / "result.json"
+    phase = phases[culprit or 0]["name"]
     if ending == "timeout":
-        result = {"status": "timeout", "phase": phase["name"],
-                  "error": f"time limit of {spec.time_limit_s:g} s exceeded during {phase['name']}; worker killed"}
+        result = {"status": "timeout", "phase": phase,
+                  "error": f"time limit of {spec.time_limit_s:g} s exceeded during {phase}; worker killed"}
     elif ending == "memory":
-        result = {"status": "oom", "phase": phase["name"],
-                  "error": f"memory limit of {spec.memory_limit_bytes:,} bytes exceeded during {phase['name']} "
+        result = {"status": "oom", "phase": phase,
+                  "error": f"memory limit of {spec.memory_limit_bytes:,} bytes exceeded during {phase} "
                            f"(worker and children at {rss:,} bytes resident); worker killed"}
-    elif result_path.exists():
-        result = json.loads(result_path.read_text())
     else:
-        result = {"status": "crash", "phase": phase["name"],
-                  "error": f"{_exit_reason(proc.returncode)} during {phase['name']}; last log lines:\n"
-                           f"{_tail(log_path)}"}
+        results = [_worker_result(*args) for args in zip(procs, job_dirs, phases, log_paths)]
+        result = merge_results(results, culprit)
     return {"result": result, "seconds": seconds}
 
 
-def _watch(proc: subprocess.Popen, spec: RunSpec, t0: float) -> tuple[str, int]:
-    """Wait for the worker; kill its process group past the time or memory limit.
+def _worker_result(proc: subprocess.Popen, job_dir: Path, phase: dict[str, str], log_path: Path) -> dict[str, Any]:
+    """What the worker wrote, or why it wrote nothing."""
+    result_path = job_dir / "result.json"
+    if result_path.exists():
+        return json.loads(result_path.read_text())
+    return {"status": "crash", "phase": phase["name"],
+            "error": f"{_exit_reason(proc.returncode)} during {phase['name']}; last log lines:\n{_tail(log_path)}"}
 
-    Returns how it ended (``exited``, ``timeout`` or ``memory``) and the resident
-    bytes last seen. Memory is the summed RSS of the worker and its descendants.
+
+class PassBarrier:
+    """Releases every replica into its next timed pass once all of them are ready for it."""
+
+    def __init__(self, procs: list[subprocess.Popen]):
+        self.procs = procs
+        self.ready = 0
+        self.lock = threading.Lock()
+
+    def arrive(self) -> None:
+        with self.lock:
+            self.ready += 1
+            if self.ready < len(self.procs):
+                return
+            self.ready = 0
+            for proc in self.procs:
+                try:
+                    proc.stdin.write("go\n")  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
+                except (OSError, ValueError):  # that replica is gone; the watcher ends the run
+                    pass
+
+
+def _watch(procs: list[subprocess.Popen], spec: RunSpec, t0: float) -> tuple[str, int, int | None]:
+    """Wait for the workers; kill them all past the time or memory limit, or when one of them fails.
+
+    Returns how the run ended (``exited``, ``timeout`` or ``memory``), the resident
+    bytes last seen (all workers and their descendants), and the index of the
+    first worker that failed (None when none did).
     """
     rss = 0
     while True:
-        try:
-            proc.wait(timeout=0.5)
-            return "exited", rss
-        except subprocess.TimeoutExpired:
-            pass
+        codes = [proc.poll() for proc in procs]
+        culprit = next((i for i, code in enumerate(codes) if code not in (None, 0)), None)
+        if culprit is not None or None not in codes:
+            if culprit is not None:
+                for proc in procs:
+                    _kill_group(proc)
+            return "exited", rss, culprit
         if time.monotonic() - t0 > spec.time_limit_s:
-            _kill_group(proc)
-            return "timeout", rss
-        if spec.memory_limit_bytes:
-            rss = _tree_rss_bytes(proc.pid)
-            if rss > spec.memory_limit_bytes:
+            for proc in procs:
                 _kill_group(proc)
-                return "memory", rss
+            return "timeout", rss, None
+        if spec.memory_limit_bytes:
+            rss = sum(_tree_rss_bytes(proc.pid) for proc in procs)
+            if rss > spec.memory_limit_bytes:
+                for proc in procs:
+                    _kill_group(proc)
+                return "memory", rss, None
+        time.sleep(0.25)
 
 
 def _tree_rss_bytes(root: int) -> int:
@@ -208,16 +271,19 @@ def _tree_rss_bytes(root: int) -> int:
     return total
 
 
-def _follow_events(proc: subprocess.Popen, phase: dict[str, str], spec: RunSpec, progress: bool) -> None:
-    """Read the worker's JSON-line events; keep the current phase and drive a progress bar."""
+def _follow_events(proc: subprocess.Popen, phase: dict[str, str], spec: RunSpec, progress: bool,
+                   barrier: PassBarrier) -> None:
+    """Read a worker's JSON-line events: keep its current phase, meet the pass barrier, drive a progress bar."""
     bar = None
-    label = f"{spec.engine}/{spec.workload.name}"
+    label = f"{spec.engine}/{spec.workload.name}" + (f" replica 1 of {spec.replicas}" if spec.replicas > 1 else "")
     for line in proc.stdout:  # type: ignore[union-attr]
         try:
             event = json.loads(line)
         except json.JSONDecodeError:
             continue
         phase["name"] = event.get("phase", phase["name"])
+        if event["event"] == "ready":
+            barrier.arrive()
         if not progress:
             continue
         if event["event"] == "phase":
@@ -257,10 +323,12 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def _save_outputs(job_dir: Path, workload: Workload, target: Path) -> None:
-    """The generated tokens, in the workload's original order with the original ids."""
-    with open(job_dir / "completions.jsonl") as f:
-        by_id = {c["id"]: c for c in map(json.loads, f)}
+def _save_outputs(job_dirs: list[Path], workload: Workload, target: Path) -> None:
+    """The generated tokens of every replica, in the workload's original order with the original ids."""
+    by_id: dict[str, Any] = {}
+    for job_dir in job_dirs:
+        with open(job_dir / "completions.jsonl") as f:
+            by_id.update((c["id"], c) for c in map(json.loads, f))
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target, "w") as f:
         for request in workload.requests:

@@ -5,7 +5,8 @@ out-of-memory error, ``kill_self`` SIGKILLs the worker mid-generate,
 ``sleep_s`` sleeps in generate (for time limits), ``step_s`` sleeps per
 batch of ``max_num_seqs`` requests (so throughput grows with it), and
 ``oom_above`` fails for memory when ``max_num_seqs`` exceeds it, and
-``hold_mb`` holds that many MiB resident while generating. It echoes the prompt's last
+``hold_mb`` holds that many MiB resident while generating, and ``fail_replica``
+fails generate in that replica (1-based) of a data-parallel run. It echoes the prompt's last
 token ``max_tokens`` times, so token counts are exact.
 """
 
@@ -17,7 +18,8 @@ import time
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 
-KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs"}
+KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs",
+         "fail_replica"}
 
 
 class FakeEngine(Engine):
@@ -33,7 +35,9 @@ class FakeEngine(Engine):
             raise RuntimeError("scripted failure in start")
         self.started = True
         self.generated = 0
-        return StartInfo(startup_s=0.01, engine_version="fake-1")
+        cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+        return StartInfo(startup_s=0.01, engine_version="fake-1",
+                         extra={"cores": cores, "replica": os.environ.get("TROUGHPUT_REPLICA", "1/1")})
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
         self.require_started()
@@ -42,7 +46,8 @@ class FakeEngine(Engine):
             raise MemoryError("CUDA out of memory (scripted)")
         if self.knobs.get("kill_self"):
             os.kill(os.getpid(), signal.SIGKILL)
-        if self.knobs.get("fail_in") == "generate":
+        replica = os.environ.get("TROUGHPUT_REPLICA", "1/1").split("/")[0]
+        if self.knobs.get("fail_in") == "generate" or str(self.knobs.get("fail_replica")) == replica:
             raise RuntimeError("scripted failure in generate")
         held = bytearray(int(self.knobs.get("hold_mb", 0)) << 20)
         held[::4096] = b"x" * len(held[::4096])  # touch every page so it is resident

@@ -1,6 +1,7 @@
 """The runner against a scripted engine in a real worker process: every ending becomes a row."""
 
 import json
+import os
 import sys
 
 import pytest
@@ -71,3 +72,32 @@ def test_a_roomy_memory_limit_changes_nothing(tmp_path):
 def test_missing_interpreter_is_an_invalid_row(tmp_path):
     row = run(tmp_path, python="/nonexistent/python")
     assert row["status"] == "invalid" and "engine.python" in row["error"]
+
+
+def test_replicas_split_the_requests_and_add_up(tmp_path):
+    row = run(tmp_path, replicas=2, repeats=2, save_outputs=True)
+    assert row["status"] == "ok" and row["replicas"] == 2 and row["knob.replicas"] == 2
+    assert row["requests_done"] == 6 and row["output_tokens"] == sum(3 + i for i in range(6))
+    assert len(row["output_tok_s_passes"]) == 2 and row["prefix_cache_queries"] == 0
+    outputs = [json.loads(line) for line in open(tmp_path / "outputs" / f"{row['run_id']}.jsonl")]
+    assert [o["id"] for o in outputs] == [r.id for r in WORKLOAD.requests]
+    assert row["engine_info.replica"] == "1/2"
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPU cores")
+def test_each_replica_is_pinned_to_its_own_cores(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))
+    row = run(tmp_path, replicas=2)
+    assert row["engine_info.cores"] == ",".join(map(str, cores[:len(cores) // 2]))
+
+
+def test_one_failed_replica_fails_the_run_and_stops_the_others(tmp_path):
+    row = run(tmp_path, replicas=2, knobs={"fail_replica": 2, "sleep_s": 0.2}, time_limit_s=60)
+    assert row["status"] == "crash" and row["failed_phase"] == "warmup"
+    assert row["error"].startswith("replica 2 of 2: RuntimeError: scripted failure")
+    assert row["run_seconds"] < 30
+
+
+def test_more_replicas_than_devices_is_an_invalid_row(tmp_path):
+    row = run(tmp_path, replicas=len(os.sched_getaffinity(0)) + 1)
+    assert row["status"] == "invalid" and "needs at least" in row["error"] and "CPU cores" in row["error"]
