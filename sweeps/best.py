@@ -22,7 +22,21 @@ def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return study.best_trials if len(study.directions) > 1 else [study.best_trial]
 
 
-def write_engine_file(cfg: DictConfig, trial: optuna.trial.FrozenTrial, out_dir: Path, name: str) -> Path:
+def leaders(study: optuna.Study, count: int) -> list[optuna.trial.FrozenTrial]:
+    """The ``count`` best feasible trials of a single-objective study, best first (the front's first otherwise)."""
+    if len(study.directions) > 1:
+        return best_trials(study)[:1]
+    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if _feasible(t)]
+    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
+    return sorted(done, key=lambda t: sign * t.values[0])[:count]
+
+
+def _feasible(trial: optuna.trial.FrozenTrial) -> bool:
+    return all(c <= 0 for c in trial.system_attrs.get("constraints") or [])
+
+
+def write_engine_file(cfg: DictConfig, trial: optuna.trial.FrozenTrial, out_dir: Path, name: str,
+                      confirmed: str | None = None) -> Path:
     """``<out_dir>/engine/<name>.yaml``: the engine config with the trial's values, usable as ``engine=<name>``."""
     values = dict(trial.params)  # {} for the engine-defaults seed
     tuned = apply_values(cfg, values)
@@ -32,6 +46,8 @@ def write_engine_file(cfg: DictConfig, trial: optuna.trial.FrozenTrial, out_dir:
     path.parent.mkdir(parents=True, exist_ok=True)
     header = [f"# Tuned by troughput-tune, study {name!r}, trial {trial.number}, run {trial.user_attrs.get('run_id')}",
               f"# objective values: {trial.values}"]
+    if confirmed:
+        header.append(f"# confirmed side by side: {confirmed}")
     if others:
         header.append("# also set: " + " ".join(f"{k}={v}" for k, v in others.items()))
     header.append(f"# use: troughput-run hydra.searchpath=[file://{out_dir.resolve()}] engine={name}")
@@ -39,22 +55,36 @@ def write_engine_file(cfg: DictConfig, trial: optuna.trial.FrozenTrial, out_dir:
     return path
 
 
-def confirm(cfg: DictConfig, values: dict[str, Any], objective: Objective, rounds: int,
+def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objective: Objective, rounds: int,
             make_spec: Callable[[DictConfig], Any], study_name: str) -> dict[str, Any]:
-    """Run the default config and ``values`` alternately for ``rounds`` rounds; median ratio best/default."""
-    measured: dict[str, list[float]] = {"default": [], "best": []}
+    """Run the default config and each candidate side by side for ``rounds`` rounds (order rotating).
+
+    Returns the objective values per config (``"default"`` and ``"trial <n>"``), each
+    candidate's gain (median over the default's median, inverted when the objective is
+    minimised, so > 1 is better), and the winner: the candidate with the best gain.
+    """
+    names = ["default", *(f"trial {t.number}" for t in candidates)]
+    values_of = {"default": {}, **{f"trial {t.number}": dict(t.params) for t in candidates}}
+    measured: dict[str, list[float]] = {name: [] for name in names}
     for i in range(rounds):
-        order = ["default", "best"] if i % 2 == 0 else ["best", "default"]
-        for which in order:
-            run_cfg = apply_values(cfg, values if which == "best" else {})
+        for which in names[i % len(names):] + names[:i % len(names)]:
+            run_cfg = apply_values(cfg, values_of[which])
             OmegaConf.update(run_cfg, "run.labels", {**cfg.run.labels, "study": study_name, "confirm": which},
                              force_add=True)
             row = execute(make_spec(run_cfg), progress=False)
             if row["status"] == "ok":
-                measured[which].append(float(row["output_tok_s"]))
-            print(f"  confirm round {i + 1} {which:>7}: {row['status']} "
-                  f"{row.get('output_tok_s') or 0:,.1f} output tok/s", flush=True)
-    if not measured["default"] or not measured["best"]:
-        return {"ratio": None, **measured}
-    ratio = statistics.median(measured["best"]) / statistics.median(measured["default"])
-    return {"ratio": ratio, **measured}
+                measured[which].append(objective.values(row)[0])
+            print(f"  confirm round {i + 1} {which:>9}: {row['status']} {objective.name}="
+                  f"{objective.values(row)[0] if row['status'] == 'ok' else float('nan'):,.1f}", flush=True)
+    maximise = objective.directions[0] == "maximize"
+    gains: dict[str, float | None] = {}
+    for name in names[1:]:
+        if measured["default"] and measured[name]:
+            best, default = statistics.median(measured[name]), statistics.median(measured["default"])
+            gains[name] = best / default if maximise else default / best
+        else:
+            gains[name] = None
+    ranked = sorted((g, n) for n, g in gains.items() if g is not None)
+    winner = ranked[-1][1] if ranked else None
+    return {"measured": measured, "gains": gains, "winner": None if winner is None else candidates[names.index(winner) - 1],
+            "ratio": None if winner is None else gains[winner]}

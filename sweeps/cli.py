@@ -15,7 +15,7 @@ from harness.environment import PROJECT_ROOT
 from harness.errors import TroughputError
 from harness.models import resolve_model
 from harness.workloads import build_workload
-from sweeps.best import best_trials, confirm, write_engine_file
+from sweeps.best import best_trials, confirm, leaders, write_engine_file
 from sweeps.objective import Objective
 from sweeps.seeds import enqueue_seeds
 from sweeps.space import SearchSpace
@@ -46,18 +46,26 @@ def tune(cfg: DictConfig) -> dict:
     for trial in best:
         print(f"best trial {trial.number}: values {trial.values}, params {trial.params or 'engine defaults'}, "
               f"run {trial.user_attrs.get('run_id')}")
-    path = write_engine_file(cfg, best[0], PROJECT_ROOT / cfg.tune.output_dir, study.study_name)
-    print(f"best config written to {path}")
-    if not best[0].params:
+    chosen, confirmed = best[0], None
+    candidates = [t for t in leaders(study, int(cfg.tune.confirm_top)) if t.params]  # the default runs anyway
+    if not candidates:
         print("the engine's default config measured best: nothing to gain on this cell")
     elif int(cfg.tune.confirm_rounds) > 0:
-        print(f"confirming: default config vs best, {cfg.tune.confirm_rounds} rounds side by side")
-        result = confirm(cfg, dict(best[0].params), objective, int(cfg.tune.confirm_rounds), spec_from_config,
+        print(f"confirming: the default config vs trials {', '.join(str(t.number) for t in candidates)}, "
+              f"{cfg.tune.confirm_rounds} rounds side by side")
+        result = confirm(cfg, candidates, objective, int(cfg.tune.confirm_rounds), spec_from_config,
                          study.study_name)
         summary["confirm"] = result
-        if result["ratio"] is not None:
-            print(f"measured gain of the best config over the default: {result['ratio']:.3f}x output tok/s "
-                  f"(median of {len(result['best'])} vs {len(result['default'])} runs)")
+        if result["winner"] is not None:
+            chosen = result["winner"]
+            confirmed = (f"{result['ratio']:.3f}x the default's {objective.name} (median of "
+                         f"{len(result['measured'][f'trial {chosen.number}'])} vs {len(result['measured']['default'])} runs)")
+            print(f"measured gain of the best config (trial {chosen.number}) over the default: {confirmed}")
+            if result["ratio"] <= 1:
+                print("no candidate beat the default config side by side: keep the default on this cell")
+    summary["chosen"] = chosen
+    path = write_engine_file(cfg, chosen, PROJECT_ROOT / cfg.tune.output_dir, study.study_name, confirmed)
+    print(f"best config written to {path}")
     return summary
 
 

@@ -5,6 +5,11 @@ the study name and trial number); the trial carries the run id. Failed runs are
 told as ``FAIL`` with their reason and, when memory ran out, teach the search
 space its memory edge. The study lives in any Optuna RDB storage, so re-running
 the same command resumes it and several processes can share it.
+
+Multi-fidelity (``tune.fidelity``, a fraction): a trial first runs on that seeded
+sample of the workload, reports it as step 0, and stops there (``PRUNED``) when
+Optuna's percentile pruner ranks it outside the top ``tune.prune_keep_percent`` of
+the trials before it; the others go on to the full workload, which is their value.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import logging
 import os
 import socket
 import time
+from dataclasses import replace
 from datetime import datetime
 from typing import Any, Callable
 
@@ -27,6 +33,7 @@ from sweeps.space import SearchSpace
 log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
 MEMORY_STATUSES = {"oom"}
+PRUNE_AFTER = 4  # trials that must have reported before the pruner stops any
 
 
 def study_name(cfg: DictConfig) -> str:
@@ -41,7 +48,23 @@ def open_study(cfg: DictConfig, objective: Objective) -> optuna.Study:
         os.makedirs(os.path.dirname(os.path.abspath(storage.removeprefix("sqlite:///"))), exist_ok=True)
     return optuna.create_study(
         study_name=study_name(cfg), storage=optuna.storages.RDBStorage(storage, engine_kwargs=_engine_kwargs(storage)),
-        directions=objective.directions, sampler=make_sampler(cfg), load_if_exists=True)
+        directions=objective.directions, sampler=make_sampler(cfg), pruner=make_pruner(cfg, objective),
+        load_if_exists=True)
+
+
+def make_pruner(cfg: DictConfig, objective: Objective) -> optuna.pruners.BasePruner:
+    """With ``tune.fidelity``: keep the top ``tune.prune_keep_percent`` at the low fidelity; else never prune."""
+    fidelity = cfg.tune.get("fidelity")
+    if fidelity is None:
+        return optuna.pruners.NopPruner()
+    if not 0 < float(fidelity) < 1:
+        raise TroughputError(f"tune.fidelity={fidelity}: must be a fraction of the workload in (0, 1)")
+    if objective.multi:
+        raise TroughputError("tune.fidelity needs a single objective: Optuna prunes single-objective studies only")
+    keep = float(cfg.tune.prune_keep_percent)
+    if not 0 < keep <= 100:
+        raise TroughputError(f"tune.prune_keep_percent={keep:g}: must be in (0, 100]")
+    return optuna.pruners.PercentilePruner(keep, n_startup_trials=PRUNE_AFTER, n_warmup_steps=0)
 
 
 def make_sampler(cfg: DictConfig) -> optuna.samplers.BaseSampler:
@@ -130,7 +153,25 @@ def _run_one(cfg, study, trial, space, objective, base, make_spec) -> None:
                      force_add=True)
     label = f"trial {trial.number}" + (f" ({seed_name})" if seed_name else "")
     log.info("%s: %s", label, values or "engine defaults")
-    row = execute(make_spec(trial_cfg), progress=bool(cfg.run.progress))
+    spec = make_spec(trial_cfg)
+    fidelity = cfg.tune.get("fidelity")
+    if fidelity is not None:
+        sample = spec.workload.sample(float(fidelity), seed=int(cfg.tune.seed))
+        row = execute(replace(spec, workload=sample, labels={**spec.labels, "fidelity": float(fidelity)}),
+                      progress=bool(cfg.run.progress))
+        trial.set_user_attr("low_fidelity_run_id", row["run_id"])
+        if row["status"] == "ok":
+            value = objective.values(row)[0]
+            trial.report(value, step=0)
+            if trial.should_prune():
+                trial.set_user_attr("reason", f"pruned: {objective.name}={value:,.1f} on {float(fidelity):g} "
+                                              f"of the workload, outside the top {cfg.tune.prune_keep_percent}%")
+                study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+                log.info("%s: %s", label, trial.user_attrs["reason"])
+                return None
+            row = execute(spec, progress=bool(cfg.run.progress))
+    else:
+        row = execute(spec, progress=bool(cfg.run.progress))
     trial.set_user_attr("run_id", row["run_id"])
     trial.set_user_attr("status", row["status"])
     if row["status"] != "ok":

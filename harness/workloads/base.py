@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -40,6 +41,17 @@ class Workload:
         if not self.groups:
             self.groups = [None] * len(self.requests)
         self.fingerprint = fingerprint(self.requests)
+
+    def sample(self, fraction: float, seed: int = 0) -> Workload:
+        """A seeded random ``fraction`` of the requests (at least one), in their original order.
+
+        Build-time ``info`` does not carry over: the sample's statistics are its own.
+        """
+        if not 0 < fraction <= 1:
+            raise TroughputError(f"a workload sample needs a fraction in (0, 1], got {fraction!r}")
+        count = max(1, round(fraction * len(self.requests)))
+        keep = sorted(random.Random(seed).sample(range(len(self.requests)), count))
+        return Workload(self.name, [self.requests[i] for i in keep], [self.groups[i] for i in keep])
 
     def summary(self) -> dict[str, Any]:
         """Counts that go into every results row, with the prefix statistics of ``harness.prefix_tree``.

@@ -73,9 +73,46 @@ def test_every_trial_is_a_row_and_memory_failures_cap_later_proposals(tmp_path, 
         assert all(t.params["engine.knobs.max_num_seqs"] <= cap * NOTCH for t in later)
     assert summary["best"][0].state == optuna.trial.TrialState.COMPLETE
     tuned = (tmp_path / "results" / "tuned" / "engine" / f"{study.study_name}.yaml").read_text()
-    assert "max_num_seqs" in tuned and f"trial {summary['best'][0].number}" in tuned
-    assert summary["confirm"]["ratio"] is not None
-    assert "measured gain of the best config over the default" in capsys.readouterr().out
+    assert "max_num_seqs" in tuned and f"trial {summary['chosen'].number}," in tuned
+    assert "# confirmed side by side: " in tuned, "the confirmation winner's file says its measured gain"
+    confirmed = summary["confirm"]
+    assert confirmed["ratio"] is not None and summary["chosen"] is confirmed["winner"]
+    completed = sorted((t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.params),
+                       key=lambda t: -t.values[0])
+    assert set(confirmed["measured"]) == {"default"} | {f"trial {t.number}" for t in completed[:2]}, "the top 2"
+    assert all(len(v) == 1 for v in confirmed["measured"].values()), "one round: each config once"
+    assert f"measured gain of the best config (trial {summary['chosen'].number}) over the default" in \
+        capsys.readouterr().out
+
+
+def test_low_fidelity_first_prunes_clearly_worse_trials(tmp_path):
+    from sweeps.cli import tune
+
+    tune(compose(*settings(tmp_path, 10, **{"tune.fidelity": 0.5, "tune.prune_keep_percent": 10}),
+                 config_name="tuning"))
+    trials = load(tmp_path).get_trials()
+    rows = read_rows(tmp_path / "results")
+    low = {r["trial"]: r for r in rows if r.get("fidelity") == 0.5}
+    full = {r["trial"]: r for r in rows if "trial" in r and r.get("fidelity") is None}
+    assert sorted(low) == list(range(10)) and all(r["workload_info.requests"] == 8 for r in low.values())
+    pruned = [t for t in trials if t.state == optuna.trial.TrialState.PRUNED]
+    assert pruned, "with the top 10% kept, later trials that are not the best so far stop at half the workload"
+    for t in trials:
+        assert (t.number in full) == (t.state == optuna.trial.TrialState.COMPLETE), "only survivors ran in full"
+        if t.state == optuna.trial.TrialState.PRUNED:
+            assert t.user_attrs["reason"].startswith("pruned: output_tok_s=") and t.number >= 4
+        if t.state == optuna.trial.TrialState.COMPLETE:
+            assert full[t.number]["workload_info.requests"] == 16
+            assert t.values[0] == pytest.approx(full[t.number]["output_tok_s"])
+
+
+def test_fidelity_needs_one_objective(tmp_path):
+    from harness.errors import TroughputError
+    from sweeps.cli import tune
+
+    with pytest.raises(TroughputError, match="single objective"):
+        tune(compose(*settings(tmp_path, 2, **{"tune.fidelity": 0.5, "tune.multi_objective": True}),
+                     config_name="tuning"))
 
 
 def test_kill_minus_nine_then_resume_keeps_every_finished_trial(tmp_path):
