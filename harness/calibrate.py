@@ -210,7 +210,8 @@ def write_calibration(path: Path, result: Fit, traces: Sequence[RowTrace], sourc
 def cell_rows(results_dir: Path, engine: str, hardware: str, model: str) -> list[dict[str, Any]]:
     """Measured ok rows of one (engine, hardware, model) cell, one engine each (the simulator models one)."""
     return [r for r in read_rows(results_dir) if r.get("status") == "ok" and not r.get("predicted")
-            and (r.get("replicas") or 1) == 1 and r.get("engine") == engine and r.get("hardware") == hardware and r.get("model") == model]
+            and (r.get("replicas") or 1) == 1
+            and r.get("engine") == engine and r.get("hardware") == hardware and r.get("model") == model]
 
 
 def calibrate(overrides: Sequence[str], dry_run: bool = False, out_dir: Path | None = None,

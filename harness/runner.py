@@ -1,8 +1,9 @@
 """The runner: one run = one worker process per replica under a time limit = one results row, whatever happens.
 
 The engine runs in ``python -m engines.worker`` started with the engine's own
-interpreter (one worker per data-parallel replica, see harness/replicas.py). A crash, an OOM, a kill or a time-out costs one failed row, never
-the sweep; the engine's log is kept under ``results/logs/``.
+interpreter, one worker per data-parallel replica (harness/replicas.py). A crash,
+an OOM, a kill or a time-out costs one failed row, never the sweep; the engine's
+log is kept under ``results/logs/``.
 """
 
 from __future__ import annotations

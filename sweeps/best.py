@@ -86,5 +86,5 @@ def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objecti
             gains[name] = None
     ranked = sorted((g, n) for n, g in gains.items() if g is not None)
     winner = ranked[-1][1] if ranked else None
-    return {"measured": measured, "gains": gains, "winner": None if winner is None else candidates[names.index(winner) - 1],
-            "ratio": None if winner is None else gains[winner]}
+    return {"measured": measured, "gains": gains, "ratio": None if winner is None else gains[winner],
+            "winner": None if winner is None else candidates[names.index(winner) - 1]}

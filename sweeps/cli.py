@@ -58,8 +58,8 @@ def tune(cfg: DictConfig) -> dict:
         summary["confirm"] = result
         if result["winner"] is not None:
             chosen = result["winner"]
-            confirmed = (f"{result['ratio']:.3f}x the default's {objective.name} (median of "
-                         f"{len(result['measured'][f'trial {chosen.number}'])} vs {len(result['measured']['default'])} runs)")
+            runs = len(result["measured"][f"trial {chosen.number}"]), len(result["measured"]["default"])
+            confirmed = f"{result['ratio']:.3f}x the default's {objective.name} (median of {runs[0]} vs {runs[1]} runs)"
             print(f"measured gain of the best config (trial {chosen.number}) over the default: {confirmed}")
             if result["ratio"] <= 1:
                 print("no candidate beat the default config side by side: keep the default on this cell")

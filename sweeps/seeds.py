@@ -55,7 +55,8 @@ def enqueue_seeds(study: optuna.Study, tune: Mapping[str, Any], space: SearchSpa
         osl = workload_summary["output_tokens_requested"] / n
         weights = weight_bytes(model_dir) if heuristic.get("weights_in_memory", True) else 0
         value = resident_requests(model_dir, float(heuristic["memory_bytes"]), weights, isl, osl)
-        seeds.append({"name": f"trtllm heuristic ({value} resident requests)", "params": {heuristic["param"]: value}})
+        seeds.append({"name": f"trtllm heuristic ({value} resident requests)",
+                      "params": {**(heuristic.get("params") or {}), heuristic["param"]: value}})
     if tune.get("seed_from_study"):
         seeds.extend(study_seeds(study, tune["seed_from_study"], space))
     names = []

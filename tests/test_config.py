@@ -61,3 +61,26 @@ def test_tuning_picks_the_space_of_the_engine_and_hardware():
     cfg = compose(config_name="tuning")
     assert "engine.canonical.max_seqs" in cfg.tune.space.params
     assert cfg.tune.heuristic.memory_bytes == cfg.hardware.knobs.vllm.kv_cache_memory_bytes
+    assert cfg.tune.heuristic.params["engine.knobs.kv_cache_memory_bytes"] == cfg.tune.heuristic.memory_bytes, \
+        "the heuristic's trial runs on the KV budget it was computed from"
+
+
+def test_the_cpu_space_seeds_pin_what_they_assume(tmp_path):
+    import json
+
+    import optuna
+    from omegaconf import OmegaConf
+
+    from sweeps.seeds import enqueue_seeds
+    from sweeps.space import SearchSpace
+
+    (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 128, "head_dim": 32,
+                                                      "num_key_value_heads": 2, "num_hidden_layers": 4}))
+    base = OmegaConf.to_container(compose(config_name="tuning"), resolve=True)
+    study = optuna.create_study(direction="maximize")
+    summary = {"requests": 10, "input_tokens_requested": 1000, "output_tokens_requested": 500}
+    names = enqueue_seeds(study, base["tune"], SearchSpace(base["tune"]["space"]), base, summary, str(tmp_path))
+    assert names[0] == "engine defaults" and names[2].startswith("trtllm heuristic")
+    params = [t.system_attrs["fixed_params"] for t in study.get_trials()]
+    assert params[2]["engine.knobs.kv_cache_memory_bytes"] == 256 << 20, "the budget the heuristic assumed"
+    assert params[1]["engine.knobs.kv_cache_memory_bytes"] == 1 << 30, "the batch recipe: the most KV allowed"

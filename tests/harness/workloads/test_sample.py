@@ -6,8 +6,8 @@ from engines.base import Request
 from harness.errors import TroughputError
 from harness.workloads.base import Workload
 
-WORKLOAD = Workload("w", [Request(f"r{i}", [1, 2, 3 + i], 4) for i in range(20)], groups=[f"g{i % 3}" for i in range(20)],
-                    info={"built": 1})
+WORKLOAD = Workload("w", [Request(f"r{i}", [1, 2, 3 + i], 4) for i in range(20)],
+                    groups=[f"g{i % 3}" for i in range(20)], info={"built": 1})
 
 
 def test_a_sample_is_a_seeded_fraction_in_original_order():
