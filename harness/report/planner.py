@@ -1,14 +1,14 @@
 """The idle-window planner and cost: how long each engine's best config needs for a backlog.
 
-time = backlog ÷ measured rate + startup + compile
+time = backlog ÷ measured rate + startup (compile included)
 
 - backlog: ``backlog_requests`` (default 1,000,000) at the workload's mean tokens per
   request (prompt + output, measured in the rows), or ``backlog_tokens`` directly;
 - rate: the config's req/s for a backlog in requests, its total tok/s for one in tokens;
-- startup and compile: the config's measured seconds. vLLM times compilation inside
-  its startup (``LLM(...)`` compiles before it returns), so for engines listed in
-  ``STARTUP_INCLUDES_COMPILE`` the startup shown is the measured startup minus compile
-  and nothing is counted twice.
+- startup and compile: the config's measured seconds. Every adapter times the engine's
+  constructor, which compiles (vLLM's torch.compile, SGLang's CUDA graphs, TensorRT-LLM's
+  engine build) before it returns, so the startup shown is the measured startup minus
+  compile and nothing is counted twice.
 
 Cost = total hours × GPUs × price per GPU-hour (on a CPU host read it as the machine-hour
 price); per million tokens it is that cost over the backlog's tokens.
@@ -24,7 +24,6 @@ import pandas as pd
 
 from harness.report.data import CELL, METRIC, cells
 
-STARTUP_INCLUDES_COMPILE = {"vllm"}
 PARALLEL_KNOBS = ("tensor_parallel_size", "tp_size", "pipeline_parallel_size", "pp_size")
 
 
@@ -70,10 +69,8 @@ def plan(frame: pd.DataFrame, configs: pd.DataFrame, inputs: PlannerInputs) -> p
 
 
 def plan_line(config: dict[str, Any], per_request: float | None, inputs: PlannerInputs) -> dict[str, Any]:
-    startup = _number(config.get("startup_s"))
     compile_s = _number(config.get("compile_s"))
-    if config["engine"] in STARTUP_INCLUDES_COMPILE:
-        startup = max(startup - compile_s, 0.0)
+    startup = max(_number(config.get("startup_s")) - compile_s, 0.0)
     if inputs.backlog_tokens:
         tokens = float(inputs.backlog_tokens)
         requests = tokens / per_request if per_request else math.nan

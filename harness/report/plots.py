@@ -19,7 +19,6 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
 from harness.report.data import METRIC, knob_columns, varying_knobs  # noqa: E402
-from harness.report.planner import STARTUP_INCLUDES_COMPILE  # noqa: E402
 
 COLORS = matplotlib.color_sequences["tab10"]
 MARKERS = "osD^vP*X<>"
@@ -158,9 +157,8 @@ def startup(frame: pd.DataFrame) -> list[Plot]:
         return []
     compile_s = pd.to_numeric(ok.get("compile_s"), errors="coerce").fillna(0.0)
     startup_s = pd.to_numeric(ok["startup_s"], errors="coerce")
-    inside = ok["engine"].isin(STARTUP_INCLUDES_COMPILE)
     table = pd.DataFrame({"who": ok["engine"] + "\n" + ok["model"].astype(str) + "\n" + ok["hardware"].astype(str),
-                          "startup": (startup_s - compile_s.where(inside, 0.0)).clip(lower=0),
+                          "startup": (startup_s - compile_s).clip(lower=0),  # compile is inside startup
                           "compile": compile_s}).groupby("who").median()
     figure = _figure(max(5.0, 1.6 * len(table) + 2), 4.2)
     axes = figure.add_subplot()

@@ -3,7 +3,7 @@ import pytest
 from harness.errors import TroughputError
 from sweeps.objective import Objective
 
-ROW = {"output_tok_s": 500.0, "total_tok_s": 2000.0, "startup_s": 30.0, "compile_s": 90.0,
+ROW = {"output_tok_s": 500.0, "total_tok_s": 2000.0, "startup_s": 30.0, "compile_s": 20.0,
        "preemptions": 10, "requests_done": 100}
 
 
@@ -12,12 +12,12 @@ def test_rates_are_maximised_and_job_time_minimised():
     assert Objective({"objective": "total_tok_s"}).values(ROW) == [2000.0]
     job = Objective({"objective": "job_time", "backlog_tokens": 4_000_000})
     assert job.directions == ["minimize"]
-    assert job.values(ROW) == [30.0 + 90.0 + 4_000_000 / 2000.0], "startup + compile + backlog / rate"
+    assert job.values(ROW) == [30.0 + 4_000_000 / 2000.0], "startup (compile included) + backlog / rate"
 
 
-def test_multi_objective_adds_startup_and_compile():
+def test_multi_objective_adds_startup_which_includes_compile():
     objective = Objective({"multi_objective": True})
-    assert objective.directions == ["maximize", "minimize"] and objective.values(ROW) == [500.0, 120.0]
+    assert objective.directions == ["maximize", "minimize"] and objective.values(ROW) == [500.0, 30.0]
 
 
 def test_preemption_ceiling_is_a_named_constraint():
