@@ -34,10 +34,9 @@ def shard_requests(requests: list[Request], replicas: int) -> list[list[Request]
         index = min(replicas - 1, int(done * replicas / total)) if total else 0
         shards[index].append(request)
         done += weight
-    for index in range(replicas):  # every replica gets at least one request
-        if not shards[index]:
-            donor = max(range(replicas), key=lambda i: len(shards[i]))
-            shards[index].append(shards[donor].pop(0 if donor > index else -1))
+    if not all(shards):  # a few huge requests: split by count instead, so that every replica gets some
+        shards = [requests[i * len(requests) // replicas:(i + 1) * len(requests) // replicas]
+                  for i in range(replicas)]
     return shards
 
 

@@ -74,8 +74,10 @@ def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objecti
             row = execute(make_spec(run_cfg), progress=False)
             if row["status"] == "ok":
                 measured[which].append(objective.values(row)[0])
-            print(f"  confirm round {i + 1} {which:>9}: {row['status']} {objective.name}="
-                  f"{objective.values(row)[0] if row['status'] == 'ok' else float('nan'):,.1f}", flush=True)
+                outcome = f"{objective.name}={measured[which][-1]:,.1f}"
+            else:
+                outcome = (row["error"] or "").splitlines()[0][:200]
+            print(f"  confirm round {i + 1} {which:>9}: {row['status']} {outcome}", flush=True)
     maximise = objective.directions[0] == "maximize"
     gains: dict[str, float | None] = {}
     for name in names[1:]:
