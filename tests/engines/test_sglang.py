@@ -20,13 +20,6 @@ needs_sglang_absent = pytest.mark.skipif(importlib.util.find_spec("sglang") is n
                                          reason="sglang is installed here")
 
 
-@pytest.fixture
-def past_env_checks(monkeypatch):
-    """Skip the package and GPU checks, to reach the knob checks."""
-    monkeypatch.setattr(adapter, "require_module", lambda *a: None)
-    monkeypatch.setattr(adapter, "require_cuda", lambda *a: None)
-
-
 def output(ids, prompt_tokens, cached=0, retractions=0, latency=0.5, finish=None):
     meta = {"id": "x", "prompt_tokens": prompt_tokens, "completion_tokens": len(ids), "cached_tokens": cached,
             "num_retractions": retractions, "e2e_latency": latency, "finish_reason": finish or {"type": "length"}}

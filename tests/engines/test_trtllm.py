@@ -23,12 +23,6 @@ needs_trtllm_absent = pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm"
                                          reason="tensorrt_llm is installed here")
 
 
-@pytest.fixture
-def past_env_checks(monkeypatch):
-    monkeypatch.setattr(adapter, "require_module", lambda *a: None)
-    monkeypatch.setattr(adapter, "require_cuda", lambda *a: None)
-
-
 def request_output(prompt_ids, token_ids, reused_blocks=None, last_token_s=None):
     metrics = None
     if reused_blocks is not None:
