@@ -241,7 +241,7 @@ def _watch(procs: list[subprocess.Popen], spec: RunSpec, t0: float) -> tuple[str
                 _kill_group(proc)
             return "timeout", rss, None
         if spec.memory_limit_bytes:
-            rss = sum(_tree_rss_bytes(proc.pid) for proc in procs)
+            rss = _tree_rss_bytes([proc.pid for proc in procs])
             if rss > spec.memory_limit_bytes:
                 for proc in procs:
                     _kill_group(proc)
@@ -249,8 +249,8 @@ def _watch(procs: list[subprocess.Popen], spec: RunSpec, t0: float) -> tuple[str
         time.sleep(0.25)
 
 
-def _tree_rss_bytes(root: int) -> int:
-    """Resident bytes of ``root`` and all its descendants, from /proc (0 where /proc is absent)."""
+def _tree_rss_bytes(roots: list[int]) -> int:
+    """Resident bytes of ``roots`` and all their descendants, from one read of /proc (0 where it is absent)."""
     parents: dict[int, int] = {}
     rss: dict[int, int] = {}
     page = os.sysconf("SC_PAGE_SIZE")
@@ -264,7 +264,7 @@ def _tree_rss_bytes(root: int) -> int:
             rss[int(entry.name)] = int(fields[21]) * page
         except (OSError, ValueError, IndexError):
             continue
-    total, frontier = 0, [root]
+    total, frontier = 0, list(roots)
     while frontier:
         pid = frontier.pop()
         total += rss.get(pid, 0)
