@@ -39,12 +39,52 @@ def test_seed_changes_the_fingerprint(vocab_dir):
 def test_prefix_heavy_groups_share_exactly_their_prefix(vocab_dir):
     w = build(PREFIX, vocab_dir)
     assert len(w.requests) == 12 and w.groups.count("g0000") == 4
+    prefixes = {}
     for g in range(3):
         prompts = [r.prompt_token_ids for r, label in zip(w.requests, w.groups) if label == f"g{g:04d}"]
         assert len({tuple(p[:30]) for p in prompts}) == 1
-    assert w.requests[0].prompt_token_ids[:30] != w.requests[4].prompt_token_ids[:30]
+        prefixes[g] = tuple(prompts[0][:30])
+    assert len(set(prefixes.values())) == 3, "each group has its own prefix"
     assert w.info["ideal_prefix_hit_tokens"] == 3 * 30 * (4 - 1)
     assert w.summary()["requests"] == 12
+
+
+def test_prefix_heavy_arrives_interleaved_by_default(vocab_dir):
+    w = build(PREFIX, vocab_dir)
+    assert w.info["arrival"] == "interleaved"
+    assert w.groups == ["g0000", "g0001", "g0002"] * 4, "round-robin over the groups"
+    assert [r.id for r in w.requests[:4]] == ["g0000-p0000", "g0001-p0000", "g0002-p0000", "g0000-p0001"]
+    assert all(a != b for a, b in zip(w.groups, w.groups[1:])), "no two neighbours share a prefix"
+
+
+@pytest.mark.parametrize("arrival", ["grouped", "shuffled"])
+def test_arrival_reorders_the_same_prompts_and_changes_the_fingerprint(vocab_dir, arrival):
+    interleaved, other = build(PREFIX, vocab_dir), build({**PREFIX, "arrival": arrival}, vocab_dir)
+    assert other.info["arrival"] == arrival
+    as_set = lambda w: {(r.id, tuple(r.prompt_token_ids), r.max_tokens) for r in w.requests}  # noqa: E731
+    assert as_set(other) == as_set(interleaved), "the same requests, only their order differs"
+    assert [r.id for r in other.requests] != [r.id for r in interleaved.requests]
+    assert other.fingerprint != interleaved.fingerprint, "the order is part of the content"
+    assert other.summary()["ideal_prefix_hit_rate"] == interleaved.summary()["ideal_prefix_hit_rate"]
+    assert other.fingerprint == build({**PREFIX, "arrival": arrival}, vocab_dir).fingerprint, "deterministic"
+    assert dict(zip((r.id for r in other.requests), other.groups)) == \
+        dict(zip((r.id for r in interleaved.requests), interleaved.groups)), "labels follow their requests"
+
+
+def test_grouped_arrival_emits_each_group_back_to_back(vocab_dir):
+    w = build({**PREFIX, "arrival": "grouped"}, vocab_dir)
+    assert w.groups == ["g0000"] * 4 + ["g0001"] * 4 + ["g0002"] * 4
+
+
+def test_shuffled_arrival_follows_the_seed(vocab_dir):
+    order = lambda seed: [r.id for r in build({**PREFIX, "arrival": "shuffled", "seed": seed}, vocab_dir).requests]  # noqa: E731
+    assert order(0) != order(1)
+    assert sorted(order(0)) == sorted(order(1))
+
+
+def test_unknown_arrival_lists_the_known_ones(vocab_dir):
+    with pytest.raises(TroughputError, match="interleaved, grouped, shuffled"):
+        build({**PREFIX, "arrival": "random"}, vocab_dir)
 
 
 def test_multimodal_repeats_images_and_leads_with_placeholders(vocab_dir, tmp_path):
