@@ -191,6 +191,11 @@ TABLE: dict[str, Canonical] = {c.name: c for c in [
         "trtllm": NativeMapping(("tensor_parallel_size",)),
         "sim": NativeMapping(("tensor_parallel_size",), note="ideal split, no communication"),
     }),
+    Canonical("pipeline_parallel", "GPUs one model's layers are split across, in stages", "int > 0", _positive_int, {
+        "vllm": NativeMapping(("pipeline_parallel_size",)),
+        "sglang": NativeMapping(("pp_size",)),
+        "trtllm": NativeMapping(("pipeline_parallel_size",)),
+    }),
     Canonical("kv_cache_dtype", "KV cache element type", "the engine's names (checked)", _choice, {
         "vllm": NativeMapping(("kv_cache_dtype",), choices=_VLLM_KV_DTYPES),
         "sglang": NativeMapping(("kv_cache_dtype",), choices=_SGLANG_KV_DTYPES),

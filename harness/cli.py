@@ -49,6 +49,8 @@ def spec_from_config(cfg: DictConfig) -> RunSpec:
     labels = dict(OmegaConf.to_container(cfg.run.labels, resolve=True) or {})
     labels.setdefault("command", _command_line())
     labels["hardware"] = cfg.hardware.name
+    if cfg.run.get("round") is not None:
+        labels["round"] = cfg.run.round
     if HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN":
         labels.setdefault("sweep_id", HydraConfig.get().sweep.dir)
     return RunSpec(

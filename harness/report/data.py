@@ -2,9 +2,13 @@
 
 A *config* is everything that defines a measured setup: engine, model, hardware,
 workload fingerprint, ordering and the ``knob.*`` values. Rows with the same
-config are repeats of it; its passes are the union of their
-``output_tok_s_passes``. A *cell* is what a decision is made for: one workload
-(by fingerprint) on one model and one hardware.
+config are its independent runs (one engine process each, e.g. the rounds of
+``-m run.round=1,2,3 ...``); its passes are the union of their
+``output_tok_s_passes``. A config's *samples* are its runs (each run's median pass)
+once it has two or more, else the passes of its one run, which share a process
+and a cache state and are not independent (``sample_kind`` says which). A *cell*
+is what a decision is made for: one workload (by fingerprint) on one model and
+one hardware.
 """
 
 from __future__ import annotations
@@ -20,12 +24,14 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import TroughputError
-from harness.report.stats import interval, representative
+from harness.report.stats import interval, representative, spread
 from harness.results import read_rows
 
 CELL = ["workload", "workload_fingerprint", "model", "hardware"]
 IDENTITY = ["engine", *CELL, "ordering"]
 METRIC = "output_tok_s"
+MIN_RUNS_FOR_RUN_STATISTICS = 2    # from this many runs on, a config's samples are its runs, not its passes
+RUNS_DISAGREE = 0.10               # runs whose (max - min) / median exceeds this are flagged
 
 
 @dataclass(frozen=True)
@@ -165,12 +171,14 @@ def _label_context(frame: pd.DataFrame) -> dict[tuple, tuple[list[str], dict[str
 
 
 def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """One record per config with its pooled passes, representative numbers and bootstrap interval.
+    """One record per config with its runs, pooled passes, representative numbers and bootstrap interval.
 
     Only ``ok`` rows carry measurements; a config whose rows all failed appears with
-    ``n_ok == 0`` (response curves mark it). Throughput is the median (low) pass of all
-    passes; total tok/s and req/s are scaled from it with the rows' token and request counts,
-    so a single-row config reproduces its row's numbers exactly.
+    ``n_ok == 0`` (response curves mark it). Throughput is the low median of the config's
+    samples (its runs' median passes from two runs on, else its one run's passes); total tok/s
+    and req/s are scaled from it with the rows' token and request counts, so a single-row
+    config reproduces its row's numbers exactly. ``cv_runs`` is the coefficient of variation
+    across runs and ``runs_disagree`` flags runs more than ``RUNS_DISAGREE`` apart.
     """
     context = _label_context(frame)
     show_ordering = frame.groupby(["engine", *CELL], dropna=False)["ordering"].nunique().gt(1).any()
@@ -179,6 +187,10 @@ def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, 
         first = rows.iloc[0].to_dict()
         ok = rows[rows["status"] == "ok"]
         passes = [p for ps in ok["passes"] for p in ps]
+        run_values = [representative(ps) for ps in ok["passes"] if ps]
+        by_runs = len(run_values) >= MIN_RUNS_FOR_RUN_STATISTICS
+        samples = run_values if by_runs else passes
+        variation = spread(run_values)
         record = {k: first.get(k) for k in IDENTITY} | {
             "config_id": cid, "workload_label": first["workload_label"], "cell_label": first["cell_label"],
             "knobs": knobs_of(first),
@@ -189,19 +201,33 @@ def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, 
             "run_ids": list(ok["run_id"]), "failed_run_ids": list(rows.loc[rows["status"] != "ok", "run_id"]),
             "commands": list(dict.fromkeys(c for c in ok["command"] if c)),
             "engine_version": ", ".join(sorted({str(v) for v in rows["engine_version"] if not _missing(v)})),
-            "passes": passes, "n_passes": len(passes),
+            "passes": passes, "n_passes": len(passes), "run_values": run_values, "n_runs": len(run_values),
+            "samples": samples, "n_samples": len(samples), "sample_kind": "runs" if by_runs else "passes",
+            "runs_x_passes": runs_x_passes(ok["passes"]),
+            "cv_runs": variation["cv"], "runs_disagree": variation["range"] > RUNS_DISAGREE,
+            "ideal_prefix_hit_rate": _median(ok, "workload_info.ideal_prefix_hit_rate"),
         }
-        record.update(_measurements(ok, passes, n_boot, level, seed, cid))
+        record.update(_measurements(ok, samples, n_boot, level, seed, cid))
         records.append(record)
     return pd.DataFrame.from_records(records)
 
 
-def _measurements(ok: pd.DataFrame, passes: list[float], n_boot: int, level: float, seed: int,
+def runs_x_passes(passes_per_run: Any) -> str:
+    """``3 × 2`` for three runs of two passes each; ``3 runs, 7 passes`` when the counts differ."""
+    counts = [len(p) for p in passes_per_run if len(p)]
+    if not counts:
+        return "0"
+    if len(set(counts)) == 1:
+        return f"{len(counts)} × {counts[0]}"
+    return f"{len(counts)} runs, {sum(counts)} passes"
+
+
+def _measurements(ok: pd.DataFrame, samples: list[float], n_boot: int, level: float, seed: int,
                   cid: str) -> dict[str, Any]:
-    if not passes:
+    if not samples:
         return {METRIC: math.nan, "ci_low": math.nan, "ci_high": math.nan}
-    rate = representative(passes)
-    low, high = interval(passes, n_boot=n_boot, level=level, seed=(seed, cid))
+    rate = representative(samples)
+    low, high = interval(samples, n_boot=n_boot, level=level, seed=(seed, cid))
     measured = {METRIC: rate, "ci_low": low, "ci_high": high}
     inputs, outputs, requests = (_median(ok, c) for c in ("input_tokens", "output_tokens", "requests_done"))
     if outputs and outputs > 0:

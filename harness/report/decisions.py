@@ -1,14 +1,18 @@
 """Engine-choice decisions: computed from rows, recorded append-only, never edited.
 
 For each cell (workload fingerprint, model, hardware) the best config (highest
-low-median output tok/s over its pooled passes) is chosen; the runner-up is the best
-config of another engine, or, with one engine only, its second-best config. The
-margin is winner / runner-up - 1 with a bootstrap interval; the verdict is
+low-median output tok/s over its samples: its independent runs from two runs on, else
+the passes of its one run) is chosen; the runner-up is the best config of another
+engine, or, with one engine only, its second-best config. The margin is
+winner / runner-up - 1 with a bootstrap interval; the verdict is
 
-- ``insufficient data``: no runner-up, no successful run, or fewer than 2 passes on
-  either side (flagged ``single run``: one pass gives no interval to compare);
+- ``insufficient data``: no runner-up, no successful run, fewer than 2 samples on
+  either side (flagged ``single run``: one pass gives no interval to compare), or
+  separated intervals resting on fewer than ``MIN_RUNS`` independent runs on a side
+  (flagged ``too few runs``: passes inside one engine process are correlated, and two
+  runs are a thin basis); the reason says how many runs each side has and how to add them;
 - ``too close to call``: the two configs' bootstrap intervals overlap;
-- ``clear winner``: they do not.
+- ``clear winner``: they do not, with at least ``MIN_RUNS`` runs on each side.
 
 Decisions live in ``<results_dir>/decisions/<decision_id>.json``, written like runs
 (atomic, never overwritten). A decision is only appended when its basis (the rows it
@@ -32,9 +36,11 @@ from harness.report.stats import STATISTIC, ratio_interval
 from harness.results import DECISIONS_DIR, flatten, new_run_id, read_rows, write_row
 
 CLEAR, CLOSE, INSUFFICIENT = "clear winner", "too close to call", "insufficient data"
+MIN_RUNS = 3   # independent runs per side that a clear winner needs
 VERDICTS = (CLEAR, CLOSE, INSUFFICIENT)
 SIDE_FIELDS = ("engine", "engine_version", "ordering", "config_id", "label", METRIC, "ci_low", "ci_high",
-               "n_passes", "run_ids", "commands", "total_tok_s", "req_s")
+               "n_passes", "n_runs", "sample_kind", "cv_runs", "runs_disagree", "run_ids", "commands",
+               "total_tok_s", "req_s")
 
 
 def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level: float = 0.95,
@@ -49,7 +55,8 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         winner = measured.iloc[0] if len(measured) else None
         runner_up, relation = _runner_up(measured)
         decision: dict[str, Any] = dict(zip(CELL, key)) | {
-            "kind": "engine_choice", "metric": METRIC, "statistic": STATISTIC, "ci_level": level,
+            "kind": "engine_choice", "metric": METRIC, "statistic": STATISTIC, "min_runs_for_clear": MIN_RUNS,
+            "ci_level": level,
             "bootstrap_resamples": n_boot, "bootstrap_seed": seed,
             "rests_on": sorted(rows.loc[rows["status"] == "ok", "run_id"]),
             "failed_runs": sorted(rows.loc[rows["status"] != "ok", "run_id"]),
@@ -88,24 +95,42 @@ def _verdict(winner, runner_up, n_rows: int, n_boot: int, level: float, seed: in
         return out | {"verdict": INSUFFICIENT, "flags": ["no runner-up"],
                       "reason": "only one config was measured here: nothing to compare it with"}
     out["margin"] = winner[METRIC] / runner_up[METRIC] - 1
-    short = [name for name, side in (("winner", winner), ("runner-up", runner_up)) if side["n_passes"] < 2]
+    sides = (("winner", winner), ("runner-up", runner_up))
+    short = [name for name, side in sides if side["n_samples"] < 2]
     if short:
         return out | {"verdict": INSUFFICIENT, "flags": ["single run"],
-                      "reason": f"fewer than 2 passes for the {' and the '.join(short)}: no interval to compare; "
-                                f"rerun with run.repeats=3"}
-    low, high = ratio_interval(winner["passes"], runner_up["passes"], n_boot=n_boot, level=level,
+                      "reason": f"one pass of one run for the {' and the '.join(short)}: no interval to compare; "
+                                f"{_add_runs()}"}
+    low, high = ratio_interval(winner["samples"], runner_up["samples"], n_boot=n_boot, level=level,
                                seed=(seed, winner["config_id"], runner_up["config_id"]))
     out["margin_ci_low"], out["margin_ci_high"] = low - 1, high - 1
     pct = f"{level:.0%}"
+    basis = "; ".join(f"{name}: {_basis_of(side)}" for name, side in sides)
     spans = (f"winner [{winner['ci_low']:,.0f}, {winner['ci_high']:,.0f}] vs runner-up "
-             f"[{runner_up['ci_low']:,.0f}, {runner_up['ci_high']:,.0f}] tok/s")
+             f"[{runner_up['ci_low']:,.0f}, {runner_up['ci_high']:,.0f}] tok/s ({basis})")
     if winner["ci_low"] <= runner_up["ci_high"]:
         return out | {"verdict": CLOSE, "reason": f"the {pct} intervals overlap: {spans}"}
+    few = [f"the {name} has {side['n_runs']}" for name, side in sides if side["n_runs"] < MIN_RUNS]
+    if few:
+        return out | {"verdict": INSUFFICIENT, "flags": ["too few runs"],
+                      "reason": f"the {pct} intervals do not overlap: {spans}; but a clear winner needs "
+                                f"{MIN_RUNS} independent runs per side and {' and '.join(few)}: {_add_runs()}"}
     return out | {"verdict": CLEAR, "reason": f"the {pct} intervals do not overlap: {spans}"}
 
 
+def _basis_of(side) -> str:
+    if side["sample_kind"] == "runs":
+        return f"{side['n_runs']} independent runs"
+    return f"{side['n_passes']} passes of 1 run, not independent"
+
+
+def _add_runs() -> str:
+    return (f"measure {MIN_RUNS} independent runs per config, interleaved, with a round dimension first in "
+            f"the multirun: troughput-run -m run.round=1,2,3 <the configs compared>")
+
+
 def _basis(decision: dict[str, Any]) -> str:
-    keys = [*CELL, "metric", "statistic", "ci_level", "bootstrap_resamples", "bootstrap_seed", "rests_on",
+    keys = [*CELL, "metric", "statistic", "min_runs_for_clear", "ci_level", "bootstrap_resamples", "bootstrap_seed", "rests_on",
             "failed_runs"]
     return hashlib.sha256(json.dumps({k: decision[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -11,7 +11,9 @@ time = backlog ÷ measured rate + startup (compile included)
   compile and nothing is counted twice.
 
 Cost = total hours × GPUs × price per GPU-hour (on a CPU host read it as the machine-hour
-price); per million tokens it is that cost over the backlog's tokens.
+price); per million tokens it is that cost over the backlog's tokens. GPUs per config are
+replicas × tensor parallel × pipeline parallel, and job time is computed, both in
+``harness.cost`` (shared with the tuner's ``job_time`` objective).
 """
 
 from __future__ import annotations
@@ -22,9 +24,8 @@ from typing import Any
 
 import pandas as pd
 
+from harness.cost import devices, job_seconds
 from harness.report.data import CELL, METRIC, cells
-
-PARALLEL_KNOBS = ("tensor_parallel_size", "tp_size", "pipeline_parallel_size", "pp_size")
 
 
 @dataclass(frozen=True)
@@ -74,15 +75,14 @@ def plan_line(config: dict[str, Any], per_request: float | None, inputs: Planner
     if inputs.backlog_tokens:
         tokens = float(inputs.backlog_tokens)
         requests = tokens / per_request if per_request else math.nan
-        rate, unit = _number(config.get("total_tok_s"), math.nan), "tok/s"
-        generate_s = tokens / rate
+        rate, unit, backlog = _number(config.get("total_tok_s"), math.nan), "tok/s", tokens
     else:
         requests = float(inputs.backlog_requests)
         tokens = requests * per_request if per_request else math.nan
-        rate, unit = _number(config.get("req_s"), math.nan), "req/s"
-        generate_s = requests / rate
-    total_s = generate_s + startup + compile_s
-    gpus = _gpus(config.get("knobs") or {})
+        rate, unit, backlog = _number(config.get("req_s"), math.nan), "req/s", requests
+    total_s = job_seconds(config.get("startup_s"), backlog, rate)
+    generate_s = job_seconds(0, backlog, rate)
+    gpus = devices(config["engine"], config.get("knobs") or {})
     cost = total_s / 3600 * gpus * inputs.usd_per_gpu_hour
     return {
         "cell_label": config["cell_label"], "model": config["model"], "hardware": config["hardware"],
@@ -93,16 +93,6 @@ def plan_line(config: dict[str, Any], per_request: float | None, inputs: Planner
         "clears": bool(total_s <= inputs.window_h * 3600), "slack_h": inputs.window_h - total_s / 3600,
         "gpus": gpus, "cost_usd": cost, "usd_per_m_tokens": cost / tokens * 1e6 if tokens else math.nan,
     }
-
-
-def _gpus(knobs: dict[str, Any]) -> int:
-    count = 1
-    for name in PARALLEL_KNOBS:
-        try:
-            count *= max(int(knobs.get(name) or 1), 1)
-        except (TypeError, ValueError):
-            pass
-    return count
 
 
 def _number(value: Any, default: float = 0.0) -> float:

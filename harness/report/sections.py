@@ -7,10 +7,12 @@ from typing import Any
 
 import pandas as pd
 
-from harness.report.data import METRIC, cells
-from harness.report.decisions import CLEAR
+from harness.report.data import METRIC, RUNS_DISAGREE, cells
+from harness.report.decisions import CLEAR, MIN_RUNS
 from harness.report.document import Details, Figure, Paragraph, RowLink, Section, Table, first_line, fmt, fmt_interval
 from harness.report.stats import STATISTIC
+
+BASELINE_ENGINE = "hf"   # the Hugging Face transformers baseline (benchmarks/hf_baseline.py)
 
 
 def build(report) -> list[Section]:
@@ -28,10 +30,18 @@ def overview(report) -> Section:
             f"engines: {', '.join(sorted(frame['engine'].unique()))}; workloads: "
             f"{', '.join(sorted(frame['cell_label'].unique()))}; {len(report.configs)} config(s). "
             f"Results table: {report.results_dir.resolve()}; filters: {filters}. Generated {report.created}.")
+    configs = report.configs[report.configs["n_passes"] > 0]
+    by_runs = int((configs["sample_kind"] == "runs").sum())
+    runs = sorted(set(configs["n_runs"])) if len(configs) else [0]
+    counts = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}–{runs[-1]}"
     how = (f"A config is one engine with one set of knobs (and ordering) on one workload fingerprint, model and "
-           f"hardware; its repeats are all passes of its rows. Throughput is the {STATISTIC}; intervals are "
-           f"{report.options.level:.0%} percentile bootstrap intervals ({report.options.resamples} resamples, seed "
-           f"{report.options.seed}). A winner is 'clear' only when its interval and the runner-up's do not overlap.")
+           f"hardware; each of its rows is one independent run (its own engine process). Throughput is the "
+           f"{STATISTIC}; intervals are {report.options.level:.0%} percentile bootstrap intervals over those "
+           f"samples ({report.options.resamples} resamples, seed {report.options.seed}). Here {by_runs} of "
+           f"{len(configs)} measured config(s) rest on independent runs ({counts} run(s) per config). A winner is "
+           f"'clear' only when its interval and the runner-up's do not overlap and each side has at least "
+           f"{MIN_RUNS} independent runs; measure them interleaved with a round dimension first in the multirun "
+           f"(troughput-run -m run.round=1,2,3 ...).")
     return Section("Summary", "summary", [Paragraph([text]), Paragraph([how])])
 
 
@@ -72,6 +82,7 @@ def headline(report) -> Section:
     for key, group in cells(report.configs):
         decision = by_cell.get(key, {})
         measured = group[group["n_passes"] > 0]
+        baseline = measured[measured["engine"] == BASELINE_ENGINE][METRIC].max()
         shown = measured.drop_duplicates("engine")
         runner_id = decision.get("runner_up.config_id")
         if runner_id and runner_id not in set(shown["config_id"]):
@@ -86,21 +97,46 @@ def headline(report) -> Section:
             elif config["config_id"] == runner_id:
                 role = "runner-up" + (" (same engine)" if config["engine"] == decision.get("chosen.engine") else "")
             rows.append([config["cell_label"], config["engine"], config["label"], role, fmt(config[METRIC]),
-                         fmt_interval(config["ci_low"], config["ci_high"]), str(config["n_passes"]),
+                         fmt_interval(config["ci_low"], config["ci_high"]), runs_cell(config),
+                         _cv(config), _over_baseline(config, baseline),
                          fmt(config.get("total_tok_s")), fmt(config.get("req_s")),
                          fmt(config.get("preemptions"), "int"), fmt(config.get("prefix_cache_hit_rate"), "share"),
-                         fmt(config.get("sol_fraction"), "share"),
+                         fmt(config.get("ideal_prefix_hit_rate"), "share"), fmt(config.get("sol_fraction"), "share"),
                          fmt(config.get("startup_s"), "s"), fmt(config.get("compile_s"), "s"), margin, verdict])
             ids.append(f"headline-{config['config_id']}")
-    table = Table(["workload", "engine", "config", "role", "output tok/s", "95% interval", "passes", "total tok/s",
-                   "req/s", "preemptions", "prefix-cache hit", "of speed of light", "startup s", "compile s",
+    table = Table(["workload", "engine", "config", "role", "output tok/s", "95% interval", "runs × passes",
+                   "CV across runs", f"× {BASELINE_ENGINE}", "total tok/s", "req/s", "preemptions",
+                   "prefix-cache hit", "ideal hit (ceiling)", "of speed of light", "startup s", "compile s",
                    "margin [CI]", "verdict"],
                   rows, id="headline", row_ids=ids)
     lead = ("Per workload, the best measured config of each engine side by side (and the runner-up when it is a "
-            "second config of the winner's engine). Numbers are for the config's low-median pass.")
+            "second config of the winner's engine). Numbers are the low median of the config's independent runs "
+            "(each run's median pass) from 2 runs on, else of its one run's passes; 'runs × passes' says which "
+            f"it rests on, and a CV marked '!' means its runs disagree by more than {RUNS_DISAGREE:.0%} "
+            "((max − min) ÷ median). 'ideal hit (ceiling)' is the share of prompt tokens an unbounded prefix "
+            f"cache could serve (token grain), beside the measured hit rate; '× {BASELINE_ENGINE}' is the "
+            f"config's output tok/s over the best {BASELINE_ENGINE} baseline config of the same workload, "
+            "model and hardware, where baseline rows exist.")
     if not rows:
         return Section("Headline", "headline-section", [Paragraph(["No successful run to compare."]), table])
     return Section("Headline", "headline-section", [Paragraph([lead]), table])
+
+
+def runs_cell(config: dict[str, Any]) -> str:
+    """``3 × 2`` (runs × passes), with ``, by passes`` when one run's passes are the samples."""
+    return config["runs_x_passes"] + (", by passes" if config.get("sample_kind") == "passes"
+                                      and config.get("n_passes", 0) > 1 else "")
+
+
+def _cv(config: dict[str, Any]) -> str:
+    text = fmt(config.get("cv_runs"), "share")
+    return text + (" !" if config.get("runs_disagree") else "")
+
+
+def _over_baseline(config: dict[str, Any], baseline: float) -> str:
+    if not baseline or pd.isna(baseline):
+        return "–"
+    return f"{config[METRIC] / baseline:.2f}×"
 
 
 def figures(report) -> list[Section]:
@@ -195,10 +231,12 @@ def all_configs(report) -> Section:
     for key, group in cells(report.configs):
         for c in group.to_dict("records"):
             rows.append([c["cell_label"], c["engine"], c["label"], fmt(c[METRIC]),
-                         fmt_interval(c["ci_low"], c["ci_high"]),
+                         fmt_interval(c["ci_low"], c["ci_high"]), runs_cell(c), _cv(c),
+                         ", ".join(fmt(p) for p in c["run_values"]) or "–",
                          ", ".join(fmt(p) for p in c["passes"]) or "–", f"{c['n_ok']} ok / {c['n_failed']} failed",
                          " ".join(f"{k}={v}" for k, v in c["knobs"].items()), c["ordering"]])
     return Section("All configs", "configs", [Table(["workload", "engine", "config", "output tok/s", "95% interval",
+                                                     "runs × passes", "CV across runs", "per run (tok/s)",
                                                      "passes (tok/s)", "runs", "knobs", "ordering"], rows,
                                                     id="all-configs", code_columns=("knobs",))])
 

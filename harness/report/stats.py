@@ -1,7 +1,9 @@
-"""Bootstrap statistics over per-pass throughputs (seeded, so a report is reproducible).
+"""Bootstrap statistics over a config's samples (seeded, so a report is reproducible).
 
-The statistic is the low median of the passes, the same one a results row reports
-(``output_tok_s`` is its median pass), so intervals bracket the headline numbers.
+A sample is one independent run (its median pass, the ``output_tok_s`` its row reports)
+once a config has two or more runs; with one run the samples are its passes, which
+share one engine process and cache state (the verdict then cannot be "clear"). The
+statistic is the low median of the samples, so intervals bracket the headline numbers.
 """
 
 from __future__ import annotations
@@ -11,13 +13,26 @@ from typing import Sequence
 
 import numpy as np
 
-STATISTIC = "low median of per-pass output tok/s"
+STATISTIC = ("low median of per-run output tok/s (each run's median pass) from 2 runs on; "
+             "of the passes of its one run otherwise")
 
 
 def representative(passes: Sequence[float]) -> float:
     """The low median: with an odd count the median, with an even count the lower middle pass."""
     values = np.sort(np.asarray(passes, dtype=float))
     return float(values[(len(values) - 1) // 2])
+
+
+def spread(values: Sequence[float]) -> dict[str, float]:
+    """How far independent runs disagree: ``cv`` (sample std ÷ mean) and ``range`` ((max − min) ÷ median).
+
+    Both are NaN for fewer than two values.
+    """
+    array = np.asarray(values, dtype=float)
+    if len(array) < 2:
+        return {"cv": float("nan"), "range": float("nan")}
+    return {"cv": float(array.std(ddof=1) / array.mean()),
+            "range": float((array.max() - array.min()) / np.median(array))}
 
 
 def rng(seed: int | tuple) -> np.random.Generator:

@@ -4,15 +4,25 @@ from harness.errors import TroughputError
 from harness.report.data import Filters, group_configs, load_runs
 
 
-def test_rows_with_the_same_knobs_are_one_config_whose_repeats_are_all_their_passes(results, row):
-    directory = results(row(passes=(100, 110, 120)), row(passes=(90, 130, 140)),
+def test_rows_with_the_same_knobs_are_one_config_whose_samples_are_its_runs(results, row):
+    directory = results(row(passes=(100, 110, 120)), row(passes=(90, 130, 140)), row(passes=(150, 160, 170)),
                         row(knobs={"max_num_seqs": 64}, passes=(300, 310, 320)))
     configs = group_configs(load_runs(directory)).set_index("label")
     assert set(configs.index) == {"max_num_seqs=8", "max_num_seqs=64"}
     eight = configs.loc["max_num_seqs=8"]
-    assert sorted(eight["passes"]) == [90, 100, 110, 120, 130, 140] and eight["n_rows"] == 2
-    assert eight["output_tok_s"] == 110, "the low median of the pooled passes"
-    assert eight["ci_low"] <= 110 <= eight["ci_high"]
+    assert sorted(eight["passes"]) == [90, 100, 110, 120, 130, 140, 150, 160, 170] and eight["n_rows"] == 3
+    assert eight["run_values"] == [110, 130, 160] and eight["sample_kind"] == "runs"
+    assert eight["output_tok_s"] == 130, "the low median of the runs' median passes, not of the pooled passes"
+    assert eight["ci_low"] <= 130 <= eight["ci_high"] and eight["runs_x_passes"] == "3 × 3"
+    assert eight["cv_runs"] == pytest.approx(25.166 / 133.33, rel=1e-3) and bool(eight["runs_disagree"])
+    sixty_four = configs.loc["max_num_seqs=64"]
+    assert sixty_four["sample_kind"] == "passes" and sixty_four["output_tok_s"] == 310, "one run: its passes"
+
+
+def test_runs_within_ten_percent_are_not_flagged(results, row):
+    directory = results(row(passes=(100,)), row(passes=(105,)), row(passes=(109,)))
+    config = group_configs(load_runs(directory)).iloc[0]
+    assert not config["runs_disagree"] and config["runs_x_passes"] == "3 × 1"
 
 
 def test_a_single_row_config_reproduces_its_rows_numbers(results, row):

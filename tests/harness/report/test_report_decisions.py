@@ -11,14 +11,43 @@ def decisions_for(directory, **kwargs):
     return decide(frame, group_configs(frame, **kwargs), **kwargs)
 
 
-def test_separated_repeats_are_a_clear_winner_with_its_margin(results, row):
+def runs(row, knobs, *medians, engine="vllm"):
+    """One row per independent run, each with three close passes around its median."""
+    return [row(engine, knobs=knobs, passes=(m - 1, m, m + 1)) for m in medians]
+
+
+def test_separated_independent_runs_are_a_clear_winner_with_its_margin(results, row):
+    directory = results(*runs(row, {"max_num_seqs": 64}, 200, 205, 210), *runs(row, {"max_num_seqs": 8}, 100, 105, 110))
+    [d] = decisions_for(directory)
+    assert d["verdict"] == CLEAR and chosen_knobs(d) == {"max_num_seqs": 64}
+    assert d["margin"] == pytest.approx(205 / 105 - 1), "the low median of the runs' median passes"
+    assert 0 < d["margin_ci_low"] <= d["margin"] <= d["margin_ci_high"]
+    assert d["runner_up.relation"].startswith("second-best config of the same engine")
+    assert (d["chosen.n_runs"], d["chosen.sample_kind"]) == (3, "runs")
+    assert "3 independent runs" in d["reason"]
+
+
+def test_separated_passes_of_one_run_are_not_a_clear_winner_and_say_what_is_missing(results, row):
     directory = results(row(knobs={"max_num_seqs": 64}, passes=(200, 205, 210)),
                         row(knobs={"max_num_seqs": 8}, passes=(100, 105, 110)))
     [d] = decisions_for(directory)
-    assert d["verdict"] == CLEAR and chosen_knobs(d) == {"max_num_seqs": 64}
-    assert d["margin"] == pytest.approx(205 / 105 - 1)
-    assert 0 < d["margin_ci_low"] <= d["margin"] <= d["margin_ci_high"]
-    assert d["runner_up.relation"].startswith("second-best config of the same engine")
+    assert d["verdict"] == INSUFFICIENT and d["flags"] == ["too few runs"]
+    assert "the winner has 1 and the runner-up has 1" in d["reason"] and "run.round=1,2,3" in d["reason"]
+    assert d["chosen.sample_kind"] == "passes" and "not independent" in d["reason"]
+
+
+def test_two_runs_per_side_are_still_too_few_for_a_clear_winner(results, row):
+    directory = results(*runs(row, {"max_num_seqs": 64}, 200, 210), *runs(row, {"max_num_seqs": 8}, 100, 105, 110))
+    [d] = decisions_for(directory)
+    assert d["verdict"] == INSUFFICIENT and "the winner has 2" in d["reason"] and "runner-up has" not in d["reason"]
+
+
+def test_runs_that_disagree_decide_even_when_each_runs_passes_are_tight(results, row):
+    # each run's passes are within 1 tok/s, but runs drift by 40%: over runs the intervals overlap
+    directory = results(*runs(row, {"max_num_seqs": 64}, 150, 200, 250), *runs(row, {"max_num_seqs": 8}, 140, 190, 240))
+    [d] = decisions_for(directory)
+    assert d["verdict"] == CLOSE
+    assert d["chosen.runs_disagree"] is True and d["chosen.cv_runs"] == pytest.approx(0.25)
 
 
 def test_overlapping_repeat_intervals_are_too_close_to_call_not_a_win(results, row):
@@ -47,9 +76,8 @@ def test_one_config_or_only_failures_is_insufficient_data(results, row):
 
 
 def test_the_runner_up_is_another_engine_when_there_is_one(results, row):
-    directory = results(row("vllm", knobs={"max_num_seqs": 64}, passes=(300, 300, 300)),
-                        row("vllm", knobs={"max_num_seqs": 8}, passes=(250, 250, 250)),
-                        row("sglang", knobs={"max_running_requests": 8}, passes=(200, 200, 200)))
+    directory = results(*runs(row, {"max_num_seqs": 64}, 300, 300, 300), *runs(row, {"max_num_seqs": 8}, 250, 250, 250),
+                        *runs(row, {"max_running_requests": 8}, 200, 200, 200, engine="sglang"))
     [d] = decisions_for(directory)
     assert d["chosen.engine"] == "vllm" and d["runner_up.engine"] == "sglang"
     assert d["runner_up.relation"] == "best config of another engine"

@@ -47,3 +47,16 @@ def test_the_best_config_of_each_engine_is_planned(results, row):
     lines = planned(directory, PlannerInputs())
     assert list(lines["label"]) == ["max_num_seqs=64"]
     assert lines.loc["vllm", "gpus"] == 1
+
+
+@pytest.mark.parametrize("engine, knobs", [
+    ("vllm", {"tensor_parallel_size": 2}),
+    ("sglang", {"tp_size": 2}),
+    ("trtllm", {"tensor_parallel_size": 2}),
+])
+def test_two_replicas_of_tensor_parallel_two_are_costed_as_four_gpus_for_every_engine(results, row, engine, knobs):
+    directory = results(row(engine, knobs={**knobs, "replicas": 2}, passes=(400, 400, 400), startup_s=0.0),
+                        row(engine, knobs=knobs, workload="prefix_heavy", passes=(400, 400, 400), startup_s=0.0))
+    lines = planned(directory, PlannerInputs(usd_per_gpu_hour=1.0)).set_index("cell_label")
+    assert lines.loc["unique", "gpus"] == 4 and lines.loc["prefix_heavy", "gpus"] == 2
+    assert lines.loc["unique", "cost_usd"] == pytest.approx(lines.loc["unique", "total_h"] * 4)

@@ -1,0 +1,58 @@
+"""What a config occupies and how long it needs: the one place for device counts and job time.
+
+- devices: replicas × tensor parallel × pipeline parallel, read through the canonical
+  knob mapping (``engines.knobs.canonical_view``), so vLLM's ``tensor_parallel_size``,
+  SGLang's ``tp_size`` and TensorRT-LLM's ``tensor_parallel_size`` count alike;
+- job time: startup (compile included: every adapter times the engine constructor,
+  which compiles before it returns) + backlog ÷ measured rate.
+
+The planner (``harness.report.planner``) and the tuner's ``job_time`` objective
+(``sweeps.objective``) both call these.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from engines.knobs import canonical_view
+
+PARALLEL = ("tensor_parallel", "pipeline_parallel")
+
+
+def devices(engine: str, knobs: Mapping[str, Any], replicas: Any = None) -> int:
+    """Devices one config occupies: replicas × tensor parallel × pipeline parallel.
+
+    Args:
+        engine: the engine name (``vllm``, ``sglang``, ...).
+        knobs: the config's native knobs, flat (dotted) or nested; ``replicas`` among them
+            counts when ``replicas`` is not given (rows carry it as ``knob.replicas``).
+        replicas: data-parallel engine instances, when known apart from the knobs.
+    """
+    view = canonical_view(engine, {k: v for k, v in knobs.items() if k != "replicas"})
+    count = _count(replicas if replicas is not None else knobs.get("replicas"))
+    for name in PARALLEL:
+        count *= _count(view.get(name))
+    return count
+
+
+def job_seconds(startup_s: Any, backlog: float, rate: Any) -> float:
+    """Seconds to clear ``backlog`` (tokens or requests) at ``rate`` (per second), startup included."""
+    rate = _number(rate, math.nan)
+    generate = backlog / rate if rate and rate > 0 else math.inf
+    return _number(startup_s) + generate
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(int(value or 1), 1)
+    except (TypeError, ValueError):
+        return 1
+
+
+def _number(value: Any, default: float = 0.0) -> float:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return default
+    return default if math.isnan(value) else value
