@@ -19,7 +19,8 @@ from typing import Any, Mapping
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 from engines.sim_scheduler import Scheduler, SchedulerConfig
-from harness.perfmodel import Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes
+from harness.perfmodel import (Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes,
+                               rate_mismatch)
 
 VERSION = "sim-1 (vLLM 0.32 V1 scheduler model)"
 GiB = 1 << 30
@@ -28,6 +29,9 @@ MODELLED = {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", 
             "quantization", "tensor_parallel_size", "scheduling_policy"}
 ACCEPTED_NO_EFFECT = {"enforce_eager"}  # changes real speed only; calibration absorbs it
 OWN = {"hardware_spec", "calibration"}
+CALIBRATION_KEYS = {"efficiency", "host"}  # conf/calibration/<engine>/<hardware>-<model>.yaml
+FITTED_RATES = ("peak_flops_bf16", "bandwidth_bytes_s")
+HOST_MISMATCH = 0.10  # relative difference between the fitted and the current host's rates that warns
 INT_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes", "max_model_len",
              "tensor_parallel_size")
 
@@ -59,13 +63,20 @@ class SimSetup:
                 raise KnobError(f"sim knob {name}={knobs[name]!r} must be an integer > 0")
         if knobs.get("scheduling_policy", "fcfs") != "fcfs":
             raise KnobError("the simulator models scheduling_policy=fcfs only")
+        calibration = knobs.get("calibration") or {}
         try:
-            self.efficiency = Efficiency.from_dict(((knobs.get("calibration") or {}).get("efficiency")))
+            if not isinstance(calibration, Mapping) or set(calibration) - CALIBRATION_KEYS:
+                raise ValueError(f"expected a mapping with {sorted(CALIBRATION_KEYS)}, got {calibration!r}")
+            self.efficiency = Efficiency.from_dict(calibration.get("efficiency"))
+            fitted = _fitted_host(calibration.get("host"))
         except (ValueError, TypeError, AttributeError) as e:
             raise KnobError(f"sim knob calibration: {e}") from e
         self.model, self.knobs, self.spec = model, dict(knobs), dict(spec)
-        self.hardware = HardwareSpec.from_config(spec)
-        self.precision = Precision.from_knobs(model, knobs)
+        current = HardwareSpec.from_config(spec)
+        # Factors are relative to the spec they were fitted against: predict with that spec, say if this host differs.
+        self.hardware = current.with_rates_of(fitted) if fitted else current
+        self.host_mismatch = rate_mismatch(fitted, current) if fitted else {}
+        self.precision = Precision.from_knobs(model, knobs, "sim")
         self.cost = StepCost(model, self.hardware, self.precision)
         default_seqs, default_tokens = batch_defaults(spec, self.precision.devices)
         self.chunked = bool(knobs.get("enable_chunked_prefill", True) is not False)
@@ -87,7 +98,7 @@ class SimSetup:
     def scheduler_config(self) -> SchedulerConfig:
         """Blocks from the KV budget; raises ``MemoryError`` where vLLM would fail to start for memory."""
         reserve = 0.0 if self.knobs.get("kv_cache_memory_bytes") else self.activation_reserve_bytes()
-        budget = kv_budget_bytes(self.model, self.hardware, self.knobs) - reserve
+        budget = kv_budget_bytes(self.model, self.hardware, self.knobs, "sim") - reserve
         num_blocks = int(budget // (self.block_size * self.cost.kv_token_bytes)) if budget > 0 else 0
         if num_blocks * self.block_size < self.max_model_len:
             raise MemoryError(f"insufficient memory for the KV cache: {max(budget, 0) / GiB:.2f} GiB holds "
@@ -99,6 +110,16 @@ class SimSetup:
         """Memory vLLM's profiling run keeps out of the KV cache: activations of a full step plus ~1 GiB."""
         m = self.model
         return self.max_tokens_per_step * (2 * m.intermediate + 4 * m.hidden) * 2 + self.max_seqs * m.vocab * 4 + GiB
+
+    def warning(self) -> str | None:
+        """A sentence for the row when the calibration was fitted on a host whose rates differ by > 10%."""
+        off = {k: v for k, v in self.host_mismatch.items() if abs(v) > HOST_MISMATCH}
+        if not off:
+            return None
+        return ("calibration fitted on another host spec: this host's " +
+                ", ".join(f"{k} differs by {v:+.0%}" for k, v in off.items()) +
+                "; predictions use the fitted spec (what that host would do), not this host; "
+                "refit with troughput-calibrate on this host")
 
     def step_seconds(self, tokens: int, seqs: int, pairs: float, kv_tokens: float) -> float:
         return self.cost.step_seconds(tokens, seqs, pairs, kv_tokens, self.efficiency)
@@ -127,7 +148,9 @@ class SimEngine(Engine):
             "kv_cache_tokens": config.num_blocks * config.block_size, "max_num_seqs": config.max_seqs,
             "max_num_batched_tokens": config.max_tokens_per_step, "chunked_prefill": config.chunked_prefill,
             "prefix_caching": config.prefix_caching, "calibrated": bool(self.knobs.get("calibration")),
-            "startup_predicted": False, **{f"efficiency.{k}": v for k, v in self.setup.efficiency.to_dict().items()}})
+            "startup_predicted": False, **{f"efficiency.{k}": v for k, v in self.setup.efficiency.to_dict().items()},
+            "calibration_host_mismatch": max(map(abs, self.setup.host_mismatch.values()), default=None),
+            "sim_warning": self.setup.warning()})
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
         self.require_started()
@@ -137,7 +160,8 @@ class SimEngine(Engine):
         self.host_s += time.perf_counter() - t0
         self.steps += result.steps
         self.last_seconds = result.seconds
-        return [Completion(id=r.id, prompt_tokens=len(r.prompt_token_ids), output_token_ids=[0] * r.max_tokens,
+        # Token ids are placeholders; their count is what the scheduler generated for each request.
+        return [Completion(id=r.id, prompt_tokens=len(r.prompt_token_ids), output_token_ids=[0] * s.generated,
                            cached_tokens=s.cached_tokens, finished_at=s.finished_at)
                 for r, s in zip(requests, result.requests)]
 
@@ -158,6 +182,15 @@ class SimEngine(Engine):
     def stop(self) -> None:
         self.scheduler = None  # type: ignore[assignment]
         self.started = False
+
+
+def _fitted_host(host: Any) -> HardwareSpec | None:
+    """The host spec a calibration was fitted against (its ``host:`` block), or None for an old file without one."""
+    if not host:
+        return None
+    if not isinstance(host, Mapping) or not all(host.get(k) for k in FITTED_RATES):
+        raise ValueError(f"host: must give {', '.join(FITTED_RATES)} (the spec the factors were fitted against)")
+    return HardwareSpec.from_config(host)
 
 
 def _model_spec(model: Mapping[str, Any]) -> ModelSpec:

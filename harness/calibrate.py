@@ -192,7 +192,8 @@ def nelder_mead(f: Callable[[np.ndarray], float], x0: np.ndarray, step: float = 
 
 
 def write_calibration(path: Path, result: Fit, traces: Sequence[RowTrace], source: str) -> Path:
-    """The calibration file ``engine=sim`` loads: ``efficiency:`` plus the fit, per row, in comments."""
+    """The calibration file ``engine=sim`` loads: ``efficiency:``, the ``host:`` spec the factors are relative
+    to (``engine=sim`` predicts with it and warns where the current host differs), and the fit per row in comments."""
     lines = [f"# Fitted by troughput-calibrate on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from "
              f"{len(traces)} row(s): {source}.",
              f"# Median absolute error of the predicted wall time over these rows: {result.median_abs_error:.1%}.",
@@ -200,11 +201,23 @@ def write_calibration(path: Path, result: Fit, traces: Sequence[RowTrace], sourc
              "# run_id, measured s, predicted s, error:"]
     lines += [f"#   {t.run_id}  {t.measured_s:.3f}  {t.predict(result.efficiency):.3f}  {e:+.1%}"
               for t, e in zip(traces, result.errors)]
-    body = yaml.safe_dump({"efficiency": {k: float(f"{v:.6g}") for k, v in result.efficiency.to_dict().items()}},
-                          sort_keys=False)
+    body = yaml.safe_dump({"efficiency": {k: float(f"{v:.6g}") for k, v in result.efficiency.to_dict().items()},
+                           "host": fitted_host(traces)}, sort_keys=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n" + body)
     return path
+
+
+def fitted_host(traces: Sequence[RowTrace]) -> dict[str, Any]:
+    """The hardware spec every trace was simulated with, as data (the rates the factors are relative to)."""
+    specs = {(t.cost.hardware.peak_flops_bf16, t.cost.hardware.peak_flops_fp8, t.cost.hardware.bandwidth_bytes_s)
+             for t in traces}
+    if len(specs) != 1:
+        raise TroughputError(f"the rows were simulated against {len(specs)} different hardware specs; fit one at a time")
+    hardware = traces[0].cost.hardware
+    return {"name": hardware.name, "peak_flops_bf16": float(f"{hardware.peak_flops_bf16:.6g}"),
+            "peak_flops_fp8": float(f"{hardware.peak_flops_fp8:.6g}") if hardware.peak_flops_fp8 else None,
+            "bandwidth_bytes_s": float(f"{hardware.bandwidth_bytes_s:.6g}"), "source": hardware.source}
 
 
 def cell_rows(results_dir: Path, engine: str, hardware: str, model: str) -> list[dict[str, Any]]:

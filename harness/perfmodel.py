@@ -19,18 +19,22 @@ import os
 import platform
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
+
+from engines.knobs import canonical_view
 
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURES_DIR = PROJECT_ROOT / "conf" / "architectures"
 HOST_CACHE_DIR = PROJECT_ROOT / ".cache" / "troughput"
 # float32 checkpoints are served in 16 bits (vLLM's dtype="auto" does the same).
-DTYPE_BYTES = {"float32": 2, "float": 2, "bfloat16": 2, "float16": 2, "half": 2, "auto": 2,
+DTYPE_BYTES = {"float32": 2, "float": 2, "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "auto": 2,
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1}
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
+# Workload-summary totals that split across data-parallel replicas.
+SUMMARY_TOTALS = ("requests", "input_tokens_requested", "output_tokens_requested", "ideal_prefix_hit_tokens")
 
 
 @dataclass(frozen=True)
@@ -125,9 +129,22 @@ class HardwareSpec:
         values.setdefault("name", "host")
         return cls(**{k: (float(v) if k not in ("name", "source") else str(v)) for k, v in values.items()})
 
+    def with_rates_of(self, other: HardwareSpec) -> HardwareSpec:
+        """This device's memory with ``other``'s FLOP/s and bandwidth (a calibration's fitted host)."""
+        return replace(self, peak_flops_bf16=other.peak_flops_bf16, peak_flops_fp8=other.peak_flops_fp8,
+                       bandwidth_bytes_s=other.bandwidth_bytes_s, source=f"calibration host: {other.source}")
+
     def peak_flops(self, bytes_per_param: float) -> float:
         """fp8 peak for 1-byte weights where the device has one, else the bf16 peak."""
         return self.peak_flops_fp8 if bytes_per_param <= 1 and self.peak_flops_fp8 else self.peak_flops_bf16
+
+
+def rate_mismatch(fitted: HardwareSpec, current: HardwareSpec) -> dict[str, float]:
+    """``current ÷ fitted − 1`` for the rates a calibration depends on (peak FLOP/s, bandwidth)."""
+    names = ["peak_flops_bf16", "bandwidth_bytes_s"]
+    if fitted.peak_flops_fp8 and current.peak_flops_fp8:
+        names.append("peak_flops_fp8")
+    return {name: getattr(current, name) / getattr(fitted, name) - 1 for name in names}
 
 
 @dataclass(frozen=True)
@@ -155,22 +172,51 @@ class Efficiency:
         return asdict(self)
 
 
+# Where an engine takes its weight quantization (no canonical knob exists for it); fp8 is what the model prices.
+WEIGHT_QUANTIZATION = {"vllm": "quantization", "sim": "quantization", "sglang": "quantization",
+                       "trtllm": "quant_config.quant_algo"}
+
+
 @dataclass(frozen=True)
 class Precision:
-    """Bytes per weight and per KV element, and tensor-parallel devices, from engine knobs."""
+    """Bytes per weight and per KV element, and the devices one model instance spans, from engine knobs."""
 
     weight_bytes: float
     kv_bytes: float
     devices: int = 1
 
     @classmethod
-    def from_knobs(cls, model: ModelSpec, knobs: Mapping[str, Any] | None = None) -> Precision:
-        knobs = knobs or {}
-        quant = str(knobs.get("quantization") or "").lower()
-        kv_dtype = str(knobs.get("kv_cache_dtype") or "auto").lower()
+    def from_knobs(cls, model: ModelSpec, knobs: Mapping[str, Any] | None = None, engine: str = "vllm") -> Precision:
+        """Read through the canonical mapping (``engines.knobs.canonical_view``), so every engine's names count.
+
+        KV dtype: canonical ``kv_cache_dtype`` (vLLM/SGLang ``kv_cache_dtype``, TensorRT-LLM
+        ``kv_cache_config.dtype``). Devices: canonical ``tensor_parallel`` × ``pipeline_parallel``
+        (vLLM ``tensor_parallel_size``, SGLang ``tp_size``/``pp_size``, ...). Weights: fp8 where the
+        engine's quantization knob says so (``WEIGHT_QUANTIZATION``), else the checkpoint's dtype.
+        """
+        knobs = dict(knobs or {})
+        view = canonical_view(engine, knobs)
+        quant = str(_dotted(knobs, WEIGHT_QUANTIZATION.get(engine, "quantization")) or "").lower()
+        kv_dtype = str(view.get("kv_cache_dtype") or "auto").lower()
         weight = 1 if quant.startswith("fp8") else model.dtype_bytes
-        kv = 1 if kv_dtype.startswith("fp8") else (DTYPE_BYTES.get(kv_dtype, model.dtype_bytes))
-        return cls(weight, kv, int(knobs.get("tensor_parallel_size") or 1))
+        kv = 1 if kv_dtype.startswith("fp8") else DTYPE_BYTES.get(kv_dtype, model.dtype_bytes)
+        return cls(weight, kv, _positive(view.get("tensor_parallel")) * _positive(view.get("pipeline_parallel")))
+
+
+def _dotted(knobs: Mapping[str, Any], name: str) -> Any:
+    """``knobs["a"]["b"]`` or ``knobs["a.b"]`` for ``name="a.b"``; None when absent."""
+    if name in knobs:
+        return knobs[name]
+    node: Any = knobs
+    for part in name.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _positive(value: Any) -> int:
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
 
 
 class StepCost:
@@ -220,10 +266,11 @@ class SpeedOfLight:
     max_seqs: int
 
 
-def kv_budget_bytes(model: ModelSpec, hardware: HardwareSpec, knobs: Mapping[str, Any] | None = None) -> float:
+def kv_budget_bytes(model: ModelSpec, hardware: HardwareSpec, knobs: Mapping[str, Any] | None = None,
+                    engine: str = "vllm") -> float:
     """KV-cache bytes as vLLM sizes them: ``kv_cache_memory_bytes``, else utilization × memory − weights."""
     knobs = knobs or {}
-    precision = Precision.from_knobs(model, knobs)
+    precision = Precision.from_knobs(model, knobs, engine)
     if knobs.get("kv_cache_memory_bytes"):
         return float(knobs["kv_cache_memory_bytes"])
     if not hardware.memory_bytes:
@@ -238,7 +285,7 @@ def max_resident_seqs(model: ModelSpec, kv_bytes: float, seq_tokens: float, kv_e
 
 
 def speed_of_light(model: ModelSpec, hardware: HardwareSpec, summary: Mapping[str, Any],
-                   knobs: Mapping[str, Any] | None = None) -> SpeedOfLight:
+                   knobs: Mapping[str, Any] | None = None, engine: str = "vllm") -> SpeedOfLight:
     """The fastest a workload could run: total FLOPs ÷ peak vs. total bytes ÷ bandwidth, whichever binds.
 
     Prefill is compute-bound and decode bandwidth-bound; both share one bound because a
@@ -250,15 +297,18 @@ def speed_of_light(model: ModelSpec, hardware: HardwareSpec, summary: Mapping[st
     Args:
         summary: a workload summary (``requests``, ``input_tokens_requested``,
             ``output_tokens_requested``, optional ``ideal_prefix_hit_tokens``).
-        knobs: engine knobs that change precision or the KV budget (vLLM names).
+        knobs: engine knobs that change precision or the KV budget (``engine``'s native names;
+            the KV budget reads vLLM's ``kv_cache_memory_bytes``/``gpu_memory_utilization``).
+        engine: whose names ``knobs`` are in.
     """
-    precision = Precision.from_knobs(model, knobs)
+    precision = Precision.from_knobs(model, knobs, engine)
     cost = StepCost(model, hardware, precision)
     n = float(summary["requests"])
     inputs, outputs = float(summary["input_tokens_requested"]), float(summary["output_tokens_requested"])
     hits = float(summary.get("ideal_prefix_hit_tokens") or 0)
     isl, osl = inputs / n, outputs / n
-    seqs = min(int(n), max_resident_seqs(model, kv_budget_bytes(model, hardware, knobs), isl + osl, precision.kv_bytes))
+    seqs = min(int(n), max_resident_seqs(model, kv_budget_bytes(model, hardware, knobs, engine), isl + osl,
+                                                 precision.kv_bytes))
     if seqs < 1:
         raise ValueError(f"the KV cache cannot hold one sequence of {isl + osl:.0f} tokens")
     steps = max(outputs / seqs, osl)
@@ -272,53 +322,76 @@ def speed_of_light(model: ModelSpec, hardware: HardwareSpec, summary: Mapping[st
 
 
 def sol_columns(model_dir: str | None, model_name: str, hardware_spec: Mapping[str, Any] | None,
-                summary: Mapping[str, Any], knobs: Mapping[str, Any], output_tok_s: float | None) -> dict[str, Any]:
-    """Row columns ``sol_tok_s``, ``sol_fraction``, ``sol_bound`` and the ``hw.*`` spec used; None where unknown."""
+                summary: Mapping[str, Any], knobs: Mapping[str, Any], output_tok_s: float | None,
+                engine: str = "vllm", replicas: int = 1) -> dict[str, Any]:
+    """Row columns ``sol_tok_s``, ``sol_fraction``, ``sol_bound`` and the ``hw.*`` spec used; None where unknown.
+
+    Args:
+        knobs: the run's native knobs, in ``engine``'s names (precision and parallelism are read
+            through the canonical mapping).
+        replicas: data-parallel engine instances, each with its own devices and an equal share of
+            the workload: the bound is ``replicas`` × that of one share.
+    """
     columns: dict[str, Any] = {"sol_tok_s": None, "sol_fraction": None}
     if not hardware_spec:
         return columns
+    replicas = max(int(replicas or 1), 1)
+    share = {k: (float(v) / replicas if k in SUMMARY_TOTALS and v is not None else v) for k, v in summary.items()}
     try:
         hardware = HardwareSpec.from_config(hardware_spec)
-        sol = speed_of_light(ModelSpec.load(model_dir, model_name), hardware, summary, knobs)
+        sol = speed_of_light(ModelSpec.load(model_dir, model_name), hardware, share, knobs, engine)
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, subprocess.SubprocessError) as e:
         log.warning("no speed of light for this row: %s", e)
         return columns
+    tok_s = sol.tok_s * replicas
     columns.update({f"hw.{k}": v for k, v in asdict(hardware).items()})
-    columns.update(sol_tok_s=sol.tok_s, sol_bound=sol.bound,
-                   sol_fraction=(output_tok_s / sol.tok_s) if output_tok_s else None)
+    columns.update(sol_tok_s=tok_s, sol_bound=sol.bound, sol_fraction=(output_tok_s / tok_s) if output_tok_s else None)
     return columns
 
 
 _MEASURE = """
 import json, os, time, numpy as np
-def best(f, reps):
+def timed(f):
+    t = time.perf_counter(); f(); return time.perf_counter() - t
+def best(f, budget_s=1.0, reps=5):
     f()
-    return min((lambda t: (f(), time.perf_counter() - t)[1])(time.perf_counter()) for _ in range(reps))
-n = 2048
+    times = [timed(f)]
+    while len(times) < reps and (len(times) < 2 or sum(times) < budget_s):
+        times.append(timed(f))
+    return min(times)
+def matmul_rate(make):
+    n = 256
+    while True:  # grow the matrix until one product takes 0.2 s (or n = 2048): bounded on slow hosts
+        a = make(n)
+        seconds = best(lambda: a @ a)
+        if seconds >= 0.2 or n >= 2048:
+            return n, 2 * n ** 3 / seconds
+        n *= 2
 try:  # a bf16 matmul where torch is installed (the CPU engine's kernels: AMX/AVX-512 through oneDNN)
     import torch
-    a = torch.randn(n, n, dtype=torch.bfloat16)
-    kind, seconds = "torch bfloat16 matmul", best(lambda: a @ a, 5)
+    kind, (n, flops) = "torch bfloat16 matmul", matmul_rate(lambda n: torch.randn(n, n, dtype=torch.bfloat16))
 except ImportError:
-    a = np.random.default_rng(0).standard_normal((n, n), dtype=np.float32)
-    kind, seconds = "numpy float32 matmul", best(lambda: a @ a, 5)
+    rng = np.random.default_rng(0)
+    kind, (n, flops) = "numpy float32 matmul", matmul_rate(lambda n: rng.standard_normal((n, n), dtype=np.float32))
 src = np.ones(64 << 20 >> 2, dtype=np.float32); dst = np.empty_like(src)
-copy = best(lambda: np.copyto(dst, src), 5)
-print(json.dumps({"peak_flops_bf16": 2 * n ** 3 / seconds, "bandwidth_bytes_s": 2 * src.nbytes / copy,
-                  "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "method": kind}))
+copy = best(lambda: np.copyto(dst, src))
+print(json.dumps({"peak_flops_bf16": flops, "bandwidth_bytes_s": 2 * src.nbytes / copy,
+                  "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "method": f"{kind} {n}x{n}"}))
 """
 
 
 def measure_host(cache_dir: Path = HOST_CACHE_DIR) -> dict[str, Any]:
     """This host's matmul FLOP/s and copy bandwidth on all cores; measured once (a few seconds) and cached.
 
-    FLOP/s: a 2048² bf16 matmul in torch where torch is installed (what a CPU
-    engine runs), else a float32 numpy matmul. Bandwidth: a 64 MiB array copy
-    (bytes read + written). Runs in a child process with a fixed thread count so
+    FLOP/s: the fastest of a few square bf16 matmuls in torch where torch is
+    installed (what a CPU engine runs), else float32 numpy ones; the matrix grows
+    from 256² until one product takes 0.2 s or reaches 2048², so a host without
+    native bf16 (about 0.5 GFLOP/s) is measured in seconds, not minutes.
+    Bandwidth: the fastest 64 MiB array copy (bytes read + written). Runs in a child process with a fixed thread count so
     that the caller's ``OMP_NUM_THREADS`` (the CPU engine sets 1) does not change it.
     """
     key = f"{platform.node()}-{platform.machine()}".replace(os.sep, "_")
-    path = cache_dir / f"host_spec-v2-{key}.json"
+    path = cache_dir / f"host_spec-v3-{key}.json"
     if path.is_file():
         return json.loads(path.read_text())
     threads = str(os.cpu_count() or 1)
@@ -335,4 +408,4 @@ def measure_host(cache_dir: Path = HOST_CACHE_DIR) -> dict[str, Any]:
 
 
 __all__ = ["Efficiency", "HardwareSpec", "ModelSpec", "Precision", "SpeedOfLight", "StepCost", "kv_budget_bytes",
-           "max_resident_seqs", "measure_host", "sol_columns", "speed_of_light"]
+           "max_resident_seqs", "measure_host", "rate_mismatch", "sol_columns", "speed_of_light"]

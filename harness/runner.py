@@ -128,7 +128,8 @@ def _speed_of_light_columns(spec: RunSpec, row: dict[str, Any]) -> dict[str, Any
     so that ``troughput-calibrate`` can re-simulate the run (see harness/perfmodel.py)."""
     columns = {**flatten("workload_cfg", spec.workload_cfg or {}), **flatten("ordering_cfg", spec.ordering)}
     columns.update(sol_columns(spec.model.get("local_dir"), str(spec.model.get("name") or ""), spec.hardware_spec,
-                               spec.workload.summary(), spec.knobs, row.get("output_tok_s")))
+                               spec.workload.summary(), spec.knobs, row.get("output_tok_s"),
+                               engine=spec.engine, replicas=spec.replicas))
     return columns
 
 

@@ -1,6 +1,7 @@
 """The performance model: model and hardware specs, KV sizing, speed of light, step cost."""
 
 import json
+from dataclasses import asdict
 
 import pytest
 
@@ -84,6 +85,37 @@ def test_fp8_raises_the_bound_and_prefix_hits_lower_prefill_flops(llama, h100):
     assert cached.compute_s < speed_of_light(llama, h100, prefill).compute_s
 
 
+@pytest.mark.parametrize("engine, knobs", [
+    ("vllm", {"tensor_parallel_size": 2, "kv_cache_dtype": "fp8", "quantization": "fp8"}),
+    ("sglang", {"tp_size": 2, "kv_cache_dtype": "fp8_e4m3", "quantization": "fp8"}),
+    ("trtllm", {"tensor_parallel_size": 2, "kv_cache_config": {"dtype": "fp8"}, "quant_config": {"quant_algo": "FP8"}}),
+])
+def test_precision_and_parallelism_are_read_in_every_engines_names(llama, h100, engine, knobs):
+    assert Precision.from_knobs(llama, knobs, engine) == Precision(weight_bytes=1, kv_bytes=1, devices=2)
+    work, rate = summary(1000, 1000, 1000), 5000.0
+    columns = sol_columns(None, "llama-3.1-8b", asdict(h100), work, knobs, rate, engine=engine)
+    vllm = sol_columns(None, "llama-3.1-8b", asdict(h100), work,
+                       {"tensor_parallel_size": 2, "kv_cache_dtype": "fp8", "quantization": "fp8"}, rate)
+    default = sol_columns(None, "llama-3.1-8b", asdict(h100), work, {}, rate, engine=engine)
+    assert columns["sol_fraction"] == pytest.approx(vllm["sol_fraction"])
+    assert columns["sol_fraction"] < default["sol_fraction"] / 2, "two fp8 GPUs: more than twice the bound"
+
+
+def test_pipeline_parallel_counts_devices_and_kv_dtype_names_are_sized():
+    llama = ModelSpec.load(None, "llama-3.1-8b")
+    assert Precision.from_knobs(llama, {"tp_size": 2, "pp_size": 2}, "sglang").devices == 4
+    assert Precision.from_knobs(llama, {"pipeline_parallel_size": 3}, "trtllm").devices == 3
+    assert Precision.from_knobs(llama, {"kv_cache_dtype": "bf16"}, "sglang").kv_bytes == 2
+    assert Precision.from_knobs(llama, {"tp_size": 2}, "vllm").devices == 1, "not a vLLM name"
+
+
+def test_replicas_each_get_their_devices_and_a_share_of_the_work(llama, h100):
+    work = summary(2000, 128, 2048)  # decode-heavy: the weights are read once per step per replica
+    one = sol_columns(None, "llama-3.1-8b", asdict(h100), work, {}, 1000.0)
+    two = sol_columns(None, "llama-3.1-8b", asdict(h100), work, {}, 1000.0, replicas=2)
+    assert 1.5 * one["sol_tok_s"] < two["sol_tok_s"] <= 2 * one["sol_tok_s"] * 1.0001
+
+
 def test_step_cost_is_a_roofline_for_linear_layers_plus_one_for_attention_plus_overheads(llama, h100):
     import numpy as np
 
@@ -104,8 +136,6 @@ def test_step_cost_is_a_roofline_for_linear_layers_plus_one_for_attention_plus_o
 
 
 def test_sol_columns_for_a_row_and_none_when_unknown(h100):
-    from dataclasses import asdict
-
     spec = asdict(h100)
     columns = sol_columns(None, "llama-3.1-8b", spec, summary(100, 1000, 1000), {}, output_tok_s=1000.0)
     assert columns["sol_tok_s"] > 1000 and columns["sol_fraction"] == pytest.approx(1000 / columns["sol_tok_s"])
