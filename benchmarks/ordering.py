@@ -1,22 +1,25 @@
-"""Offline reordering, measured: ``shuffled`` against ``prefix_grouped`` and ``blended``, side by side.
+"""Offline reordering, measured: each policy against the arrival order (``as_given``) and ``shuffled``, side by side.
 
-    .venv/bin/python benchmarks/ordering.py [--rounds 3] [--policies shuffled,prefix_grouped,blended]
-                                            [--results-dir DIR] [HYDRA_OVERRIDES ...]
+    .venv/bin/python benchmarks/ordering.py [--rounds 3] [--policies as_given,shuffled,prefix_grouped,blended]
+                                            [--baselines as_given,shuffled] [--results-dir DIR] [HYDRA_OVERRIDES ...]
 
 The config is composed as ``troughput-run`` would compose it, on top of this benchmark's defaults:
 ``COMMON_DEFAULTS`` and, unless the command line names another workload, ``PREFIX_DEFAULTS`` (the
 prefix_heavy workload with long shared prefixes, short suffixes and short outputs, so that prefill
 dominates, and a KV cache of a few MiB: room for one group's prefix and its running requests, far
-too little for all groups' prefixes, so eviction matters). Overrides on the command line win.
+too little for all groups' prefixes, so eviction matters). The workload keeps its default arrival,
+``interleaved`` (one request of each group in turn, as mixed real files arrive), so ``as_given``
+is what a user who does not reorder gets; ``workload.arrival=grouped`` shows the strawman where the
+file is already grouped. Overrides on the command line win.
 One workload is built; each round runs every policy once (the order of the policies rotates from
 round to round), each run a normal ``harness.runner.execute``: its own worker process, warm-up,
 then ``run.repeats`` timed passes with the caches reset before each (the median pass counts),
 with the policy's parameters from ``conf/ordering/<name>.yaml``.
 
-It prints each run, then per policy the medians over rounds: vLLM's measured prefix-cache hit rate
-beside the ideal from the workload's prefix tree (at the engine's block size), preemptions, output
-tok/s, and the throughput ratio against the first policy (``shuffled``), taken within each round
-and then the median. Always exits 0; failed runs are printed with their reason.
+It prints each run, then per policy the medians over rounds: vLLM's measured prefix-cache hits and
+hit rate beside the ideal from the workload's prefix tree (at the engine's block size), preemptions,
+output tok/s, and for each baseline the throughput ratio against it, taken within each round and
+then the median. Always exits 0; failed runs are printed with their reason.
 """
 
 from __future__ import annotations
@@ -55,12 +58,16 @@ def _row_summary(row: dict[str, Any]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--policies", default="shuffled,prefix_grouped,blended",
-                        help="comma-separated ordering names; ratios are against the first")
+    parser.add_argument("--policies", default="as_given,shuffled,prefix_grouped,blended",
+                        help="comma-separated ordering names")
+    parser.add_argument("--baselines", default="as_given,shuffled",
+                        help="comma-separated policies (among --policies) that ratios are taken against")
     parser.add_argument("--results-dir", type=Path, default=None,
                         help="where the rows go (default: a new temporary directory)")
     args, overrides = parser.parse_known_args()
-    policies = args.policies.split(",")
+    policies, baselines = args.policies.split(","), args.baselines.split(",")
+    if not set(baselines) <= set(policies):
+        raise SystemExit(f"--baselines {baselines} must be among --policies {policies}")
 
     sys.path.insert(0, str(ROOT))
     from hydra import compose, initialize_config_dir
@@ -78,14 +85,15 @@ def main() -> None:
     spec.results_dir = args.results_dir or Path(tempfile.mkdtemp(prefix="troughput-ordering-"))
     spec.labels.update(command=" ".join(["benchmarks/ordering.py", *overrides]), benchmark="ordering")
     info = spec.workload.summary()
-    print(f"workload {spec.workload.name}: {info['requests']} requests, {info['input_tokens_requested']:,} prompt "
+    print(f"workload {spec.workload.name} (arrival {info.get('arrival', '-')}, fingerprint "
+          f"{spec.workload.fingerprint}): {info['requests']} requests, {info['input_tokens_requested']:,} prompt "
           f"tokens, {info['output_tokens_requested']:,} output tokens; ideal prefix hit rate "
           f"{info['ideal_prefix_hit_rate']:.3f} (tokens), "
           f"{info['ideal_prefix_hit_rate_block32']:.3f} (32-token blocks)")
     print(f"knobs {spec.knobs}; rows and logs in {spec.results_dir}", flush=True)
 
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in policies}
-    ratios: dict[str, list[float]] = {name: [] for name in policies[1:]}
+    ratios: dict[tuple[str, str], list[float]] = {(name, base): [] for name in policies for base in baselines}
     for r in range(args.rounds):
         rotation = policies[r % len(policies):] + policies[:r % len(policies)]
         got: dict[str, dict[str, Any]] = {}
@@ -100,25 +108,32 @@ def main() -> None:
                       f"wall {s['wall_s']:.2f} s", flush=True)
             else:
                 print(f"round {r + 1}/{args.rounds} {name:>15}: FAILED {s['error']} (log {s['log']})", flush=True)
-        base = got[policies[0]]
-        for name in policies[1:]:
-            if base["ok"] and got[name]["ok"]:
-                ratios[name].append(got[name]["tok_s"] / base["tok_s"])
+        for name, base in ratios:
+            if got[base]["ok"] and got[name]["ok"]:
+                ratios[(name, base)].append(got[name]["tok_s"] / got[base]["tok_s"])
+    print_table(policies, baselines, runs, ratios, args.rounds)
 
-    print(f"\nmedians over {args.rounds} round(s); ratio = output tok/s against {policies[0]} in the same round")
-    print(f"{'ordering':>15} {'hit rate':>9} {'ideal':>7} {'preempt':>8} {'out tok/s':>10} {'ratio':>7}")
+
+def print_table(policies: list[str], baselines: list[str], runs: dict[str, list[dict[str, Any]]],
+                ratios: dict[tuple[str, str], list[float]], rounds: int) -> None:
+    """Per policy, medians over the rounds; ratios of output tok/s against each baseline in the same round."""
+    print(f"\nmedians over {rounds} round(s); ratio = output tok/s against the baseline in the same round")
+    heads = "".join(f" {'vs ' + base:>12}" for base in baselines)
+    print(f"{'ordering':>15} {'hits':>9} {'hit rate':>9} {'ideal':>7} {'preempt':>8} {'out tok/s':>10}{heads}")
     for name in policies:
         ok = [s for s in runs[name] if s["ok"]]
         if not ok:
             print(f"{name:>15}  no run completed")
             continue
-        ratio = f"{statistics.median(ratios[name]):7.3f}" if ratios.get(name) else "      -"
-        print(f"{name:>15} {statistics.median(s['hit_rate'] for s in ok):9.3f} {ok[0]['ideal']:7.3f} "
+        cells = "".join(f" {statistics.median(ratios[(name, b)]):12.3f}" if ratios[(name, b)] else f" {'-':>12}"
+                        for b in baselines)
+        print(f"{name:>15} {statistics.median(s['hits'] for s in ok):9,.0f} "
+              f"{statistics.median(s['hit_rate'] for s in ok):9.3f} {ok[0]['ideal']:7.3f} "
               f"{statistics.median(s['preemptions'] or 0 for s in ok):8.0f} "
-              f"{statistics.median(s['tok_s'] for s in ok):10.1f} {ratio}")
-    for name, values in ratios.items():
-        if values:
-            print(f"{name}/{policies[0]} per round: " + " ".join(f"{v:.3f}" for v in values))
+              f"{statistics.median(s['tok_s'] for s in ok):10.1f}{cells}")
+    for (name, base), values in ratios.items():
+        if values and name != base:
+            print(f"{name}/{base} per round: " + " ".join(f"{v:.3f}" for v in values))
 
 
 if __name__ == "__main__":

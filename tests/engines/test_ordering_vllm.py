@@ -1,8 +1,14 @@
-"""Ordering against a real engine: on a prefix-heavy workload with a tiny KV cache, grouping wins hits."""
+"""Ordering against a real engine: on an interleaved prefix-heavy workload with a tiny KV cache, grouping wins hits.
+
+The workload arrives interleaved (``workload.arrival`` default: one request of each group in turn, as
+mixed real files do), so ``as_given`` is the honest baseline: were ``prefix_grouped`` a no-op, it would
+send the same order as ``as_given`` and get the same hit count, and this test would fail.
+"""
 
 import pytest
 
 from harness.cli import spec_from_config
+from harness.ordering import apply_ordering
 from harness.runner import execute
 from tests.conftest import compose
 
@@ -15,16 +21,24 @@ OVERRIDES = ["workload=prefix_heavy", "workload.num_groups=6", "workload.prompts
              "workload.output_len={kind: fixed, value: 2}", "model.knobs.vllm.max_model_len=1024",
              "hardware.knobs.vllm.kv_cache_memory_bytes=1310720", "engine.knobs.max_num_seqs=4",
              "run.warmup_requests=0", "run.progress=false"]
+POLICIES = ("as_given", "shuffled", "prefix_grouped")
 
 
-def test_prefix_grouped_reaches_the_ideal_hit_count_and_shuffled_does_not(tmp_path):
+def test_prefix_grouped_beats_the_interleaved_arrival_order_and_shuffled(tmp_path):
     spec = spec_from_config(compose(*OVERRIDES, f"run.results_dir={tmp_path}"))
+    groups = spec.workload.groups
+    assert spec.workload.info["arrival"] == "interleaved"
+    assert all(a != b for a, b in zip(groups, groups[1:])), "as given, no two neighbours share a prefix"
+    orderings = {name: {**compose(f"ordering={name}").ordering} for name in POLICIES}
+    sent = {name: [r.id for r in apply_ordering(spec.workload.requests, cfg)] for name, cfg in orderings.items()}
+    assert sent["prefix_grouped"] != sent["as_given"], "prefix_grouped reorders the interleaved arrival"
+
     rows = {}
-    for name in ("shuffled", "prefix_grouped"):
-        spec.ordering = {**compose(f"ordering={name}").ordering}
+    for name in POLICIES:
+        spec.ordering = orderings[name]
         rows[name] = execute(spec, progress=False)
         assert rows[name]["status"] == "ok", rows[name]["error"]
-    shuffled, grouped = rows["shuffled"], rows["prefix_grouped"]
+    grouped = rows["prefix_grouped"]
     block = grouped["engine_info.block_size"]
     ideal_blocks = grouped[f"workload_info.ideal_prefix_hit_tokens_block{block}"]
     ideal_tokens = grouped["workload_info.ideal_prefix_hit_tokens_tree"]
@@ -32,6 +46,8 @@ def test_prefix_grouped_reaches_the_ideal_hit_count_and_shuffled_does_not(tmp_pa
     assert ideal_blocks <= ideal_tokens < ideal_blocks + block * 24, "token level: within a block per request"
     assert grouped["preemptions"] == 0
     assert grouped["prefix_cache_hits"] == ideal_blocks, "grouped: every shared block served from the cache"
-    assert grouped["prefix_cache_hit_rate"] == pytest.approx(grouped["workload_info.ideal_prefix_hit_rate_block32"])
-    assert shuffled["prefix_cache_hits"] < grouped["prefix_cache_hits"]
-    assert shuffled["output_tokens"] == grouped["output_tokens"] == 24 * 2
+    ideal_rate = grouped[f"workload_info.ideal_prefix_hit_rate_block{block}"]
+    assert grouped["prefix_cache_hit_rate"] == pytest.approx(ideal_rate)
+    for baseline in ("as_given", "shuffled"):
+        assert rows[baseline]["prefix_cache_hits"] < grouped["prefix_cache_hits"], baseline
+        assert rows[baseline]["output_tokens"] == grouped["output_tokens"] == 24 * 2
