@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.calibrate import fit, fitted_host, simulate_row, write_calibration  # noqa: E402
 from harness.cli import spec_from_config  # noqa: E402
 from harness.environment import PROJECT_ROOT  # noqa: E402
+from harness.hostspec import complete_spec  # noqa: E402
 from harness.results import read_rows  # noqa: E402
 from harness.runner import execute  # noqa: E402
 from tests.conftest import compose  # noqa: E402
@@ -113,7 +114,7 @@ def main() -> None:
 
     cfg = compose(*WORKLOAD)
     model = resolve_model(OmegaConf.to_container(cfg.model, resolve=True), sys.executable)
-    spec = OmegaConf.to_container(cfg.hardware.spec, resolve=True)
+    spec = complete_spec(OmegaConf.to_container(cfg.hardware.spec, resolve=True))  # this host's rates
     settings = CALIBRATION + HELD_OUT
     print(f"real vLLM runs: {len(CALIBRATION)} calibration + {len(HELD_OUT)} held-out settings, "
           f"{args.rounds} round(s) of {args.repeats} passes (rows already in {args.results} count)", flush=True)

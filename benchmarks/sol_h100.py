@@ -39,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from engines.base import Request  # noqa: E402
 from engines.sim import SimEngine  # noqa: E402
-from harness.perfmodel import HardwareSpec, ModelSpec, speed_of_light  # noqa: E402
+from engines.perfmodel import HardwareSpec, ModelSpec, speed_of_light  # noqa: E402
 
 FP8 = {"quantization": "fp8", "kv_cache_dtype": "fp8"}
 SOURCE = "TensorRT-LLM perf overview, TP1 FP8"

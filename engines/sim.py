@@ -1,7 +1,7 @@
 """``engine=sim``: a predicted run of a vLLM-style engine, in seconds, with no GPU and no torch.
 
 The scheduler (``engines/sim_scheduler.py``) replays vLLM V1's continuous
-batching; each step's time comes from the roofline model (``harness.perfmodel``)
+batching; each step's time comes from the roofline model (``engines.perfmodel``)
 times efficiency factors (``calibration.efficiency``, fitted from real rows by
 ``troughput-calibrate``; a-priori defaults otherwise). Rows are marked
 ``predicted``; their ``wall_s`` is the simulated clock. Startup is not predicted
@@ -9,17 +9,24 @@ times efficiency factors (``calibration.efficiency``, fitted from real rows by
 
 Knobs are vLLM's native names (the defaults are vLLM 0.32's for the ``LLM``
 class on that hardware) plus ``hardware_spec`` (the hardware config's ``spec:``)
-and ``calibration``. Standard library only, besides ``harness.perfmodel``.
+and ``calibration``. Standard library only (the performance model is ``engines.perfmodel``).
+
+Public interface, besides the ``Engine`` lifecycle: ``SIM_KNOBS`` (the native names it
+takes) and ``SimEngine.schedule`` (a simulated batch's step trace with the step-cost
+model, which calibration re-prices for any efficiency factors).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
+from engines.knobs import NativeMapping
+from engines.unit import EngineUnit, Environment
 from engines.sim_scheduler import Scheduler, SchedulerConfig
-from harness.perfmodel import (Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes,
+from engines.perfmodel import (Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes,
                                rate_mismatch)
 
 VERSION = "sim-1 (vLLM 0.32 V1 scheduler model)"
@@ -28,6 +35,7 @@ MODELLED = {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", 
             "block_size", "kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len", "kv_cache_dtype",
             "quantization", "tensor_parallel_size", "scheduling_policy"}
 ACCEPTED_NO_EFFECT = {"enforce_eager"}  # changes real speed only; calibration absorbs it
+SIM_KNOBS = frozenset(MODELLED | ACCEPTED_NO_EFFECT)  # vLLM names the simulator takes (besides its own two)
 OWN = {"hardware_spec", "calibration"}
 CALIBRATION_KEYS = {"efficiency", "host"}  # conf/calibration/<engine>/<hardware>-<model>.yaml
 FITTED_RATES = ("peak_flops_bf16", "bandwidth_bytes_s")
@@ -50,10 +58,10 @@ class SimSetup:
     """Knobs resolved against the model and hardware: scheduler config, step cost, efficiency."""
 
     def __init__(self, model: ModelSpec, knobs: Mapping[str, Any]):
-        unknown = sorted(set(knobs) - MODELLED - ACCEPTED_NO_EFFECT - OWN)
+        unknown = sorted(set(knobs) - SIM_KNOBS - OWN)
         if unknown:
             raise KnobError(f"unknown sim knob(s) {unknown}; the simulator takes vLLM's names "
-                            f"{', '.join(sorted(MODELLED | ACCEPTED_NO_EFFECT))} plus hardware_spec and calibration")
+                            f"{', '.join(sorted(SIM_KNOBS))} plus hardware_spec and calibration")
         spec = knobs.get("hardware_spec")
         if not isinstance(spec, Mapping) or not spec:
             raise KnobError("engine=sim needs knob hardware_spec: the hardware config's spec block "
@@ -72,7 +80,10 @@ class SimSetup:
         except (ValueError, TypeError, AttributeError) as e:
             raise KnobError(f"sim knob calibration: {e}") from e
         self.model, self.knobs, self.spec = model, dict(knobs), dict(spec)
-        current = HardwareSpec.from_config(spec)
+        try:
+            current = HardwareSpec.from_config(spec)
+        except ValueError as e:
+            raise KnobError(f"sim knob hardware_spec: {e}") from e
         # Factors are relative to the spec they were fitted against: predict with that spec, say if this host differs.
         self.hardware = current.with_rates_of(fitted) if fitted else current
         self.host_mismatch = rate_mismatch(fitted, current) if fitted else {}
@@ -125,6 +136,22 @@ class SimSetup:
         return self.cost.step_seconds(tokens, seqs, pairs, kv_tokens, self.efficiency)
 
 
+@dataclass(frozen=True)
+class Schedule:
+    """A simulated batch: per step ``(tokens, seqs, attention_pairs, kv_tokens)``, and what a step costs.
+
+    An offline batch's schedule does not depend on time, so ``seconds`` re-prices it for any
+    efficiency factors without simulating again.
+    """
+
+    steps: list[tuple[int, int, float, float]]
+    preemptions: int
+    cost: StepCost
+
+    def seconds(self, efficiency: Efficiency) -> float:
+        return sum(self.cost.step_seconds(*step, efficiency) for step in self.steps)
+
+
 class SimEngine(Engine):
     """Simulates ``generate`` with a vLLM-style scheduler; reports the predicted clock."""
 
@@ -153,17 +180,27 @@ class SimEngine(Engine):
             "sim_warning": self.setup.warning()})
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
-        self.require_started()
-        t0 = time.perf_counter()
-        result = self.scheduler.run([r.prompt_token_ids for r in requests], [r.max_tokens for r in requests],
-                                    self.setup.step_seconds, on_finish=on_finish)
-        self.host_s += time.perf_counter() - t0
-        self.steps += result.steps
-        self.last_seconds = result.seconds
+        result = self._run(requests, on_finish=on_finish)
         # Token ids are placeholders; their count is what the scheduler generated for each request.
         return [Completion(id=r.id, prompt_tokens=len(r.prompt_token_ids), output_token_ids=[0] * s.generated,
                            cached_tokens=s.cached_tokens, finished_at=s.finished_at)
                 for r, s in zip(requests, result.requests)]
+
+    def schedule(self, requests: Sequence[Request]) -> Schedule:
+        """Simulate ``requests`` like ``generate`` and return the step trace with the step-cost model."""
+        before = self.scheduler.counters.preemptions
+        result = self._run(requests, trace=True)
+        return Schedule(result.trace, self.scheduler.counters.preemptions - before, self.setup.cost)
+
+    def _run(self, requests: Sequence[Request], trace: bool = False, on_finish=None):
+        self.require_started()
+        t0 = time.perf_counter()
+        result = self.scheduler.run([r.prompt_token_ids for r in requests], [r.max_tokens for r in requests],
+                                    self.setup.step_seconds, trace=trace, on_finish=on_finish)
+        self.host_s += time.perf_counter() - t0
+        self.steps += result.steps
+        self.last_seconds = result.seconds
+        return result
 
     def simulated_seconds(self) -> float | None:
         return self.last_seconds
@@ -198,3 +235,22 @@ def _model_spec(model: Mapping[str, Any]) -> ModelSpec:
         return ModelSpec.load(model.get("local_dir") or model.get("path"), str(model.get("name", "")))
     except (OSError, KeyError, ValueError) as e:
         raise KnobError(f"the simulator needs the model's architecture: {e}") from e
+
+
+UNIT = EngineUnit(
+    name="sim", label="simulator (vLLM-style)", adapter="engines.sim:SimEngine",
+    knobs={
+        "max_seqs": NativeMapping(("max_num_seqs",)),
+        "max_tokens_per_step": NativeMapping(("max_num_batched_tokens",)),
+        "kv_memory_fraction": NativeMapping(("gpu_memory_utilization",)),
+        "prefix_caching": NativeMapping(("enable_prefix_caching",)),
+        "chunked_prefill": NativeMapping(("enable_chunked_prefill",)),
+        "tensor_parallel": NativeMapping(("tensor_parallel_size",), note="ideal split, no communication"),
+        "kv_cache_dtype": NativeMapping(("kv_cache_dtype",), choices=("auto", "bfloat16", "float16", "fp8",
+                                                                       "fp8_e4m3", "fp8_e5m2")),
+        "schedule_policy": NativeMapping(("scheduling_policy",), choices=("fcfs",)),
+    },
+    # pure Python on troughput's own environment: nothing to build
+    environments={"default": Environment("engines.sim", needs_gpu=False)},
+    tune_spaces={"cpu": "sim_cpu", "gpu": "sim_h100"},
+)

@@ -13,7 +13,7 @@ request reuses the longest chain of cached blocks (never its last token); freed
 blocks stay cached until evicted, least recently freed first.
 
 The time of each step comes from ``cost(tokens, seqs, attention_pairs, kv_tokens)``,
-passed in from outside (``harness.perfmodel``). Standard library only.
+passed in from outside (``engines.perfmodel`` via ``engines.sim``). Standard library only.
 """
 
 from __future__ import annotations

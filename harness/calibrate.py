@@ -27,16 +27,15 @@ import numpy as np
 import yaml
 
 from engines.base import KnobError
-from engines.sim import ACCEPTED_NO_EFFECT, MODELLED, SimSetup
-from engines.sim_scheduler import Scheduler
+from engines.perfmodel import Efficiency, StepCost
+from engines.sim import SIM_KNOBS, SimEngine
 from harness.environment import PROJECT_ROOT
 from harness.errors import TroughputError
+from harness.hostspec import complete_spec
 from harness.ordering import apply_ordering
-from harness.perfmodel import Efficiency, ModelSpec, StepCost
 from harness.results import read_rows
 
 PARAMS = [f.name for f in fields(Efficiency)]
-SIM_KNOBS = MODELLED | ACCEPTED_NO_EFFECT
 
 
 @dataclass
@@ -94,7 +93,10 @@ def measured_seconds(row: Mapping[str, Any], passes: str = "median") -> float:
 
 def simulate_row(row: Mapping[str, Any], model: Mapping[str, Any], hardware_spec: Mapping[str, Any],
                  image_dir: Path = PROJECT_ROOT / ".cache" / "troughput" / "images", passes: str = "median") -> RowTrace:
-    """Rebuild the row's workload, ordering and knobs; simulate; return the step trace.
+    """Rebuild the row's workload, ordering and knobs; simulate (``SimEngine.schedule``); return the step trace.
+
+    Args:
+        hardware_spec: a complete spec (``harness.hostspec.complete_spec`` fills a host's null rates).
 
     Raises:
         TroughputError: the row cannot be re-simulated (no workload config, images, unknown model).
@@ -111,18 +113,18 @@ def simulate_row(row: Mapping[str, Any], model: Mapping[str, Any], hardware_spec
         raise TroughputError("the rebuilt workload's fingerprint differs from the row's")
     requests = apply_ordering(workload.requests, unflatten(row, "ordering_cfg") or {"name": row.get("ordering")})
     knobs = {k: v for k, v in unflatten(row, "knob").items() if k in SIM_KNOBS}
+    sim = SimEngine(model, {**knobs, "hardware_spec": dict(hardware_spec)})
     try:
-        setup = SimSetup(ModelSpec.load(model.get("local_dir"), str(model.get("name"))),
-                         {**knobs, "hardware_spec": dict(hardware_spec)})
-        scheduler = Scheduler(setup.scheduler_config())
-    except (KnobError, MemoryError, OSError) as e:
+        sim.validate()
+        sim.start()
+    except (KnobError, MemoryError) as e:
         raise TroughputError(f"cannot simulate these knobs: {e}") from e
-    result = scheduler.run([r.prompt_token_ids for r in requests], [r.max_tokens for r in requests],
-                           lambda *_: 0.0, trace=True)
+    schedule = sim.schedule(requests)
+    sim.stop()
     shown = {k: knobs[k] for k in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_memory_bytes",
                                    "enable_chunked_prefill", "enable_prefix_caching") if k in knobs}
-    return RowTrace(str(row.get("run_id")), f"{row.get('workload')} {shown}", measured_seconds(row, passes), setup.cost,
-                    np.asarray(result.trace, dtype=float).reshape(-1, 4), scheduler.counters.preemptions,
+    return RowTrace(str(row.get("run_id")), f"{row.get('workload')} {shown}", measured_seconds(row, passes),
+                    schedule.cost, np.asarray(schedule.steps, dtype=float).reshape(-1, 4), schedule.preemptions,
                     _int_or_none(row.get("preemptions")))
 
 
@@ -241,7 +243,7 @@ def calibrate(overrides: Sequence[str], dry_run: bool = False, out_dir: Path | N
         raise TroughputError(f"hardware {cfg.hardware.name!r} has no spec: block to simulate with")
     choices = cfg.hydra.runtime.choices
     model = resolve_model(OmegaConf.to_container(cfg.model, resolve=True), cfg.engine.python or sys.executable)
-    spec = OmegaConf.to_container(cfg.hardware.spec, resolve=True)
+    spec = complete_spec(OmegaConf.to_container(cfg.hardware.spec, resolve=True))  # this host's rates where null
     rows = cell_rows(Path(cfg.run.results_dir), cfg.engine.name, cfg.hardware.name, cfg.model.name)
     traces = []
     for row in rows:

@@ -27,11 +27,12 @@ from typing import Any
 from tqdm import tqdm
 
 from engines.knobs import canonical_view
+from engines.perfmodel import sol_columns
 from harness import environment
 from harness.errors import TroughputError
+from harness.hostspec import complete_run_spec
 from harness.measure import measurement_columns
 from harness.ordering import apply_ordering
-from harness.perfmodel import sol_columns
 from harness.replicas import device_envs, merge_results, shard_requests
 from harness.results import flatten, new_run_id, write_row
 from harness.workloads import Workload
@@ -64,6 +65,7 @@ class RunSpec:
 
 def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
     """Run ``spec`` in worker processes (one per replica) and write its row; return the row."""
+    spec = complete_run_spec(spec)  # this host's measured rates where the hardware config leaves them null (cached)
     run_id = new_run_id()
     results_dir = Path(spec.results_dir)
     (results_dir / "jobs").mkdir(parents=True, exist_ok=True)

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import yaml
 
+from engines.perfmodel import Efficiency
 from engines.sim import SimEngine
 from harness.calibrate import fit, nelder_mead, simulate_row, unflatten, write_calibration
 from harness.errors import TroughputError
-from harness.perfmodel import Efficiency
 from harness.results import flatten
 
 HARDWARE = {"name": "test-cpu", "kind": "cpu", "peak_flops_bf16": 5e10, "bandwidth_bytes_s": 1e10,

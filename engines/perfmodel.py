@@ -8,7 +8,10 @@ each divided by an efficiency factor, and the step adds fixed overheads. The spe
 of light of a workload is the same bound for the whole job at 100% efficiency,
 with linear layers and attention overlapping, and no overhead.
 
-Standard library only: the simulator engine (``engines/sim.py``) imports it on the worker side.
+Worker side, standard library only (besides ``engines.knobs``): the simulator (``engines/sim.py``)
+prices its steps with it, the runner computes each row's speed of light with it. It never measures
+anything: a hardware spec comes in complete (a datasheet's, or this host's as measured once by
+``harness.hostspec`` at the start of a run).
 """
 
 from __future__ import annotations
@@ -16,9 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import platform
-import subprocess
-import sys
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
@@ -28,10 +28,10 @@ from engines.knobs import canonical_view
 log = logging.getLogger(__name__)
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURES_DIR = PROJECT_ROOT / "conf" / "architectures"
-HOST_CACHE_DIR = PROJECT_ROOT / ".cache" / "troughput"
 # float32 checkpoints are served in 16 bits (vLLM's dtype="auto" does the same).
 DTYPE_BYTES = {"float32": 2, "float": 2, "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "auto": 2,
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1}
+REQUIRED_RATES = ("peak_flops_bf16", "bandwidth_bytes_s")  # what a spec must give (measured where null)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9  # vLLM's default
 # Workload-summary totals that split across data-parallel replicas.
 SUMMARY_TOTALS = ("requests", "input_tokens_requested", "output_tokens_requested", "ideal_prefix_hit_tokens")
@@ -122,10 +122,17 @@ class HardwareSpec:
 
     @classmethod
     def from_config(cls, spec: Mapping[str, Any]) -> HardwareSpec:
-        """From a hardware config's ``spec:`` block; missing peak or bandwidth are measured on this host."""
+        """From a complete hardware ``spec:`` block (peak bf16 FLOP/s and bandwidth given).
+
+        Raises:
+            ValueError: a rate is missing (a ``cpu`` config leaves them null until
+                ``harness.hostspec.complete_spec`` fills them from this host's measurement).
+        """
         values = {f.name: spec.get(f.name) for f in fields(cls) if spec.get(f.name) is not None}
-        if "peak_flops_bf16" not in values or "bandwidth_bytes_s" not in values:
-            values = {**measure_host(), **values}
+        missing = [name for name in REQUIRED_RATES if name not in values]
+        if missing:
+            raise ValueError(f"hardware spec {spec.get('name', '')!r} lacks {', '.join(missing)}: give them, or let "
+                             "the runner measure this host at the start of a run (harness.hostspec)")
         values.setdefault("name", "host")
         return cls(**{k: (float(v) if k not in ("name", "source") else str(v)) for k, v in values.items()})
 
@@ -340,7 +347,7 @@ def sol_columns(model_dir: str | None, model_name: str, hardware_spec: Mapping[s
     try:
         hardware = HardwareSpec.from_config(hardware_spec)
         sol = speed_of_light(ModelSpec.load(model_dir, model_name), hardware, share, knobs, engine)
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, subprocess.SubprocessError) as e:
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError) as e:
         log.warning("no speed of light for this row: %s", e)
         return columns
     tok_s = sol.tok_s * replicas
@@ -349,63 +356,5 @@ def sol_columns(model_dir: str | None, model_name: str, hardware_spec: Mapping[s
     return columns
 
 
-_MEASURE = """
-import json, os, time, numpy as np
-def timed(f):
-    t = time.perf_counter(); f(); return time.perf_counter() - t
-def best(f, budget_s=1.0, reps=5):
-    f()
-    times = [timed(f)]
-    while len(times) < reps and (len(times) < 2 or sum(times) < budget_s):
-        times.append(timed(f))
-    return min(times)
-def matmul_rate(make):
-    n = 256
-    while True:  # grow the matrix until one product takes 0.2 s (or n = 2048): bounded on slow hosts
-        a = make(n)
-        seconds = best(lambda: a @ a)
-        if seconds >= 0.2 or n >= 2048:
-            return n, 2 * n ** 3 / seconds
-        n *= 2
-try:  # a bf16 matmul where torch is installed (the CPU engine's kernels: AMX/AVX-512 through oneDNN)
-    import torch
-    kind, (n, flops) = "torch bfloat16 matmul", matmul_rate(lambda n: torch.randn(n, n, dtype=torch.bfloat16))
-except ImportError:
-    rng = np.random.default_rng(0)
-    kind, (n, flops) = "numpy float32 matmul", matmul_rate(lambda n: rng.standard_normal((n, n), dtype=np.float32))
-src = np.ones(64 << 20 >> 2, dtype=np.float32); dst = np.empty_like(src)
-copy = best(lambda: np.copyto(dst, src))
-print(json.dumps({"peak_flops_bf16": flops, "bandwidth_bytes_s": 2 * src.nbytes / copy,
-                  "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "method": f"{kind} {n}x{n}"}))
-"""
-
-
-def measure_host(cache_dir: Path = HOST_CACHE_DIR) -> dict[str, Any]:
-    """This host's matmul FLOP/s and copy bandwidth on all cores; measured once (a few seconds) and cached.
-
-    FLOP/s: the fastest of a few square bf16 matmuls in torch where torch is
-    installed (what a CPU engine runs), else float32 numpy ones; the matrix grows
-    from 256² until one product takes 0.2 s or reaches 2048², so a host without
-    native bf16 (about 0.5 GFLOP/s) is measured in seconds, not minutes.
-    Bandwidth: the fastest 64 MiB array copy (bytes read + written). Runs in a child process with a fixed thread count so
-    that the caller's ``OMP_NUM_THREADS`` (the CPU engine sets 1) does not change it.
-    """
-    key = f"{platform.node()}-{platform.machine()}".replace(os.sep, "_")
-    path = cache_dir / f"host_spec-v3-{key}.json"
-    if path.is_file():
-        return json.loads(path.read_text())
-    threads = str(os.cpu_count() or 1)
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "OPENBLAS_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    out = json.loads(subprocess.run([sys.executable, "-c", _MEASURE], capture_output=True, text=True, env=env,
-                                    timeout=300, check=True).stdout)
-    method = out.pop("method")
-    measured = {**out, "name": f"host ({platform.node()})", "source": f"measured: {method}, {threads} threads"}
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(measured))
-    os.replace(tmp, path)
-    return measured
-
-
 __all__ = ["Efficiency", "HardwareSpec", "ModelSpec", "Precision", "SpeedOfLight", "StepCost", "kv_budget_bytes",
-           "max_resident_seqs", "measure_host", "rate_mismatch", "sol_columns", "speed_of_light"]
+           "max_resident_seqs", "rate_mismatch", "sol_columns", "speed_of_light"]

@@ -5,8 +5,8 @@ from dataclasses import asdict
 
 import pytest
 
-from harness.perfmodel import (Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes,
-                               max_resident_seqs, measure_host, sol_columns, speed_of_light)
+from engines.perfmodel import (Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes,
+                               max_resident_seqs, sol_columns, speed_of_light)
 from tests.conftest import ROOT, compose
 
 GPU_HARDWARE = ["h100", "h100_pcie", "h200", "a100_80gb", "l40s"]
@@ -145,21 +145,19 @@ def test_sol_columns_for_a_row_and_none_when_unknown(h100):
     assert sol_columns(None, "unknown-model", spec, summary(1, 1, 1), {}, 1.0)["sol_tok_s"] is None
 
 
-def test_host_measurement_is_cached(tmp_path):
-    first = measure_host(tmp_path)
-    assert first["peak_flops_bf16"] > 0 and first["bandwidth_bytes_s"] > 0 and "measured" in first["source"]
-    (cache,) = tmp_path.glob("host_spec-*.json")
-    cache.write_text(json.dumps({**first, "peak_flops_bf16": 123.0}))
-    assert measure_host(tmp_path)["peak_flops_bf16"] == 123.0, "the second call reads the cache"
+def test_an_incomplete_spec_is_an_unknown_speed_of_light_not_a_measurement(monkeypatch):
+    import subprocess
 
+    def no_benchmark(*args, **kwargs):
+        raise AssertionError("writing a row must not start a host benchmark")
 
-def test_cpu_spec_is_measured_where_the_config_leaves_it_null(monkeypatch):
-    import harness.perfmodel as perfmodel
-
-    monkeypatch.setattr(perfmodel, "measure_host", lambda: {"peak_flops_bf16": 5e10, "bandwidth_bytes_s": 1e10,
-                                                             "memory_bytes": 8e9, "source": "measured"})
-    spec = HardwareSpec.from_config({"name": "cpu", "kind": "cpu", "peak_flops_bf16": None, "bandwidth_bytes_s": None})
-    assert (spec.name, spec.peak_flops_bf16, spec.source) == ("cpu", 5e10, "measured")
+    monkeypatch.setattr(subprocess, "run", no_benchmark)
+    monkeypatch.setattr(subprocess, "Popen", no_benchmark)
+    spec = {"name": "cpu", "kind": "cpu", "peak_flops_bf16": None, "bandwidth_bytes_s": None, "memory_bytes": None}
+    columns = sol_columns(None, "llama-3.1-8b", spec, summary(10, 100, 100), {}, 10.0)
+    assert columns == {"sol_tok_s": None, "sol_fraction": None}
+    with pytest.raises(ValueError, match="lacks peak_flops_bf16, bandwidth_bytes_s"):
+        HardwareSpec.from_config(spec)
 
 
 def test_shipped_architectures_are_valid():
