@@ -1,6 +1,6 @@
 """Harness overhead: troughput's output tok/s against vLLM's own ``vllm bench throughput``, side by side.
 
-    .venv/bin/python benchmarks/overhead.py [--rounds 5] [--results-dir DIR] [HYDRA_OVERRIDES ...]
+    .venv/bin/python benchmarks/overhead.py [--rounds 4] [--results-dir DIR] [HYDRA_OVERRIDES ...]
 
 The config is composed as ``troughput-run`` would compose it (default ``workload=unique``) and
 turned into a ``RunSpec`` by ``harness.cli.spec_from_config``. Each round runs, in alternating
@@ -9,6 +9,19 @@ pass) and one ``vllm bench throughput`` in a fresh subprocess of the engine's in
 the same environment variables (``spec.env``) and the same engine knobs (``spec.knobs``, passed as
 ``--kebab-case`` flags and checked against the parsed arguments). Each round prints both output
 tok/s and troughput/vLLM; the end prints the median ratio and its range. Always exits 0.
+
+Like for like: both sides send the same requests (token ids, output lengths, order), warm up on
+the same first ``run.warmup_requests`` requests and reset the prefix cache after warm-up, and
+decode greedily with EOS ignored. ``vllm bench throughput`` 0.32 has no sampling flag: it builds
+``SamplingParams(n=args.n, temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=...,
+detokenize=...)`` in ``_run_vllm_requests``, and ``--seed`` seeds only its dataset sampling and
+the engine. Unpatched, it compared random sampling against the adapter's argmax
+(``engines/vllm.py``: ``temperature=0.0``), and troughput looked faster than vLLM itself
+(issue 12 measured a median ratio of 1.12). The child therefore sends vLLM's own parameters
+with only ``temperature`` set to 0.0 (``msgspec.structs.replace``; vLLM's greedy defaults for top_p,
+top_k and min_p are what the bench already passes, so the result equals the adapter's
+``SamplingParams(max_tokens, ignore_eos=True, temperature=0.0, detokenize=False)``), and checks
+that every request it sends is ``SamplingType.GREEDY``.
 
 How vLLM's side gets the same requests: none of its datasets takes token ids (``random``,
 ``sharegpt``, ... produce text prompts, re-tokenized), so the child (this file, ``--child JOB``):
@@ -19,17 +32,16 @@ How vLLM's side gets the same requests: none of its datasets takes token ids (``
      ordered workload as ``SampleRequest(prompt={"prompt_token_ids": ids}, expected_output_len=
      max_tokens)``, which vLLM's loop turns into ``TokensPrompt``; for the ``--num-warmups`` call
      it returns the first N, as the harness warms up on its first N requests;
-  3. wraps ``_run_vllm_requests`` to call ``llm.reset_prefix_cache()`` after each pass, as the
-     harness does after warm-up (outside vLLM's timed region);
+  3. wraps ``_run_vllm_requests`` to make that ``LLM``'s ``generate`` greedy (above) and to call
+     ``llm.reset_prefix_cache()`` after each pass, as the harness does after warm-up (outside
+     vLLM's timed region);
   4. calls ``vllm.entrypoints.cli.main.main()`` with ``sys.argv = vllm bench throughput --model M
      --backend vllm --num-prompts N --num-warmups W --disable-detokenize --output-json F <knobs>``
      (plus ``--load-format dummy`` for ``dummy_weights`` models, as the adapter does), after the
      adapter's own process set-up (``engines.vllm._allow_amx``, where present).
 Everything else is vLLM's code as shipped: ``EngineArgs.from_cli_args``, ``LLM.from_engine_args``,
-``SamplingParams(ignore_eos=True, max_tokens=..., temperature=1.0, top_p=1.0)`` (troughput samples
-greedily; both ignore EOS, so token counts match), the timed ``llm.generate`` and the token count
-from the real outputs. vLLM's output tok/s = "Total num output tokens" it prints / ``elapsed_time``
-from its JSON.
+the timed ``llm.generate`` and the token count from the real outputs. vLLM's output tok/s =
+"Total num output tokens" it prints / ``elapsed_time`` from its JSON.
 """
 
 from __future__ import annotations
@@ -95,6 +107,30 @@ def run_troughput(spec: Any, round_index: int) -> tuple[float | None, int, str]:
     return float(row["output_tok_s"]), int(row["output_tokens"]), ""
 
 
+def greedy_generate(llm: Any) -> None:
+    """Make ``llm.generate`` decode greedily: each ``SamplingParams`` with ``temperature=0.0``, all else kept.
+
+    Checks every request's sampling type, so that a vLLM that builds its parameters differently
+    fails here instead of measuring another sampler.
+    """
+    import msgspec
+    from vllm.sampling_params import SamplingType
+
+    if getattr(llm, "_troughput_greedy", False):
+        return
+    generate = llm.generate
+
+    def generate_greedily(prompts: Any, sampling_params: Any = None, *args: Any, **kwargs: Any) -> Any:
+        many = isinstance(sampling_params, (list, tuple))
+        params = [msgspec.structs.replace(p, temperature=0.0) for p in (sampling_params if many else [sampling_params])]
+        if any(p.sampling_type != SamplingType.GREEDY for p in params):
+            raise SystemExit(f"vllm bench sampling could not be made greedy: {params[0]}")
+        return generate(prompts, params if many else params[0], *args, **kwargs)
+
+    llm.generate = generate_greedily
+    llm._troughput_greedy = True
+
+
 def _child(job_path: str) -> None:
     """Inside the subprocess: run ``vllm bench throughput`` on the job's exact requests (see the docstring)."""
     import importlib.metadata as metadata
@@ -126,6 +162,7 @@ def _child(job_path: str) -> None:
     run_requests = bench._run_vllm_requests
 
     def run_then_reset(llm: Any, *args: Any, **kwargs: Any) -> Any:
+        greedy_generate(llm)
         result = run_requests(llm, *args, **kwargs)
         llm.reset_prefix_cache()
         return result
@@ -138,7 +175,7 @@ def _child(job_path: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--results-dir", type=Path, default=None,
                         help="where troughput's rows go (default: a new temporary directory)")
     args, overrides = parser.parse_known_args()
