@@ -11,28 +11,21 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from harness.runner import execute
+from sweeps.command import run_command
 from sweeps.objective import Objective
+from sweeps.ranking import ranked
 from sweeps.study import apply_values
 
 
 def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
-    """The best trial, or the Pareto front of a multi-objective study (feasible ones only)."""
-    if not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)):
-        return []
-    return study.best_trials if len(study.directions) > 1 else [study.best_trial]
+    """The best feasible trial, or the feasible Pareto front of a multi-objective study ([] if none)."""
+    order = ranked(study)
+    return order if len(study.directions) > 1 else order[:1]
 
 
 def leaders(study: optuna.Study, count: int) -> list[optuna.trial.FrozenTrial]:
     """The ``count`` best feasible trials of a single-objective study, best first (the front's first otherwise)."""
-    if len(study.directions) > 1:
-        return best_trials(study)[:1]
-    done = [t for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)) if _feasible(t)]
-    sign = -1.0 if study.direction == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    return sorted(done, key=lambda t: sign * t.values[0])[:count]
-
-
-def _feasible(trial: optuna.trial.FrozenTrial) -> bool:
-    return all(c <= 0 for c in trial.system_attrs.get("constraints") or [])
+    return ranked(study)[:1 if len(study.directions) > 1 else count]
 
 
 def write_engine_file(cfg: DictConfig, trial: optuna.trial.FrozenTrial, out_dir: Path, name: str,
@@ -69,8 +62,8 @@ def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objecti
     for i in range(rounds):
         for which in names[i % len(names):] + names[:i % len(names)]:
             run_cfg = apply_values(cfg, values_of[which])
-            OmegaConf.update(run_cfg, "run.labels", {**cfg.run.labels, "study": study_name, "confirm": which},
-                             force_add=True)
+            OmegaConf.update(run_cfg, "run.labels", {**cfg.run.labels, "study": study_name, "confirm": which,
+                                                     "command": run_command(cfg, values_of[which])}, force_add=True)
             row = execute(make_spec(run_cfg), progress=False)
             if row["status"] == "ok":
                 measured[which].append(objective.values(row)[0])

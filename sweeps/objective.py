@@ -1,7 +1,8 @@
 """What a study optimises, read from a results row.
 
 - ``output_tok_s`` (default) or ``total_tok_s``: maximise the measured rate.
-- ``job_time``: minimise startup + ``backlog_tokens`` ÷ measured total tok/s, so an
+- ``job_time``: minimise startup + ``backlog_tokens`` ÷ measured total tok/s
+  (``harness.cost.job_seconds``, which the report's planner uses too), so an
   engine that compiles for minutes pays for it on a small backlog (every adapter's
   ``startup_s`` times the engine constructor, compile included; ``compile_s`` is that part).
 - ``multi_objective: true`` adds a second objective, startup seconds (compile
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from harness.cost import job_seconds
 from harness.errors import TroughputError
 
 OBJECTIVES = ("output_tok_s", "total_tok_s", "job_time")
@@ -40,7 +42,7 @@ class Objective:
     def values(self, row: Mapping[str, Any]) -> list[float]:
         setup = setup_seconds(row)
         if self.name == "job_time":
-            first = setup + self.backlog_tokens / row["total_tok_s"]
+            first = job_seconds(setup, self.backlog_tokens, row["total_tok_s"])
         else:
             first = float(row[self.name])
         return [first, setup] if self.multi else [first]

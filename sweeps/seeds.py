@@ -4,7 +4,9 @@ From the tune config's ``seeds`` list (the engine's defaults = the real-time
 config, a batch-oriented recipe, ...) and TensorRT-LLM's published sizing
 heuristic (``trtllm-bench``'s ``tuning/heuristics.py``): max resident requests
 = 0.95 × (memory − weights) ÷ (KV bytes per token × (ISL + OSL)), with KV bytes
-per token = 2 · layers · kv_heads · head_dim · bytes per element.
+per token = 2 · layers · kv_heads · head_dim · bytes per element. Weights are the
+checkpoint's files, or the architecture's parameter count
+(``engines.perfmodel.ModelSpec``) where there are none (dummy weights).
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from typing import Any, Mapping
 
 import optuna
 
+from engines.perfmodel import ModelSpec
 from harness.errors import TroughputError
+from sweeps.ranking import ranked
 from sweeps.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -39,14 +43,21 @@ def resident_requests(model_dir: str | Path, memory_bytes: float, weight_bytes: 
     return max(1, int(0.95 * (memory_bytes - weight_bytes) / per_request))
 
 
-def weight_bytes(model_dir: str | Path) -> int:
-    """Size of the checkpoint's safetensors files (0 when absent, e.g. metadata-only snapshots)."""
-    return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+def weight_bytes(model_dir: str | Path) -> float:
+    """The checkpoint's safetensors bytes; without weight files (a metadata-only folder, dummy
+    weights) the architecture's parameter count times its dtype's bytes (``ModelSpec``)."""
+    files = sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+    return float(files) if files else ModelSpec.load(model_dir).weight_bytes()
 
 
 def enqueue_seeds(study: optuna.Study, tune: Mapping[str, Any], space: SearchSpace, base: Mapping[str, Any],
                   workload_summary: Mapping[str, Any], model_dir: str) -> list[str]:
-    """Enqueue the configured seeds and the heuristic; already-enqueued ones are skipped. Returns their names."""
+    """Enqueue the configured seeds and the heuristic; already-enqueued ones are skipped. Returns their names.
+
+    Args:
+        tune: the ``tune`` config (``seeds``, ``heuristic``, ``seed_from_study`` and its ``storage``).
+        model_dir: the model's local folder (its ``config.json``, and weight files if it has any).
+    """
     seeds = [dict(s) for s in tune.get("seeds") or []]
     heuristic = tune.get("heuristic")
     if heuristic and heuristic.get("memory_bytes"):
@@ -58,7 +69,7 @@ def enqueue_seeds(study: optuna.Study, tune: Mapping[str, Any], space: SearchSpa
         seeds.append({"name": f"trtllm heuristic ({value} resident requests)",
                       "params": {**(heuristic.get("params") or {}), heuristic["param"]: value}})
     if tune.get("seed_from_study"):
-        seeds.extend(study_seeds(study, tune["seed_from_study"], space))
+        seeds.extend(study_seeds(tune["storage"], tune["seed_from_study"], space))
     names = []
     for seed in seeds:
         params = space.clip(seed.get("params") or {}, base)
@@ -67,27 +78,27 @@ def enqueue_seeds(study: optuna.Study, tune: Mapping[str, Any], space: SearchSpa
     return names
 
 
-def study_seeds(study: optuna.Study, source: str | Mapping[str, Any], space: SearchSpace) -> list[dict[str, Any]]:
-    """The best completed trials of another study in the same storage, as seeds for this one.
+def study_seeds(storage: str | optuna.storages.BaseStorage, source: str | Mapping[str, Any],
+                space: SearchSpace) -> list[dict[str, Any]]:
+    """The best feasible completed trials of another study in ``storage``, as seeds for this one.
 
     For tuning on the simulator first: ``tune.seed_from_study=<sim study>`` (or
-    ``{study: <name>, top_k: 5}``) enqueues its top ``top_k`` (default 3) configs.
+    ``{study: <name>, top_k: 5}``) enqueues its top ``top_k`` (default 3) configs,
+    ranked by ``sweeps.ranking.ranked`` (constraint-breaking trials are left out).
     Param paths are matched through the canonical knob table, so a study over
     ``engine.knobs.max_num_seqs`` seeds one over ``engine.canonical.max_seqs``;
     params this space lacks are dropped, and trials of engine defaults are skipped.
     """
     name, top_k = (source, 3) if isinstance(source, str) else (source["study"], int(source.get("top_k", 3)))
     try:
-        other = optuna.load_study(study_name=name, storage=study._storage)
+        other = optuna.load_study(study_name=name, storage=storage)
     except KeyError as e:
         raise TroughputError(f"tune.seed_from_study: no study {name!r} in this storage "
-                             f"(known: {', '.join(optuna.get_all_study_names(study._storage)) or 'none'})") from e
-    sign = -1.0 if other.directions[0] == optuna.study.StudyDirection.MAXIMIZE else 1.0
-    ranked = sorted(other.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,)),
-                    key=lambda t: sign * t.values[0])
+                             f"(known: {', '.join(optuna.get_all_study_names(storage)) or 'none'})") from e
+    order = ranked(other)
     targets = {knob_key(p.path): p.path for p in space.params}
     seeds = []
-    for trial in ranked:
+    for trial in order:
         params = {targets[knob_key(path)]: value for path, value in trial.params.items() if knob_key(path) in targets}
         if not params:
             continue
@@ -95,20 +106,16 @@ def study_seeds(study: optuna.Study, source: str | Mapping[str, Any], space: Sea
                       "params": params})
         if len(seeds) == top_k:
             break
-    log.info("seeding from study %r: %d of its %d completed trials", name, len(seeds), len(ranked))
+    log.info("seeding from study %r: %d of its %d feasible completed trials", name, len(seeds), len(order))
     return seeds
 
 
 def knob_key(path: str) -> str:
     """What a param path sets, engine-neutrally: the canonical knob name where one maps to it, else the path."""
-    from engines.knobs import TABLE
+    from engines.knobs import canonical_of
 
     if path.startswith("engine.canonical."):
         return path.removeprefix("engine.canonical.")
     if path.startswith("engine.knobs."):
-        native = path.removeprefix("engine.knobs.")
-        for canonical in TABLE.values():
-            for mapping in canonical.engines.values():
-                if mapping.targets == (native,) and mapping.forward is None:
-                    return canonical.name
+        return canonical_of(path.removeprefix("engine.knobs.")) or path
     return path

@@ -15,6 +15,7 @@ the trials before it; the others go on to the full workload, which is their valu
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -27,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from harness.errors import TroughputError
 from harness.runner import execute
+from sweeps.command import run_command
 from sweeps.objective import Objective
 from sweeps.space import SearchSpace
 
@@ -34,6 +36,7 @@ log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
 MEMORY_STATUSES = {"oom"}
 PRUNE_AFTER = 4  # trials that must have reported before the pruner stops any
+TPE_STARTUP = 10  # Optuna's default
 
 
 def study_name(cfg: DictConfig) -> str:
@@ -68,16 +71,62 @@ def make_pruner(cfg: DictConfig, objective: Objective) -> optuna.pruners.BasePru
 
 
 def make_sampler(cfg: DictConfig) -> optuna.samplers.BaseSampler:
-    """TPE (default), random, or grid over the space."""
+    """TPE (default), random, or grid over the space.
+
+    TPE draws its first ``tune.n_startup_trials`` trials at random (seed trials count among
+    them, as every completed trial does) and then models the rest; ``tune.multivariate``
+    models the params jointly. ``benchmarks/search_efficiency.py`` measures the choices.
+    """
     name, seed = cfg.tune.sampler, cfg.tune.seed
     if name == "tpe":
-        return optuna.samplers.TPESampler(seed=seed)
+        startup = cfg.tune.get("n_startup_trials")
+        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=TPE_STARTUP if startup is None else int(startup),
+                                          multivariate=bool(cfg.tune.get("multivariate") or False))
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
-        space = SearchSpace(OmegaConf.to_container(cfg.tune.space, resolve=True))
-        return optuna.samplers.GridSampler({p.path: p.grid(int(cfg.tune.grid_points)) for p in space.params}, seed=seed)
+        return StudyGridSampler(grid_values(cfg), seed=seed)
     raise TroughputError(f"unknown sampler {name!r}; use tpe, random or grid")
+
+
+def grid_values(cfg: DictConfig) -> dict[str, list[Any]]:
+    """The grid of ``tune.sampler=grid``: each param's ``tune.grid_points`` values (all choices if categorical)."""
+    space = SearchSpace(OmegaConf.to_container(cfg.tune.space, resolve=True))
+    return {p.path: p.grid(int(cfg.tune.grid_points)) for p in space.params}
+
+
+class StudyGridSampler(optuna.samplers.GridSampler):
+    """Optuna's grid sampler fitted to the tuner's ask/tell loop and its seed trials.
+
+    - Optuna's ``after_trial`` calls ``Study.stop()`` once the grid is covered, which only
+      works inside ``Study.optimize`` and raises under ask/tell; here the loop's budget
+      (the grid's size plus the seed trials, ``trial_budget``) ends the study instead.
+    - An enqueued seed trial that fixes only some params (the sizing heuristic) gets the
+      others drawn at random from their ranges, where Optuna's grid sampler refuses.
+    """
+
+    def __init__(self, search_space: dict[str, list[Any]], seed: int | None = None):
+        super().__init__(search_space, seed=seed)
+        self.size = math.prod(len(values) for values in search_space.values())
+        self._seed_sampler = optuna.samplers.RandomSampler(seed=seed)
+
+    def after_trial(self, study, trial, state, values) -> None:  # noqa: D102 - see the class docstring
+        return None
+
+    def sample_independent(self, study, trial, param_name, param_distribution):  # noqa: D102
+        if "seed" in trial.user_attrs:
+            return self._seed_sampler.sample_independent(study, trial, param_name, param_distribution)
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+
+def trial_budget(cfg: DictConfig, study: optuna.Study) -> int:
+    """Trials the study should hold: ``tune.n_trials``; with the grid sampler, the seed trials plus
+    at most ``tune.n_trials`` grid cells (all of them when ``n_trials`` >= the grid's size)."""
+    n_trials = int(cfg.tune.n_trials)
+    if not isinstance(study.sampler, StudyGridSampler):
+        return n_trials
+    seeds = sum("seed" in t.user_attrs for t in study.get_trials(deepcopy=False))
+    return seeds + min(n_trials, study.sampler.size)
 
 
 def fail_stale_trials(study: optuna.Study, stale_after_s: float) -> int:
@@ -111,7 +160,7 @@ def started_trials(study: optuna.Study) -> int:
 
 def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objective: Objective,
                make_spec: Callable[[DictConfig], Any]) -> int:
-    """Ask, run and tell until the study holds ``tune.n_trials`` trials or ``tune.timeout`` passes.
+    """Ask, run and tell until the study holds its budget (``trial_budget``) or ``tune.timeout`` passes.
 
     Trial numbers are handed out by the storage, so several workers never exceed
     the budget: a worker that is handed a number past it stops without running.
@@ -124,9 +173,11 @@ def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objecti
     for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
         if trial.user_attrs.get("status") in MEMORY_STATUSES:
             space.learn_memory_edge(trial.params)
-    budget = int(cfg.tune.n_trials)
+    budget = trial_budget(cfg, study)
     ran = 0
     while started_trials(study) < budget and (deadline is None or time.monotonic() < deadline):
+        if isinstance(study.sampler, StudyGridSampler) and study.sampler.is_exhausted(study):
+            break  # every cell ran (several workers, or an earlier, larger budget)
         trial = study.ask()
         if trial.number >= budget:  # another worker took the last slot between our count and our ask
             trial.set_user_attr("reason", "over budget: not run")
@@ -149,8 +200,8 @@ def _run_one(cfg, study, trial, space, objective, base, make_spec) -> None:
     if broken:
         return _fail(study, trial, f"constraint broken, not launched: {broken}")
     trial_cfg = apply_values(cfg, values)
-    OmegaConf.update(trial_cfg, "run.labels", {**cfg.run.labels, "study": study.study_name, "trial": trial.number},
-                     force_add=True)
+    OmegaConf.update(trial_cfg, "run.labels", {**cfg.run.labels, "study": study.study_name, "trial": trial.number,
+                                               "command": run_command(cfg, values)}, force_add=True)
     label = f"trial {trial.number}" + (f" ({seed_name})" if seed_name else "")
     log.info("%s: %s", label, values or "engine defaults")
     spec = make_spec(trial_cfg)

@@ -1,11 +1,10 @@
-"""Tuning on the simulator first: a full study in seconds, then its top configs seed another study."""
-
-import time
+"""Tuning on the simulator first: a whole study on predicted runs, then its top configs seed another study."""
 
 import optuna
 import pytest
 
 from harness.errors import TroughputError
+from harness.results import read_rows
 from sweeps.seeds import enqueue_seeds, knob_key, study_seeds
 from sweeps.space import SearchSpace
 from tests.conftest import FAKE_ENGINE, compose
@@ -18,14 +17,17 @@ def test_a_30_trial_simulated_study_completes_every_trial(tmp_path):
     cfg = compose("engine=sim", "workload=unique", "workload.num_requests=64", "run.warmup_requests=0",
                   "tune.n_trials=30", "tune.confirm_rounds=0", f"run.results_dir={tmp_path}", "run.progress=false",
                   config_name="tuning")
-    t0 = time.perf_counter()
     summary = tune(cfg)
-    print(f"\n30-trial simulated study: {time.perf_counter() - t0:.1f} s")
     study = optuna.load_study(study_name=summary["study"], storage=f"sqlite:///{tmp_path}/optuna.db")
-    states = [t.state for t in study.get_trials()]
+    trials = study.get_trials()
+    states = [t.state for t in trials]
     assert summary["finished"] == 30 and len(states) == 30
     assert states.count(optuna.trial.TrialState.COMPLETE) >= 25, "only constraint-free proposals fail here"
+    rows = {r["trial"]: r for r in read_rows(tmp_path) if r.get("study") == summary["study"]}
+    assert sorted(rows) == list(range(30)), "every trial ran once, as a predicted row"
+    assert {r["engine"] for r in rows.values()} == {"sim"}
     assert summary["best"][0].params, "a tuned config beats the engine defaults on this workload"
+    assert summary["best"][0].values[0] == max(t.values[0] for t in trials if t.state.name == "COMPLETE")
 
 
 def test_the_simulators_top_configs_are_the_first_trials_of_a_real_study(tmp_path):
@@ -74,11 +76,30 @@ def test_study_seeds_map_rank_skip_defaults_and_clip(storage):
     target = optuna.create_study(study_name="real-study", storage=storage, direction="maximize")
     space = SearchSpace({"params": {"engine.canonical.max_seqs": {"type": "int", "low": 4, "high": 256},
                                     "engine.canonical.max_tokens_per_step": {"type": "int", "low": 256, "high": 8192}}})
-    seeds = study_seeds(target, {"study": "sim-study", "top_k": 2}, space)
+    seeds = study_seeds(storage, {"study": "sim-study", "top_k": 2}, space)
     assert [s["params"] for s in seeds] == [{"engine.canonical.max_seqs": 512}, {"engine.canonical.max_seqs": 64}]
-    names = enqueue_seeds(target, {"seed_from_study": "sim-study"}, space, {}, {}, "")
+    names = enqueue_seeds(target, {"seed_from_study": "sim-study", "storage": storage}, space, {}, {}, "")
     assert names[0].startswith("sim-study #1")
     waiting = target.get_trials(states=(optuna.trial.TrialState.WAITING,))
     assert waiting[0].system_attrs["fixed_params"] == {"engine.canonical.max_seqs": 256}, "clipped into range"
     with pytest.raises(TroughputError, match="no study 'nope'"):
-        study_seeds(target, "nope", space)
+        study_seeds(storage, "nope", space)
+
+
+def test_the_heuristic_counts_the_architectures_weights_in_a_folder_without_weight_files(tmp_path):
+    """A metadata-only (dummy-weights) Llama-3.1-8B folder: 16 GB of weights still occupy the H100."""
+    import json
+
+    from sweeps.seeds import resident_requests, weight_bytes
+    from tests.conftest import ROOT
+
+    (tmp_path / "config.json").write_text((ROOT / "conf" / "architectures" / "llama-3.1-8b.json").read_text())
+    weights = weight_bytes(tmp_path)
+    assert weights == pytest.approx(16.06e9, rel=1e-3), "8.03 B parameters x 2 bytes"
+    h100 = 85899345920
+    resident = resident_requests(tmp_path, h100, weights, 1000, 1000)
+    assert resident == int(0.95 * (h100 - weights) / (2 * 32 * 8 * 128 * 2 * 2000))
+    assert resident_requests(tmp_path, h100, 0, 1000, 1000) > 1.2 * resident, "what counting no weights gave"
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 4096)
+    assert weight_bytes(tmp_path) == 4096, "weight files, where there are any, are what is loaded"
+    assert json.loads((tmp_path / "config.json").read_text())["num_hidden_layers"] == 32
