@@ -1,4 +1,4 @@
-"""What the engine adapters share: environment checks, native-name checks, images, request counters.
+"""What the engine adapters share: environment checks, native-name checks, dtype names, images, request counters.
 
 Worker side: standard library only at import time (PIL and torch are imported
 inside the functions that need them).
@@ -86,6 +86,11 @@ def load_field_list(name: str) -> dict[str, frozenset[str]]:
         else:
             sections[current].add(line)
     return {section: frozenset(names) for section, names in sections.items()}
+
+
+def dtype_name(dtype: Any) -> str:
+    """A framework dtype as the plain name rows record: ``torch.bfloat16`` -> ``"bfloat16"``."""
+    return str(dtype).removeprefix("torch.")
 
 
 def load_images(paths: Iterable[str]) -> list[Any]:

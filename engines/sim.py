@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
+from engines.knobs import NativeMapping
+from engines.unit import EngineUnit, Environment
 from engines.sim_scheduler import Scheduler, SchedulerConfig
 from engines.perfmodel import (Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes,
                                rate_mismatch)
@@ -234,3 +236,21 @@ def _model_spec(model: Mapping[str, Any]) -> ModelSpec:
     except (OSError, KeyError, ValueError) as e:
         raise KnobError(f"the simulator needs the model's architecture: {e}") from e
 
+
+UNIT = EngineUnit(
+    name="sim", label="simulator (vLLM-style)", adapter="engines.sim:SimEngine",
+    knobs={
+        "max_seqs": NativeMapping(("max_num_seqs",)),
+        "max_tokens_per_step": NativeMapping(("max_num_batched_tokens",)),
+        "kv_memory_fraction": NativeMapping(("gpu_memory_utilization",)),
+        "prefix_caching": NativeMapping(("enable_prefix_caching",)),
+        "chunked_prefill": NativeMapping(("enable_chunked_prefill",)),
+        "tensor_parallel": NativeMapping(("tensor_parallel_size",), note="ideal split, no communication"),
+        "kv_cache_dtype": NativeMapping(("kv_cache_dtype",), choices=("auto", "bfloat16", "float16", "fp8",
+                                                                       "fp8_e4m3", "fp8_e5m2")),
+        "schedule_policy": NativeMapping(("scheduling_policy",), choices=("fcfs",)),
+    },
+    # pure Python on troughput's own environment: nothing to build
+    environments={"default": Environment("engines.sim", needs_gpu=False)},
+    tune_spaces={"cpu": "sim_cpu", "gpu": "sim_h100"},
+)

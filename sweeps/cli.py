@@ -19,6 +19,7 @@ from sweeps.best import best_trials, confirm, leaders, write_engine_file
 from sweeps.objective import Objective
 from sweeps.seeds import enqueue_seeds
 from sweeps.space import SearchSpace
+from sweeps.space_choice import with_default_space
 from sweeps.study import fail_stale_trials, finished_trials, open_study, run_trials
 
 log = logging.getLogger("troughput.tune")
@@ -26,6 +27,7 @@ log = logging.getLogger("troughput.tune")
 
 def tune(cfg: DictConfig) -> dict:
     """Run (or resume) the study, then write and confirm its best config. Returns a summary."""
+    cfg = with_default_space(cfg)
     objective = Objective(OmegaConf.to_container(cfg.tune, resolve=True))
     space = SearchSpace(OmegaConf.to_container(cfg.tune.space, resolve=True))
     study = open_study(cfg, objective)

@@ -45,20 +45,42 @@ def test_knobs_merge_hardware_then_model_then_engine(tmp_path: Path):
     assert spec.env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
 
 
-@pytest.mark.parametrize("option", TUNE_OPTIONS)
+@pytest.mark.parametrize("option", [o for o in TUNE_OPTIONS if o != "auto"])
 def test_every_search_space_composes_and_parses(option):
     from sweeps.space import SearchSpace
 
-    engine, hardware = option.split("_", 1)
-    cfg = compose(f"engine={engine}", f"hardware={hardware}", config_name="tuning")
+    engine, _, hardware = option.partition("_")
+    overrides = [f"engine={engine}", f"hardware={hardware}"] if hardware else ["engine=hf"]
+    cfg = compose(*overrides, f"tune={option}", config_name="tuning")
     assert cfg.tune.n_trials > 0
     space = SearchSpace(cfg.tune.space)
     for p in space.params:
         assert p.path.startswith(("engine.", "ordering")), p.path
 
 
+@pytest.mark.parametrize("engine", options("engine"))
+@pytest.mark.parametrize("hardware", options("hardware"))
+def test_every_engine_on_every_hardware_gets_a_space_from_its_unit(engine, hardware):
+    from engines import unit
+    from sweeps.space import SearchSpace
+    from sweeps.space_choice import with_default_space
+
+    cfg = with_default_space(compose(f"engine={engine}", f"hardware={hardware}", config_name="tuning"))
+    expected = unit(engine).tune_space(cfg.hardware.spec.kind)
+    assert cfg.tune.auto == expected and SearchSpace(cfg.tune.space).params
+
+
+def test_settings_given_on_the_command_line_win_over_the_space_file():
+    from sweeps.space_choice import with_default_space
+
+    cfg = with_default_space(compose("tune.seeds=[]", "tune.n_trials=2", config_name="tuning"))
+    assert list(cfg.tune.seeds) == [] and cfg.tune.n_trials == 2 and cfg.tune.auto == "vllm_cpu"
+
+
 def test_tuning_picks_the_space_of_the_engine_and_hardware():
-    cfg = compose(config_name="tuning")
+    from sweeps.space_choice import with_default_space
+
+    cfg = with_default_space(compose(config_name="tuning"))
     assert "engine.canonical.max_seqs" in cfg.tune.space.params
     assert cfg.tune.heuristic.memory_bytes == cfg.hardware.knobs.vllm.kv_cache_memory_bytes
     assert cfg.tune.heuristic.params["engine.knobs.kv_cache_memory_bytes"] == cfg.tune.heuristic.memory_bytes, \
@@ -76,7 +98,9 @@ def test_the_cpu_space_seeds_pin_what_they_assume(tmp_path):
 
     (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 128, "head_dim": 32,
                                                       "num_key_value_heads": 2, "num_hidden_layers": 4}))
-    base = OmegaConf.to_container(compose(config_name="tuning"), resolve=True)
+    from sweeps.space_choice import with_default_space
+
+    base = OmegaConf.to_container(with_default_space(compose(config_name="tuning")), resolve=True)
     study = optuna.create_study(direction="maximize")
     summary = {"requests": 10, "input_tokens_requested": 1000, "output_tokens_requested": 500}
     names = enqueue_seeds(study, base["tune"], SearchSpace(base["tune"]["space"]), base, summary, str(tmp_path))

@@ -60,11 +60,6 @@ class Section:
     level: int = 2
 
 
-def build_sections(report) -> list[Section]:
-    from harness.report import sections
-
-    return sections.build(report)
-
 
 def fmt(value: Any, kind: str = "num") -> str:
     """Numbers as the report shows them; missing values as an en dash."""

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from harness.report import decisions as decisions_mod
+from harness.report import sections
 from harness.report.data import Filters, group_configs, load_runs
 from harness.report.planner import PlannerInputs, plan
 from harness.report.plots import Plot, all_plots
@@ -64,9 +65,7 @@ class Report:
 
 def build_report(results_dir: str | Path, name: str, filters: Filters = Filters(),
                  options: ReportOptions = ReportOptions()) -> Report:
-    """Read, group, decide (and record), plan and draw; the sections are laid out by ``document``."""
-    from harness.report.document import build_sections
-
+    """Read, group, decide (and record), plan and draw; the sections are laid out by ``sections``."""
     results_dir = Path(results_dir)
     frame = load_runs(results_dir, filters)
     configs = group_configs(frame, n_boot=options.resamples, level=options.level, seed=options.seed)
@@ -86,5 +85,5 @@ def build_report(results_dir: str | Path, name: str, filters: Filters = Filters(
                     results_dir=results_dir, filters=filters, options=options, frame=frame, configs=configs,
                     decisions=latest, history=history, plan=plan(frame, configs, options.planner),
                     plots=all_plots(frame, configs))
-    report.sections = build_sections(report)
+    report.sections = sections.build(report)
     return report

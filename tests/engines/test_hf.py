@@ -103,7 +103,7 @@ def _requests() -> list[Request]:
 
 @pytest.fixture(scope="module")
 def tiny() -> dict:
-    from engines.tiny_model import build
+    from engines.build_tiny import build
 
     path = build("tiny", ROOT / ".cache/troughput/models/tiny")
     return {"path": str(path), "local_dir": str(path), "name": "tiny"}
@@ -205,6 +205,9 @@ def test_harness_rows_carry_engine_hf_and_the_columns_of_vllm_rows(tmp_path):
     vllm = _run(tmp_path, "engine=vllm", *SMALL_UNIQUE)
     assert vllm["status"] == "ok", vllm["error"]
     assert vllm["workload_fingerprint"] == hf["workload_fingerprint"]
+    # Rows record the dtype that ran: hf loads the float32 checkpoint as asked (knob default float32),
+    # vLLM's dtype=auto runs the same checkpoint in bfloat16 on CPU.
+    assert hf["engine_info.dtype"] == "float32" and vllm["engine_info.dtype"] == "bfloat16"
     # knob-dependent columns differ by engine; canon.* follows engines/knobs.py rows
     shared = {k for k in vllm if not k.startswith(("engine_info.", "knob.", "stat.", "canon."))}
     assert shared <= set(hf), sorted(shared - set(hf))

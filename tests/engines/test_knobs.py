@@ -74,9 +74,11 @@ def test_canonical_knob_replaces_a_native_twin_from_a_general_layer():
 
 
 def test_a_canonical_knob_an_engine_lacks_names_the_engines_that_have_it(monkeypatch):
-    only_vllm = knob_table.Canonical("cpu_kv_bytes", "KV bytes on CPU", "int > 0", knob_table._positive_int,
-                                     {"vllm": knob_table.NativeMapping(("kv_cache_memory_bytes",))})
+    from engines import unit
+
+    only_vllm = knob_table.Canonical("cpu_kv_bytes", "KV bytes on CPU", "int > 0", knob_table._positive_int)
     monkeypatch.setitem(knob_table.TABLE, "cpu_kv_bytes", only_vllm)
+    monkeypatch.setitem(unit("vllm").knobs, "cpu_kv_bytes", knob_table.NativeMapping(("kv_cache_memory_bytes",)))
     assert to_native("vllm", {"cpu_kv_bytes": 1024}) == {"kv_cache_memory_bytes": 1024}
     with pytest.raises(KnobError, match=r"'cpu_kv_bytes' has no SGLang equivalent \(it exists for vLLM\)"):
         to_native("sglang", {"cpu_kv_bytes": 1024})

@@ -1,0 +1,114 @@
+"""What troughput knows about one engine, declared once, next to its adapter.
+
+Every adapter module (``engines/vllm.py``, ``engines/sglang.py``, ...) ends with
+``UNIT = EngineUnit(...)``: its label, its adapter class, where each canonical knob
+lands in its native arguments, how to build its Python environment, the native knobs
+troughput sets itself, and its default search space per hardware kind. The registry
+(``engines.UNITS``), the knob table (``engines.knobs``), ``troughput-env``, the cost
+planner and the tuner read these declarations; none of them lists engines itself.
+
+Standard library only: the worker side imports the adapter modules that hold units.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from engines.base import KnobError
+
+if TYPE_CHECKING:
+    from engines.knobs import NativeMapping
+
+FALLBACK_SPACE = "generic"   # conf/tune/generic.yaml: canonical knobs only, for any engine and hardware
+
+
+@dataclass(frozen=True)
+class Environment:
+    """How to build one engine's Python environment (``troughput-env``).
+
+    Args:
+        module: the engine's import name.
+        pythons: interpreters to create the environment with, in order of preference.
+        packages: pip requirements of the engine; empty when it runs in troughput's own environment.
+        pip_args: extra arguments for that pip install (package indexes).
+        remove: packages to uninstall afterwards (they break the engine's import).
+        needs_gpu: whether the engine only runs with a CUDA GPU.
+        notes: system prerequisites pip cannot install.
+    """
+
+    module: str
+    pythons: tuple[str, ...] = ("python3.11", "python3.12")
+    packages: tuple[str, ...] = ()
+    pip_args: tuple[str, ...] = ()
+    remove: tuple[str, ...] = ()
+    needs_gpu: bool = True
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class EngineUnit:
+    """One engine, as the rest of troughput sees it.
+
+    Args:
+        name: the ``engine=`` name (and ``conf/engine/<name>.yaml``).
+        label: how people write it (``TensorRT-LLM``).
+        adapter: ``"module:Class"`` of its ``engines.base.Engine``.
+        knobs: canonical knob name -> where it lands in the native arguments.
+        environments: variant -> recipe; ``"default"`` is required, others are flags of
+            ``troughput-env`` (``"cpu"`` is ``--cpu``).
+        tune_spaces: hardware kind (``cpu``, ``gpu``) -> ``conf/tune/<name>.yaml``; a kind not
+            listed gets ``FALLBACK_SPACE``.
+        reserved: native knobs troughput sets itself (a user setting one is an error).
+    """
+
+    name: str
+    label: str
+    adapter: str
+    knobs: Mapping[str, NativeMapping]
+    environments: Mapping[str, Environment]
+    tune_spaces: Mapping[str, str] = field(default_factory=dict)
+    reserved: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        if "default" not in self.environments:
+            raise ValueError(f"engine unit {self.name!r} declares no default environment")
+
+    def devices(self, knobs: Mapping[str, Any], replicas: Any = 1) -> int:
+        """Devices one config occupies: replicas × tensor parallel × pipeline parallel (canonical knobs)."""
+        from engines.knobs import canonical_view
+
+        view = canonical_view(self.name, dict(knobs))
+        count = _count(replicas)
+        for name in ("tensor_parallel", "pipeline_parallel"):
+            count *= _count(view.get(name))
+        return count
+
+    def tune_space(self, hardware_kind: str | None) -> str:
+        """The default search space (a ``conf/tune/`` name) on hardware of this kind."""
+        return self.tune_spaces.get(hardware_kind or "", FALLBACK_SPACE)
+
+    def environment(self, variant: str = "default") -> Environment:
+        if variant not in self.environments:
+            raise KnobError(f"{self.label} has no {variant!r} environment; it has "
+                            f"{', '.join(self.environments)}")
+        return self.environments[variant]
+
+    def check_reserved(self, knobs: Mapping[str, Any]) -> None:
+        """Raise ``KnobError`` when ``knobs`` set a native knob troughput sets itself."""
+        clash = sorted(self.reserved & set(knobs))
+        if clash:
+            raise KnobError(f"{self.label} knobs {clash} are set by troughput itself; remove them")
+
+
+def dummy_weights_args(model: Mapping[str, Any]) -> dict[str, Any]:
+    """``load_format="dummy"`` when the model config asks for dummy weights (vLLM, SGLang, TensorRT-LLM)."""
+    return {"load_format": "dummy"} if model.get("dummy_weights") else {}
+
+
+def _count(value: Any) -> int:
+    try:
+        return max(int(value or 1), 1)
+    except (TypeError, ValueError):
+        return 1
