@@ -37,13 +37,13 @@ def compose_specs(overrides: list[str], hf_overrides: list[str], results_dir: Pa
     """One ``RunSpec`` per set-up; all must hold the same workload."""
     from hydra import compose, initialize_config_dir
 
-    from harness.cli import spec_from_config
+    from harness.spec import build_spec
 
     specs = {}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for name, setup in SETUPS.items():
             extra = hf_overrides if name != "vllm" else []
-            spec = spec_from_config(compose("config", overrides=[*overrides, *setup, *extra]))
+            spec = build_spec(compose("config", overrides=[*overrides, *setup, *extra]))
             spec.repeats = 1
             spec.results_dir = results_dir
             spec.labels.update(command=" ".join(["benchmarks/hf_baseline.py", *overrides, *setup, *extra]),

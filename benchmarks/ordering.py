@@ -73,13 +73,13 @@ def main() -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from harness.cli import spec_from_config
+    from harness.spec import build_spec
     from harness.runner import execute
 
     named_workload = any(o.lstrip("+~").startswith("workload=") for o in overrides)
     overrides = [*COMMON_DEFAULTS, *([] if named_workload else PREFIX_DEFAULTS), *overrides]
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        spec = spec_from_config(compose("config", overrides=overrides))
+        spec = build_spec(compose("config", overrides=overrides))
         orderings = {name: OmegaConf.to_container(compose("config", overrides=[f"ordering={name}"]).ordering,
                                                   resolve=True) for name in policies}
     spec.results_dir = args.results_dir or Path(tempfile.mkdtemp(prefix="troughput-ordering-"))

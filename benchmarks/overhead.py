@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/overhead.py [--rounds 4] [--results-dir DIR] [HYDRA_OVERRIDES ...]
 
 The config is composed as ``troughput-run`` would compose it (default ``workload=unique``) and
-turned into a ``RunSpec`` by ``harness.cli.spec_from_config``. Each round runs, in alternating
+turned into a ``RunSpec`` by ``harness.spec.build_spec``. Each round runs, in alternating
 order, one troughput run (``harness.runner.execute``: its own worker process, warm-up, one timed
 pass) and one ``vllm bench throughput`` in a fresh subprocess of the engine's interpreter, with
 the same environment variables (``spec.env``) and the same engine knobs (``spec.knobs``, passed as
@@ -185,12 +185,12 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from hydra import compose, initialize_config_dir
 
-    from harness.cli import spec_from_config
+    from harness.spec import build_spec
     from harness.ordering import apply_ordering
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
-    spec = spec_from_config(cfg)
+    spec = build_spec(cfg)
     spec.repeats = 1  # vllm bench throughput times a single pass
     spec.results_dir = args.results_dir or Path(tempfile.mkdtemp(prefix="troughput-overhead-"))
     spec.labels.update(command=" ".join(["benchmarks/overhead.py", *overrides]), overhead="troughput")

@@ -36,7 +36,7 @@ from typing import Sequence
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.calibrate import fit, fitted_host, simulate_row, write_calibration  # noqa: E402
-from harness.cli import spec_from_config  # noqa: E402
+from harness.spec import build_spec  # noqa: E402
 from harness.environment import PROJECT_ROOT  # noqa: E402
 from harness.hostspec import complete_spec  # noqa: E402
 from harness.results import read_rows  # noqa: E402
@@ -76,7 +76,7 @@ def real_rows(results: Path, setting: tuple) -> list[dict]:
 
 
 def run(setting: tuple, engine: str, results: Path, repeats: int, extra: Sequence[str] = ()) -> dict:
-    row = execute(spec_from_config(compose(*overrides(setting, engine, results, repeats), *extra)), progress=False)
+    row = execute(build_spec(compose(*overrides(setting, engine, results, repeats), *extra)), progress=False)
     if row["status"] != "ok":
         raise SystemExit(f"{engine} {name(setting)}: {row['status']}: {row['error']}")
     return row

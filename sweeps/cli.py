@@ -4,17 +4,15 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
+from functools import partial
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from engines.base import KnobError
-from harness.cli import spec_from_config
 from harness.environment import PROJECT_ROOT
 from harness.errors import TroughputError
-from harness.models import resolve_model
-from harness.workloads import build_workload
+from harness.spec import build_inputs, build_spec
 from sweeps.best import best_trials, confirm, leaders, write_engine_file
 from sweeps.objective import Objective
 from sweeps.seeds import enqueue_seeds
@@ -32,14 +30,14 @@ def tune(cfg: DictConfig) -> dict:
     space = SearchSpace(OmegaConf.to_container(cfg.tune.space, resolve=True))
     study = open_study(cfg, objective)
     base = OmegaConf.to_container(cfg, resolve=True)
-    model = resolve_model(base["model"], cfg.engine.python or sys.executable)
-    workload = build_workload(base["workload"], model, Path(cfg.run.image_dir))
-    seeds = enqueue_seeds(study, base["tune"], space, base, workload.summary(), model["local_dir"])
+    inputs = build_inputs(cfg)  # once per study: every trial and confirmation run reuses model and workload
+    make_spec = partial(build_spec, inputs=inputs)
+    seeds = enqueue_seeds(study, base["tune"], space, base, inputs.workload.summary(), inputs.model["local_dir"])
     stale = fail_stale_trials(study, stale_after_s=2 * float(cfg.run.time_limit_s) + 120)
     print(f"study {study.study_name!r} in {cfg.tune.storage}: {finished_trials(study)} finished trials"
           f"{f', {stale} stale marked failed' if stale else ''}; budget {cfg.tune.n_trials}; "
           f"first trials: {', '.join(seeds) or 'none'}", flush=True)
-    run_trials(cfg, study, space, objective, spec_from_config)
+    run_trials(cfg, study, space, objective, make_spec)
     best = best_trials(study)
     summary = {"study": study.study_name, "finished": finished_trials(study), "best": best}
     if not best:
@@ -55,7 +53,7 @@ def tune(cfg: DictConfig) -> dict:
     elif int(cfg.tune.confirm_rounds) > 0:
         print(f"confirming: the default config vs trials {', '.join(str(t.number) for t in candidates)}, "
               f"{cfg.tune.confirm_rounds} rounds side by side")
-        result = confirm(cfg, candidates, objective, int(cfg.tune.confirm_rounds), spec_from_config,
+        result = confirm(cfg, candidates, objective, int(cfg.tune.confirm_rounds), make_spec,
                          study.study_name)
         summary["confirm"] = result
         if result["winner"] is not None:

@@ -32,12 +32,12 @@ def test_groups_the_issue_asks_for_exist():
 
 
 def test_knobs_merge_hardware_then_model_then_engine(tmp_path: Path):
-    from harness.cli import spec_from_config
+    from harness.spec import build_spec
 
     cfg = compose("workload=unique", "workload.num_requests=3", "engine.knobs.max_num_seqs=8",
                   "hardware.knobs.vllm.block_size=16", "model.knobs.vllm.max_model_len=512",
                   f"run.image_dir={tmp_path}")
-    spec = spec_from_config(cfg)
+    spec = build_spec(cfg)
     assert spec.knobs["max_num_seqs"] == 8 and spec.knobs["block_size"] == 16
     assert spec.knobs["max_model_len"] == 512 and spec.knobs["enforce_eager"] is True
     assert "max_num_batched_tokens" not in spec.knobs, "null knobs mean the engine's default and are dropped"
@@ -49,7 +49,8 @@ def test_knobs_merge_hardware_then_model_then_engine(tmp_path: Path):
 def test_every_search_space_composes_and_parses(option):
     from sweeps.space import SearchSpace
 
-    engine, _, hardware = option.partition("_")
+    engine, _, rest = option.partition("_")   # <engine>_<hardware>[_<variant>], or a generic space
+    hardware = next((h for h in options("hardware") if rest == h or rest.startswith(h + "_")), None)
     overrides = [f"engine={engine}", f"hardware={hardware}"] if hardware else ["engine=hf"]
     cfg = compose(*overrides, f"tune={option}", config_name="tuning")
     assert cfg.tune.n_trials > 0

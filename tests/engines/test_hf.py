@@ -185,11 +185,11 @@ def test_a_request_larger_than_the_kv_cache_fails_clearly(tiny):
 
 
 def _run(tmp_path, *overrides):
-    from harness.cli import spec_from_config
+    from harness.spec import build_spec
     from harness.runner import execute
 
     cfg = compose(*overrides, f"run.results_dir={tmp_path}", "run.progress=false")
-    return execute(spec_from_config(cfg), progress=False)
+    return execute(build_spec(cfg), progress=False)
 
 
 SMALL_UNIQUE = ["workload=unique", "workload.num_requests=12", "workload.input_len={kind: uniform, low: 8, high: 48}",

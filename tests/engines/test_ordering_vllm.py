@@ -7,7 +7,7 @@ send the same order as ``as_given`` and get the same hit count, and this test wo
 
 import pytest
 
-from harness.cli import spec_from_config
+from harness.spec import build_spec
 from harness.ordering import apply_ordering
 from harness.runner import execute
 from tests.conftest import compose
@@ -25,7 +25,7 @@ POLICIES = ("as_given", "shuffled", "prefix_grouped")
 
 
 def test_prefix_grouped_beats_the_interleaved_arrival_order_and_shuffled(tmp_path):
-    spec = spec_from_config(compose(*OVERRIDES, f"run.results_dir={tmp_path}"))
+    spec = build_spec(compose(*OVERRIDES, f"run.results_dir={tmp_path}"))
     groups = spec.workload.groups
     assert spec.workload.info["arrival"] == "interleaved"
     assert all(a != b for a, b in zip(groups, groups[1:])), "as given, no two neighbours share a prefix"

@@ -9,7 +9,7 @@ import pytest
 from engines.base import KnobError, Request
 from engines.sim import SimEngine
 from engines.sim_scheduler import Scheduler, SchedulerConfig
-from harness.cli import spec_from_config
+from harness.spec import build_spec
 from harness.runner import execute
 from tests.conftest import compose
 
@@ -166,7 +166,7 @@ def test_ten_thousand_requests_finish_with_every_token(model):
 def test_a_sim_run_through_the_runner_is_a_predicted_row(tmp_path):
     cfg = compose("engine=sim", "hardware=h100", "workload=unique", "workload.num_requests=40", "run.repeats=2",
                   f"run.results_dir={tmp_path}", "run.progress=false")
-    row = execute(spec_from_config(cfg), progress=False)
+    row = execute(build_spec(cfg), progress=False)
     assert row["status"] == "ok", row["error"]
     assert row["engine"] == "sim" and row["predicted"] is True and row["startup_s"] == 0.0
     assert row["output_tokens"] == row["workload_info.output_tokens_requested"]
@@ -208,11 +208,11 @@ def test_a_sim_row_carries_the_calibration_host_mismatch(tmp_path):
               f"run.results_dir={tmp_path}", *[f"++engine.knobs.calibration.{k}={v}" for k, v in
                                                [("efficiency.compute", 0.5), ("host.name", "half"),
                                                 *[(f"host.{k}", v) for k, v in half.items()]]]]
-    row = execute(spec_from_config(compose(*common)), progress=False)
+    row = execute(build_spec(compose(*common)), progress=False)
     assert row["status"] == "ok", row["error"]
     assert row["engine_info.calibration_host_mismatch"] == pytest.approx(1.0)
     assert "differs by +100%" in row["engine_info.sim_warning"]
-    on_that_host = execute(spec_from_config(compose(*common, *[f"hardware.spec.{k}={v}" for k, v in half.items()])),
+    on_that_host = execute(build_spec(compose(*common, *[f"hardware.spec.{k}={v}" for k, v in half.items()])),
                            progress=False)
     assert on_that_host["engine_info.sim_warning"] is None
     assert on_that_host["output_tok_s"] == row["output_tok_s"]

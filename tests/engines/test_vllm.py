@@ -2,7 +2,7 @@
 
 import pytest
 
-from harness.cli import spec_from_config
+from harness.spec import build_spec
 from harness.runner import execute
 from tests.conftest import compose
 
@@ -14,7 +14,7 @@ PREFIX = ["workload=prefix_heavy", "workload.num_groups=4", "workload.prompts_pe
 
 def run(tmp_path, *overrides):
     cfg = compose(*overrides, f"run.results_dir={tmp_path}", "run.progress=false")
-    return execute(spec_from_config(cfg), progress=False)
+    return execute(build_spec(cfg), progress=False)
 
 
 def test_prefix_cache_serves_all_but_the_first_prompt_of_each_group(tmp_path):

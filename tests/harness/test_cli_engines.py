@@ -3,14 +3,14 @@
 import pytest
 
 from engines.base import KnobError
-from harness.cli import spec_from_config
+from harness.spec import build_spec
 from harness.results import read_rows
 from tests.conftest import compose
 from tests.harness.test_cli import troughput_run
 
 
 def spec(tmp_path, *overrides):
-    return spec_from_config(compose("workload=unique", "workload.num_requests=2", f"run.image_dir={tmp_path}",
+    return build_spec(compose("workload=unique", "workload.num_requests=2", f"run.image_dir={tmp_path}",
                                     *overrides))
 
 

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 import harness.hostspec as hostspec
-from harness.cli import spec_from_config
+from harness.spec import build_spec
 from harness.runner import execute
 from tests.conftest import compose
 
@@ -42,7 +42,7 @@ def test_a_run_spec_is_completed_with_one_benchmark_per_host(monkeypatch, tmp_pa
         return subprocess.CompletedProcess(args, 0, json.dumps({**out, "method": "fake"}), "")
 
     monkeypatch.setattr(hostspec.subprocess, "run", fake_run)
-    run = spec_from_config(compose("engine=sim", "workload=unique", "workload.num_requests=8"))
+    run = build_spec(compose("engine=sim", "workload=unique", "workload.num_requests=8"))
     assert run.hardware_spec["peak_flops_bf16"] is None and run.knobs["hardware_spec"].get("peak_flops_bf16") is None
     completed = [hostspec.complete_run_spec(run, tmp_path) for _ in range(3)]
     assert len(launches) == 1, "measured once, then read from the cache"
@@ -54,7 +54,7 @@ def test_a_run_spec_is_completed_with_one_benchmark_per_host(monkeypatch, tmp_pa
 def test_the_runner_measures_at_the_start_and_the_row_uses_it(monkeypatch, tmp_path):
     """A CPU sim row: the speed of light and the simulator both use the host spec measured before the run."""
     monkeypatch.setattr(hostspec, "measure_host", lambda cache_dir: MEASURED)
-    row = execute(spec_from_config(compose("engine=sim", "workload=unique", "workload.num_requests=20",
+    row = execute(build_spec(compose("engine=sim", "workload=unique", "workload.num_requests=20",
                                            "run.progress=false", f"run.results_dir={tmp_path}")), progress=False)
     assert row["status"] == "ok", row["error"]
     assert row["hw.peak_flops_bf16"] == 5e10 and row["knob.hardware_spec.bandwidth_bytes_s"] == 1e10

@@ -6,7 +6,7 @@ import optuna
 import pytest
 from omegaconf import OmegaConf
 
-from harness.cli import spec_from_config
+from harness.spec import build_spec
 from harness.results import flatten, read_rows
 from sweeps.command import hydra_value, run_command
 from tests.conftest import compose
@@ -51,7 +51,7 @@ def test_pasting_a_trial_rows_command_composes_that_rows_config(tmp_path):
         words = overrides_of(row["command"])
         assert not [w for w in words if w.startswith("tune")], "no study settings in a troughput-run command"
         assert all(f"++{path}={value}" in words for path, value in params.items()), "the trial's own knobs"
-        spec = spec_from_config(compose(*words))
+        spec = build_spec(compose(*words))
         knobs = {**flatten("knob", spec.knobs), **({"knob.replicas": spec.replicas} if spec.replicas > 1 else {})}
         assert knobs == {k: v for k, v in row.items() if k.startswith("knob.")}, row["command"]
         assert (spec.workload.fingerprint, spec.repeats, spec.engine) == \

@@ -1,0 +1,119 @@
+"""Build a run's spec from a composed config: the one place config becomes a ``RunSpec``.
+
+``build_spec(cfg)`` resolves the model (building it if needed), builds the workload,
+layers the knobs and sets the labels. Callers that run many configs of one cell (the
+tuner's trials and confirmation runs, the benchmarks) build the cell's ``CellInputs``
+once and pass it in: a trial then only re-layers its knobs, and the workload is not
+re-tokenised. A config whose model or workload differs from the inputs' (a search
+space over ``workload.*``) gets its own, so sharing never changes what runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from engines.knobs import to_native
+from harness.errors import TroughputError
+from harness.models import resolve_model
+from harness.runner import RunSpec
+from harness.workloads import Workload, build_workload
+
+
+@dataclass(frozen=True)
+class CellInputs:
+    """What every config of one cell shares: the resolved model and the built workload, with their configs."""
+
+    model_cfg: dict[str, Any]
+    workload_cfg: dict[str, Any]
+    python: str
+    model: dict[str, Any]
+    workload: Workload
+
+    def serves(self, cfg: DictConfig) -> bool:
+        """Whether ``cfg`` asks for exactly this model and workload."""
+        return (_container(cfg.model), _container(cfg.workload), _python(cfg)) == (
+            self.model_cfg, self.workload_cfg, self.python)
+
+
+def build_inputs(cfg: DictConfig) -> CellInputs:
+    """Resolve the model (building it where ``model.build`` says so) and build the workload."""
+    python = _python(cfg)
+    model_cfg, workload_cfg = _container(cfg.model), _container(cfg.workload)
+    model = resolve_model(model_cfg, python)
+    workload = build_workload(workload_cfg, model, Path(cfg.run.image_dir))
+    return CellInputs(model_cfg, workload_cfg, python, model, workload)
+
+
+def build_spec(cfg: DictConfig, inputs: CellInputs | None = None) -> RunSpec:
+    """Compose a ``RunSpec`` from ``cfg``, reusing ``inputs`` when they serve it.
+
+    Knobs merge from general to specific: hardware, then model, then engine (native and
+    canonical); null means "not set here" and never hides a value from a more general layer.
+    Canonical names become the engine's native ones (``engines.knobs.to_native``), replacing
+    a native twin from the hardware or model layer.
+    """
+    if inputs is None or not inputs.serves(cfg):
+        inputs = build_inputs(cfg)
+    engine = cfg.engine.name
+    return RunSpec(
+        engine=engine, model=inputs.model, workload=inputs.workload, knobs=layered_knobs(cfg),
+        ordering=_container(cfg.ordering), python=inputs.python,
+        env={**cfg.hardware.get("env", {}), **cfg.engine.env}, repeats=int(cfg.run.repeats),
+        warmup_requests=int(cfg.run.warmup_requests), time_limit_s=float(cfg.run.time_limit_s),
+        memory_limit_bytes=cfg.run.get("memory_limit_bytes"),
+        results_dir=Path(cfg.run.results_dir), save_outputs=bool(cfg.run.save_outputs), labels=labels(cfg),
+        hardware_spec=_container(cfg.hardware.spec) if cfg.hardware.get("spec") else None,
+        workload_cfg=inputs.workload_cfg, replicas=_replicas(cfg.engine.get("replicas", 1)),
+    )
+
+
+def layered_knobs(cfg: DictConfig) -> dict[str, Any]:
+    """The engine's native knobs: hardware, then model (general), then engine native and canonical."""
+    engine = cfg.engine.name
+    layers = [(cfg.hardware.get("knobs") or {}).get(engine), (cfg.model.get("knobs") or {}).get(engine),
+              cfg.engine.knobs, cfg.engine.get("canonical")]
+    general: dict[str, Any] = {}
+    knobs: dict[str, Any] = {}
+    for index, layer in enumerate(layers):
+        values = OmegaConf.to_container(layer, resolve=True) if layer is not None else {}
+        target = general if index < 2 else knobs  # hardware and model are the general layers
+        target.update({name: value for name, value in values.items() if value is not None})
+    return to_native(engine, knobs, base=general)
+
+
+def labels(cfg: DictConfig) -> dict[str, Any]:
+    """The row's labels: the user's ``run.labels``, the command, hardware, round and multirun sweep."""
+    out = dict(OmegaConf.to_container(cfg.run.labels, resolve=True) or {})
+    out.setdefault("command", command_line())
+    out["hardware"] = cfg.hardware.name
+    if cfg.run.get("round") is not None:
+        out["round"] = cfg.run.round
+    if HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN":
+        out.setdefault("sweep_id", HydraConfig.get().sweep.dir)
+    return out
+
+
+def command_line() -> str:
+    """The command that reproduces this job (the overrides of this job, not the whole sweep)."""
+    overrides = HydraConfig.get().overrides.task if HydraConfig.initialized() else []
+    return " ".join(["troughput-run", *overrides])
+
+
+def _replicas(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TroughputError(f"engine.replicas={value!r}: must be an integer >= 1")
+    return value
+
+
+def _python(cfg: DictConfig) -> str:
+    return cfg.engine.python or sys.executable
+
+
+def _container(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True)
