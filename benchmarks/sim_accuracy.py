@@ -23,7 +23,7 @@ the default: on a shared machine other tenants only slow a pass down) or its med
 pass (``--passes median``); the fit and the error use the same choice.
 
 Usage: ``.venv/bin/python benchmarks/sim_accuracy.py [--results results/sim_accuracy] [--rounds 2]``
-(about 30 minutes a round of 3 passes on a busy 2-core machine)."""
+(about 40 minutes a round of 3 passes on a busy 2-core machine)."""
 
 from __future__ import annotations
 
