@@ -1,6 +1,7 @@
 """The Hugging Face baseline beside vLLM: output tok/s of four engine set-ups on one workload, side by side.
 
-    .venv/bin/python benchmarks/hf_baseline.py [--rounds 3] [--results-dir DIR] [--hf OVERRIDE ...] [OVERRIDES ...]
+    .venv/bin/python benchmarks/hf_baseline.py [--rounds 3] [--dtype bfloat16] [--results-dir DIR]
+                                               [--hf OVERRIDE ...] [OVERRIDES ...]
 
 Set-ups: ``hf`` static without early stop (finished rows idle as padding), ``hf`` static with
 early stop, ``hf`` continuous (transformers' own continuous batching), and ``vllm``. Each is
@@ -8,9 +9,17 @@ composed as ``troughput-run`` would compose it (default ``workload=unique``: var
 output lengths) and run through ``harness.runner.execute`` (its own worker process, warm-up,
 one timed pass), so every number is a results row. OVERRIDES (Hydra) apply to all four;
 ``--hf`` overrides (e.g. ``--hf engine.knobs.batch_size=16``) to the three hf set-ups only.
-The order of the set-ups rotates each round. Each round prints output tok/s, the padded
-decode slots of the static set-ups, continuous batching's preemptions, and the ratios; the
-end prints the median of each ratio. Always exits 0.
+
+All four run at one dtype, ``--dtype`` (``engine.knobs.dtype`` for both engines): left alone,
+``hf`` loads the tiny model's float32 checkpoint as float32 while vLLM's ``dtype=auto`` runs it
+in bfloat16 on CPU, and the ratios would mix engine and arithmetic. The default is bfloat16,
+what vLLM picks for itself. Each row records the dtype that actually ran
+(``engine_info.dtype``, read from the started engine); a set-up whose dtype differs from
+``--dtype`` is marked ``DTYPE MISMATCH`` and left out of the ratios.
+
+The order of the set-ups rotates each round. Each round prints output tok/s and dtype, the
+padded decode slots of the static set-ups, continuous batching's preemptions, and the ratios;
+the end prints the median of each ratio. Always exits 0.
 """
 
 from __future__ import annotations
@@ -33,8 +42,8 @@ RATIOS = [("static+early_stop", "static"), ("continuous", "static"), ("continuou
           ("vllm", "static"), ("vllm", "static+early_stop"), ("vllm", "continuous")]
 
 
-def compose_specs(overrides: list[str], hf_overrides: list[str], results_dir: Path) -> dict[str, Any]:
-    """One ``RunSpec`` per set-up; all must hold the same workload."""
+def compose_specs(overrides: list[str], hf_overrides: list[str], results_dir: Path, dtype: str) -> dict[str, Any]:
+    """One ``RunSpec`` per set-up, all at ``dtype``; all must hold the same workload."""
     from hydra import compose, initialize_config_dir
 
     from harness.spec import build_spec
@@ -42,7 +51,7 @@ def compose_specs(overrides: list[str], hf_overrides: list[str], results_dir: Pa
     specs = {}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         for name, setup in SETUPS.items():
-            extra = hf_overrides if name != "vllm" else []
+            extra = [f"++engine.knobs.dtype={dtype}", *(hf_overrides if name != "vllm" else [])]
             spec = build_spec(compose("config", overrides=[*overrides, *setup, *extra]))
             spec.repeats = 1
             spec.results_dir = results_dir
@@ -68,11 +77,19 @@ def run_round(specs: dict[str, Any], index: int) -> dict[str, dict[str, Any]]:
     return rows
 
 
-def describe(name: str, row: dict[str, Any]) -> str:
+def ran_as_asked(row: dict[str, Any], dtype: str) -> bool:
+    """The run succeeded and the engine reports that it ran at ``dtype``."""
+    return row["status"] == "ok" and bool(row["output_tok_s"]) and row.get("engine_info.dtype") == dtype
+
+
+def describe(name: str, row: dict[str, Any], dtype: str) -> str:
     """One set-up's part of a round line."""
     if row["status"] != "ok":
         return f"{name} FAILED ({row['status']}: {str(row['error']).splitlines()[0][:120]}; log {row['log_path']})"
-    text = f"{name} {row['output_tok_s']:7.1f} tok/s"
+    ran = row.get("engine_info.dtype")
+    text = f"{name} {row['output_tok_s']:7.1f} tok/s {ran}"
+    if ran != dtype:
+        text += f" DTYPE MISMATCH (asked {dtype})"
     if row.get("stat.padded_decode_slots") is not None:
         text += (f" (padded decode slots {int(row['stat.padded_decode_slots'])}, "
                  f"padding waste {row['stat.padding_waste']:.3f})")
@@ -86,6 +103,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--results-dir", type=Path, default=None,
                         help="where the rows go (default: a new temporary directory)")
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                        help="the dtype every set-up runs at (default: bfloat16, vLLM's own choice on CPU)")
     parser.add_argument("--hf", action="append", default=[], metavar="OVERRIDE",
                         help="a Hydra override for the hf set-ups only (repeatable)")
     args, overrides = parser.parse_known_args()
@@ -93,19 +112,21 @@ def main() -> None:
         overrides = ["workload=unique", *overrides]
     sys.path.insert(0, str(ROOT))
     results_dir = args.results_dir or Path(tempfile.mkdtemp(prefix="troughput-hf-baseline-"))
-    specs = compose_specs(overrides, args.hf, results_dir)
+    specs = compose_specs(overrides, args.hf, results_dir, args.dtype)
     workload = specs["vllm"].workload
     print(f"workload {workload.name} ({len(workload.requests)} requests, "
           f"{sum(r.max_tokens for r in workload.requests)} output tokens, "
           f"output lengths {min(r.max_tokens for r in workload.requests)}-"
-          f"{max(r.max_tokens for r in workload.requests)}), warm-up {specs['vllm'].warmup_requests}; "
+          f"{max(r.max_tokens for r in workload.requests)}), warm-up {specs['vllm'].warmup_requests}, "
+          f"dtype {args.dtype}; "
           f"hf knobs {specs['static'].knobs}; rows and logs in {results_dir}", flush=True)
 
     ratios: dict[tuple[str, str], list[float]] = {pair: [] for pair in RATIOS}
     for index in range(args.rounds):
         rows = run_round(specs, index)
-        print(f"round {index + 1}/{args.rounds}: " + "  ".join(describe(n, rows[n]) for n in SETUPS), flush=True)
-        got = {n: r["output_tok_s"] for n, r in rows.items() if r["status"] == "ok" and r["output_tok_s"]}
+        print(f"round {index + 1}/{args.rounds}: " + "  ".join(describe(n, rows[n], args.dtype) for n in SETUPS),
+              flush=True)
+        got = {n: r["output_tok_s"] for n, r in rows.items() if ran_as_asked(r, args.dtype)}
         shown = []
         for top, bottom in RATIOS:
             if top in got and bottom in got:
