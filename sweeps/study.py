@@ -176,8 +176,9 @@ def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objecti
     budget = trial_budget(cfg, study)
     ran = 0
     while started_trials(study) < budget and (deadline is None or time.monotonic() < deadline):
-        if isinstance(study.sampler, StudyGridSampler) and study.sampler.is_exhausted(study):
-            break  # every cell ran (several workers, or an earlier, larger budget)
+        if isinstance(study.sampler, StudyGridSampler) and study.sampler.is_exhausted(study) and \
+                not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
+            break  # every cell ran (several workers, or an earlier, larger budget) and no seed waits
         trial = study.ask()
         if trial.number >= budget:  # another worker took the last slot between our count and our ask
             trial.set_user_attr("reason", "over budget: not run")
@@ -243,7 +244,7 @@ def _fail(study, trial, reason: str) -> None:
 
 def apply_values(cfg: DictConfig, values: dict[str, Any]) -> DictConfig:
     """A copy of ``cfg`` with each dotted path set; ``ordering`` swaps in that ordering's config file."""
-    from harness.environment import PROJECT_ROOT
+    from engines.common import PROJECT_ROOT
 
     trial_cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     for path, value in values.items():

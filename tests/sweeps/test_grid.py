@@ -3,6 +3,7 @@
 import itertools
 
 import optuna
+from omegaconf import OmegaConf
 
 from sweeps.study import grid_values
 from tests.conftest import compose
@@ -33,6 +34,13 @@ def test_a_grid_study_runs_to_its_last_cell_prints_the_best_and_writes_the_confi
     assert f"best trial {best.number}: values {best.values}" in out
     written = tmp_path / "tuned" / "engine" / f"{summary['study']}.yaml"
     assert f"trial {best.number}," in written.read_text() and f"best config written to {written}" in out
+    # A seed added to the finished grid study runs on resume, alone: the grid is not run again.
+    OmegaConf.update(cfg, "tune.seeds", [*OmegaConf.to_container(cfg.tune.seeds),
+                                         {"name": "late seed", "params": {"engine.knobs.max_num_seqs": 8}}])
+    tune(cfg)
+    after = study.get_trials()
+    assert len(after) == len(trials) + 1 and after[-1].user_attrs["seed"] == "late seed"
+    assert after[-1].state == optuna.trial.TrialState.COMPLETE and after[-1].params["engine.knobs.max_num_seqs"] == 8
 
 
 def test_a_grid_budget_below_the_grid_runs_that_many_cells_plus_the_seeds(tmp_path):
