@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from harness.calibrate import fit, fitted_host, simulate_row, write_calibration  # noqa: E402
 from harness.spec import build_spec  # noqa: E402
-from harness.environment import PROJECT_ROOT  # noqa: E402
+from engines.common import PROJECT_ROOT  # noqa: E402
 from harness.hostspec import complete_spec  # noqa: E402
 from harness.results import read_rows  # noqa: E402
 from harness.runner import execute  # noqa: E402

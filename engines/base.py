@@ -15,6 +15,10 @@ class KnobError(ValueError):
     """A knob name or value the engine does not accept; raised before it starts."""
 
 
+class EngineUnavailable(RuntimeError):
+    """The engine cannot run in this interpreter (its package is missing, or no GPU is visible); the fix is named."""
+
+
 @dataclass(frozen=True)
 class Request:
     """One prompt as the engine sees it: token ids, an output length, optional images.

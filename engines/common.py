@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engines.base import EngineStats, KnobError
+from engines.base import EngineStats, EngineUnavailable, KnobError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENVS_DIR = PROJECT_ROOT / ".venvs"
@@ -33,7 +33,7 @@ def python_variable(env: str) -> str:
 
 
 def require_module(module: str, label: str, env: str) -> None:
-    """Raise ``KnobError`` with the fix when ``module`` is not importable in this interpreter."""
+    """Raise ``EngineUnavailable`` with the fix when ``module`` is not importable in this interpreter."""
     if importlib.util.find_spec(module) is not None:
         return
     made = env_python(env)
@@ -42,18 +42,18 @@ def require_module(module: str, label: str, env: str) -> None:
         fix = f"its environment exists: set {how}"
     else:
         fix = f"create its environment with `troughput-env {env}` and set {how}"
-    raise KnobError(f"{module} is not installed for {sys.executable}, so {label} cannot run here; {fix}")
+    raise EngineUnavailable(f"{module} is not installed for {sys.executable}, so {label} cannot run here; {fix}")
 
 
 def require_cuda(label: str) -> None:
-    """Raise ``KnobError`` when no CUDA GPU is visible to torch in this interpreter."""
+    """Raise ``EngineUnavailable`` when no CUDA GPU is visible to torch in this interpreter."""
     try:
         import torch
     except ImportError as e:
-        raise KnobError(f"{label} needs PyTorch with CUDA; torch is not importable in {sys.executable}") from e
+        raise EngineUnavailable(f"{label} needs PyTorch with CUDA; torch is not importable in {sys.executable}") from e
     if not torch.cuda.is_available():
         visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
-        raise KnobError(f"{label} needs an NVIDIA GPU; none is visible (CUDA_VISIBLE_DEVICES={visible}, "
+        raise EngineUnavailable(f"{label} needs an NVIDIA GPU; none is visible (CUDA_VISIBLE_DEVICES={visible}, "
                         f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})")
 
 

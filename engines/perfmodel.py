@@ -23,10 +23,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from engines.common import PROJECT_ROOT
 from engines.knobs import canonical_view
 
 log = logging.getLogger(__name__)
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURES_DIR = PROJECT_ROOT / "conf" / "architectures"
 # float32 checkpoints are served in 16 bits (vLLM's dtype="auto" does the same).
 DTYPE_BYTES = {"float32": 2, "float": 2, "bfloat16": 2, "bf16": 2, "float16": 2, "half": 2, "auto": 2,

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engines import get_engine_class
-from engines.base import Completion, Engine, EngineStats, KnobError, Request
+from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request
 
 OOM_MARKERS = ("out of memory", "outofmemory", "cannot allocate memory", "insufficient memory",
                "not enough memory", "less than desired")
@@ -150,7 +150,7 @@ def run_job(job_dir: Path) -> int:
                 f.write(json.dumps({"id": c.id, "output_token_ids": c.output_token_ids,
                                     "cached_tokens": c.cached_tokens}) + "\n")
         result.update(status="ok", phase="done")
-    except KnobError as e:
+    except (KnobError, EngineUnavailable) as e:
         result.update(status="invalid", error=str(e))
     except BaseException as e:  # noqa: BLE001 - every failure must become a row
         text = f"{type(e).__name__}: {e}"

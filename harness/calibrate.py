@@ -29,7 +29,7 @@ import yaml
 from engines.base import KnobError
 from engines.perfmodel import Efficiency, StepCost
 from engines.sim import SIM_KNOBS, SimEngine
-from harness.environment import PROJECT_ROOT
+from engines.common import PROJECT_ROOT
 from harness.errors import TroughputError
 from harness.hostspec import complete_spec
 from harness.ordering import apply_ordering

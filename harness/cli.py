@@ -13,7 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 from engines.base import KnobError
-from harness.environment import PROJECT_ROOT
+from engines.common import PROJECT_ROOT
 from harness.errors import TroughputError
 from harness.runner import execute
 from harness.spec import build_spec

@@ -10,7 +10,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+from engines.common import PROJECT_ROOT
 
 
 @functools.cache

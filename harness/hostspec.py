@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from engines.perfmodel import REQUIRED_RATES
-from harness.environment import PROJECT_ROOT
+from engines.common import PROJECT_ROOT
 from harness.errors import TroughputError
 
 log = logging.getLogger(__name__)

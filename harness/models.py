@@ -7,7 +7,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Mapping
 
-from harness.environment import PROJECT_ROOT
+from engines.common import PROJECT_ROOT
 from harness.errors import TroughputError
 
 log = logging.getLogger(__name__)

@@ -69,12 +69,12 @@ def read_results(results_dir: str | os.PathLike = "results", kind: str = RUNS_DI
     return pd.DataFrame.from_records(read_rows(results_dir, kind))
 
 
-def flatten(prefix: str, value: Any) -> dict[str, Any]:
-    """Nested mappings to dotted keys: ``flatten("knob", {"a": {"b": 1}}) == {"knob.a.b": 1}``."""
+def prefixed(prefix: str, value: Any) -> dict[str, Any]:
+    """Nested mappings to dotted keys: ``prefixed("knob", {"a": {"b": 1}}) == {"knob.a.b": 1}``."""
     if isinstance(value, dict):
         flat: dict[str, Any] = {}
         for key, inner in value.items():
-            flat.update(flatten(f"{prefix}.{key}" if prefix else str(key), inner))
+            flat.update(prefixed(f"{prefix}.{key}" if prefix else str(key), inner))
         return flat
     return {prefix: value}
 

@@ -26,15 +26,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from engines.knobs import canonical_view
-from engines.perfmodel import sol_columns
-from harness import environment
+from engines.common import PROJECT_ROOT
 from harness.errors import TroughputError
 from harness.hostspec import complete_run_spec
-from harness.measure import measurement_columns
 from harness.ordering import apply_ordering
 from harness.replicas import device_envs, merge_results, shard_requests
-from harness.results import flatten, new_run_id, write_row
+from harness.results import new_run_id, write_row
+from harness.row import build_row
 from harness.workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -92,47 +90,9 @@ def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
     finally:
         for job_dir in job_dirs:
             shutil.rmtree(job_dir, ignore_errors=True)
-    row = {
-        "run_id": run_id,
-        "timestamp": started.isoformat(),
-        "status": result.get("status", "crash"),
-        "error": result.get("error") or "",
-        "failed_phase": None if result.get("status") == "ok" else result.get("phase"),
-        "engine": spec.engine,
-        "engine_python": spec.python,
-        "model": spec.model.get("name"),
-        "model_path": spec.model.get("path"),
-        "workload": spec.workload.name,
-        "workload_fingerprint": spec.workload.fingerprint,
-        **{f"workload_info.{k}": v for k, v in spec.workload.summary().items()},
-        "ordering": spec.ordering.get("name"),
-        **flatten("knob", spec.knobs),
-        **({"knob.replicas": spec.replicas} if spec.replicas > 1 else {}),
-        **flatten("canon", canonical_view(spec.engine, spec.knobs)),
-        "replicas": spec.replicas,
-        "repeats": spec.repeats,
-        "warmup_requests": spec.warmup_requests,
-        "time_limit_s": spec.time_limit_s,
-        "memory_limit_bytes": spec.memory_limit_bytes,
-        "run_seconds": outcome["seconds"],
-        "log_path": str(log_paths[0]),
-        **measurement_columns(result),
-        **environment.capture(),
-        **spec.labels,
-    }
-    row.update(_speed_of_light_columns(spec, row))
+    row = build_row(spec, run_id, started, result, outcome["seconds"], str(log_paths[0]))
     write_row(results_dir, row)
     return row
-
-
-def _speed_of_light_columns(spec: RunSpec, row: dict[str, Any]) -> dict[str, Any]:
-    """``sol_tok_s``, ``sol_fraction`` (None when unknown), ``hw.*``, and ``workload_cfg.*``/``ordering_cfg.*``
-    so that ``troughput-calibrate`` can re-simulate the run (see harness/perfmodel.py)."""
-    columns = {**flatten("workload_cfg", spec.workload_cfg or {}), **flatten("ordering_cfg", spec.ordering)}
-    columns.update(sol_columns(spec.model.get("local_dir"), str(spec.model.get("name") or ""), spec.hardware_spec,
-                               spec.workload.summary(), spec.knobs, row.get("output_tok_s"),
-                               engine=spec.engine, replicas=spec.replicas))
-    return columns
 
 
 def _write_job(job_dir: Path, spec: RunSpec, requests: list) -> None:
@@ -148,7 +108,7 @@ def _supervise(spec: RunSpec, job_dirs: list[Path], device_env: list[dict[str, s
                progress: bool) -> dict[str, Any]:
     """Start one worker per replica, follow their events, enforce the limits, and say how the run ended."""
     env = {**os.environ, **{k: str(v) for k, v in spec.env.items()},
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(environment.PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.monotonic()
     procs: list[subprocess.Popen] = []
     with ExitStack() as stack:
@@ -158,7 +118,7 @@ def _supervise(spec: RunSpec, job_dirs: list[Path], device_env: list[dict[str, s
                 procs.append(subprocess.Popen(
                     [spec.python, "-m", "engines.worker", str(job_dir)], stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=log_file, text=True, env={**env, **extra},
-                    cwd=environment.PROJECT_ROOT, start_new_session=True))
+                    cwd=PROJECT_ROOT, start_new_session=True))
             except OSError as e:
                 for proc in procs:
                     _kill_group(proc)

@@ -10,7 +10,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from engines.base import KnobError
-from harness.environment import PROJECT_ROOT
+from engines.common import PROJECT_ROOT
 from harness.errors import TroughputError
 from harness.spec import build_inputs, build_spec
 from sweeps.best import best_trials, confirm, leaders, write_engine_file

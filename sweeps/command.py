@@ -20,7 +20,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from harness.environment import PROJECT_ROOT
+from engines.common import PROJECT_ROOT
 
 KEPT_HYDRA = ("hydra.searchpath",)  # config groups may come from there; the rest is the tune job's plumbing
 

@@ -33,7 +33,7 @@ import pandas as pd
 
 from harness.report.data import CELL, METRIC, cells
 from harness.report.stats import STATISTIC, ratio_interval
-from harness.results import DECISIONS_DIR, flatten, new_run_id, read_rows, write_row
+from harness.results import DECISIONS_DIR, prefixed, new_run_id, read_rows, write_row
 
 CLEAR, CLOSE, INSUFFICIENT = "clear winner", "too close to call", "insufficient data"
 MIN_RUNS = 3   # independent runs per side that a clear winner needs
@@ -83,7 +83,7 @@ def _runner_up(measured: pd.DataFrame) -> tuple[pd.Series | None, str | None]:
 
 def _side(prefix: str, config: pd.Series) -> dict[str, Any]:
     side = {field: _plain(config.get(field)) for field in SIDE_FIELDS}
-    return flatten(prefix, side) | flatten(f"{prefix}.knob", dict(config["knobs"]))
+    return prefixed(prefix, side) | prefixed(f"{prefix}.knob", dict(config["knobs"]))
 
 
 def _verdict(winner, runner_up, n_rows: int, n_boot: int, level: float, seed: int) -> dict[str, Any]:

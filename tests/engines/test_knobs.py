@@ -123,7 +123,7 @@ def test_readme_embeds_the_table_the_code_renders():
 
 
 def test_the_driver_imports_no_engine_module():
-    code = ("import sys, harness.cli, harness.runner, harness.envs, harness.report.cli, sweeps.cli, engines, "
+    code = ("import sys, harness.cli, harness.runner, harness.engine_env, harness.report.cli, sweeps.cli, engines, "
             "engines.knobs; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'sglang', 'tensorrt_llm') "
             "or m in ('engines.vllm', 'engines.sglang', 'engines.trtllm')))")

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from engines import sglang as adapter
-from engines.base import KnobError, Request
+from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
 from engines.sglang import SglangEngine, to_completion
 
@@ -57,7 +57,7 @@ def fake_sglang(monkeypatch):
 
 @needs_sglang_absent
 def test_without_sglang_validate_names_the_interpreter_and_the_fix():
-    with pytest.raises(KnobError) as e:
+    with pytest.raises(EngineUnavailable) as e:
         SglangEngine(MODEL, {}).validate()
     message = str(e.value)
     assert "sglang is not installed for" in message and sys.executable in message
@@ -69,7 +69,7 @@ def test_without_a_gpu_validate_says_so(monkeypatch):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    with pytest.raises(KnobError, match=r"SGLang needs an NVIDIA GPU; none is visible \(CUDA_VISIBLE_DEVICES="):
+    with pytest.raises(EngineUnavailable, match=r"SGLang needs an NVIDIA GPU; none is visible \(CUDA_VISIBLE_DEVICES="):
         SglangEngine(MODEL, {}).validate()
 
 

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from engines import trtllm as adapter
-from engines.base import KnobError, Request
+from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
 from engines.trtllm import TrtllmEngine, latest_reused_blocks, to_completion
 
@@ -73,7 +73,7 @@ def fake_trtllm(monkeypatch):
 
 @needs_trtllm_absent
 def test_without_tensorrt_llm_validate_names_the_interpreter_and_the_fix():
-    with pytest.raises(KnobError) as e:
+    with pytest.raises(EngineUnavailable) as e:
         TrtllmEngine(MODEL, {"backend": "pytorch"}).validate()
     message = str(e.value)
     assert "tensorrt_llm is not installed for" in message and sys.executable in message
@@ -85,7 +85,7 @@ def test_without_a_gpu_validate_says_so(monkeypatch):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    with pytest.raises(KnobError, match="TensorRT-LLM needs an NVIDIA GPU; none is visible"):
+    with pytest.raises(EngineUnavailable, match="TensorRT-LLM needs an NVIDIA GPU; none is visible"):
         TrtllmEngine(MODEL, {}).validate()
 
 

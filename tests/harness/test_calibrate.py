@@ -10,7 +10,7 @@ from engines.perfmodel import Efficiency
 from engines.sim import SimEngine
 from harness.calibrate import fit, nelder_mead, simulate_row, unflatten, write_calibration
 from harness.errors import TroughputError
-from harness.results import flatten
+from harness.results import prefixed
 
 HARDWARE = {"name": "test-cpu", "kind": "cpu", "peak_flops_bf16": 5e10, "bandwidth_bytes_s": 1e10,
             "memory_bytes": 8 << 30}
@@ -36,8 +36,8 @@ def row(model: dict, seqs: int, kv_tokens: int, wall_s: float = 1.0, workload: d
              "block_size": 16, "max_model_len": 256, "enforce_eager": True, "limit_mm_per_prompt": {"image": 1}}
     return {"run_id": f"s{seqs}-kv{kv_tokens}", "status": "ok", "workload": "unique", "wall_s": wall_s,
             "workload_fingerprint": fingerprint, "ordering": "as_given", "output_tokens": 60 * 24,
-            "preemptions": None, **flatten("workload_cfg", workload), **flatten("ordering_cfg", {"name": "as_given"}),
-            **flatten("knob", knobs)}
+            "preemptions": None, **prefixed("workload_cfg", workload), **prefixed("ordering_cfg", {"name": "as_given"}),
+            **prefixed("knob", knobs)}
 
 
 def synthetic(model: dict, settings: list[tuple[int, int]], noise: float = 0.0, seed: int = 0) -> list:
@@ -53,7 +53,7 @@ def synthetic(model: dict, settings: list[tuple[int, int]], noise: float = 0.0, 
 
 def test_unflatten_reverses_the_rows_dotted_columns():
     nested = {"a": 1, "b": {"c": 2, "d": {"e": "x"}}}
-    assert unflatten({**flatten("p", nested), "other.z": 3, "p.nan": float("nan")}, "p") == nested
+    assert unflatten({**prefixed("p", nested), "other.z": 3, "p.nan": float("nan")}, "p") == nested
 
 
 def test_a_row_is_resimulated_from_its_own_columns(model):

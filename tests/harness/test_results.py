@@ -3,7 +3,7 @@ import multiprocessing
 
 import pytest
 
-from harness.results import flatten, new_run_id, read_results, read_rows, write_row
+from harness.results import prefixed, new_run_id, read_results, read_rows, write_row
 
 
 def _write_many(args):
@@ -13,7 +13,7 @@ def _write_many(args):
 
 
 def test_rows_round_trip_as_a_dataframe(tmp_path):
-    write_row(tmp_path, {"run_id": "a", "status": "ok", **flatten("knob", {"x": 1, "y": {"z": 2}})})
+    write_row(tmp_path, {"run_id": "a", "status": "ok", **prefixed("knob", {"x": 1, "y": {"z": 2}})})
     write_row(tmp_path, {"run_id": "b", "status": "crash", "error": "boom"})
     frame = read_results(tmp_path)
     assert list(frame["run_id"]) == ["a", "b"]

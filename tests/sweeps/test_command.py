@@ -7,7 +7,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from harness.spec import build_spec
-from harness.results import flatten, read_rows
+from harness.results import prefixed, read_rows
 from sweeps.command import hydra_value, run_command
 from tests.conftest import compose
 from tests.sweeps.test_study import load, run_tune, settings
@@ -52,7 +52,7 @@ def test_pasting_a_trial_rows_command_composes_that_rows_config(tmp_path):
         assert not [w for w in words if w.startswith("tune")], "no study settings in a troughput-run command"
         assert all(f"++{path}={value}" in words for path, value in params.items()), "the trial's own knobs"
         spec = build_spec(compose(*words))
-        knobs = {**flatten("knob", spec.knobs), **({"knob.replicas": spec.replicas} if spec.replicas > 1 else {})}
+        knobs = {**prefixed("knob", spec.knobs), **({"knob.replicas": spec.replicas} if spec.replicas > 1 else {})}
         assert knobs == {k: v for k, v in row.items() if k.startswith("knob.")}, row["command"]
         assert (spec.workload.fingerprint, spec.repeats, spec.engine) == \
             (row["workload_fingerprint"], row["repeats"], row["engine"])

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.results import flatten, write_row
+from harness.results import prefixed, write_row
 
 _COUNTER = itertools.count()
 START = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
@@ -38,7 +38,7 @@ def synthetic_row(engine: str = "vllm", workload: str = "unique", knobs: dict[st
         "ordering": "as_given", "hardware": hardware, "git_commit": "abc123", "env.cpu": "Test CPU",
         "env.gpu_count": 0, "command": f"troughput-run workload={workload} engine={engine} "
                                        + " ".join(f"engine.knobs.{k}={v}" for k, v in knobs.items()),
-        "sweep_id": "sweep-1", **flatten("knob", knobs), **extra,
+        "sweep_id": "sweep-1", **prefixed("knob", knobs), **extra,
     }
     if status == "ok":
         rate = statistics.median_low(passes)

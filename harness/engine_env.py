@@ -25,7 +25,7 @@ from pathlib import Path
 from engines import ENGINES, unit
 from engines.common import ENVS_DIR, env_python, python_variable
 from engines.unit import Environment
-from harness.environment import PROJECT_ROOT
+from engines.common import PROJECT_ROOT
 
 
 # Run by --check under the environment's interpreter: which pieces import, as JSON.

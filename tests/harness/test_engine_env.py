@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from harness import envs
+from harness import engine_env as envs
 from tests.conftest import ROOT
 
 
@@ -60,7 +60,7 @@ def test_check_reports_exactly_what_is_missing(capsys, tmp_path):
 
 
 def test_the_module_runs_as_a_command():
-    proc = subprocess.run([sys.executable, "-m", "harness.envs", "trtllm", "--dry-run", "--python", sys.executable],
+    proc = subprocess.run([sys.executable, "-m", "harness.engine_env", "trtllm", "--dry-run", "--python", sys.executable],
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "tensorrt_llm==1.2.1" in proc.stdout and "engine.python=" in proc.stdout
