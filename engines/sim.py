@@ -25,6 +25,7 @@ from typing import Any, Mapping, Sequence
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 from engines.knobs import NativeMapping
 from engines.unit import EngineUnit, Environment
+from engines.vllm import UNIT as VLLM_UNIT
 from engines.sim_scheduler import Scheduler, SchedulerConfig
 from engines.perfmodel import (Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes,
                                rate_mismatch)
@@ -237,14 +238,13 @@ def _model_spec(model: Mapping[str, Any]) -> ModelSpec:
         raise KnobError(f"the simulator needs the model's architecture: {e}") from e
 
 
+# The simulator takes vLLM's native names: its canonical knobs are vLLM's, less what it does not model.
+_FROM_VLLM = ("max_seqs", "max_tokens_per_step", "kv_memory_fraction", "prefix_caching", "chunked_prefill")
+
 UNIT = EngineUnit(
     name="sim", label="simulator (vLLM-style)", adapter="engines.sim:SimEngine",
     knobs={
-        "max_seqs": NativeMapping(("max_num_seqs",)),
-        "max_tokens_per_step": NativeMapping(("max_num_batched_tokens",)),
-        "kv_memory_fraction": NativeMapping(("gpu_memory_utilization",)),
-        "prefix_caching": NativeMapping(("enable_prefix_caching",)),
-        "chunked_prefill": NativeMapping(("enable_chunked_prefill",)),
+        **{name: VLLM_UNIT.knobs[name] for name in _FROM_VLLM},
         "tensor_parallel": NativeMapping(("tensor_parallel_size",), note="ideal split, no communication"),
         "kv_cache_dtype": NativeMapping(("kv_cache_dtype",), choices=("auto", "bfloat16", "float16", "fp8",
                                                                        "fp8_e4m3", "fp8_e5m2")),

@@ -37,9 +37,9 @@ def devices(engine: str, knobs: Mapping[str, Any], replicas: Any = None) -> int:
 
 def job_seconds(startup_s: Any, backlog: float, rate: Any) -> float:
     """Seconds to clear ``backlog`` (tokens or requests) at ``rate`` (per second), startup included."""
-    rate = _number(rate, math.nan)
+    rate = as_number(rate, math.nan)
     generate = backlog / rate if rate and rate > 0 else math.inf
-    return _number(startup_s) + generate
+    return as_number(startup_s) + generate
 
 
 def _count(value: Any) -> int:
@@ -49,7 +49,8 @@ def _count(value: Any) -> int:
         return 1
 
 
-def _number(value: Any, default: float = 0.0) -> float:
+def as_number(value: Any, default: float = 0.0) -> float:
+    """``value`` as a float; ``default`` for None, NaN or anything that is not a number."""
     try:
         value = float(value)
     except (TypeError, ValueError):

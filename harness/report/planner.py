@@ -24,7 +24,7 @@ from typing import Any
 
 import pandas as pd
 
-from harness.cost import devices, job_seconds
+from harness.cost import as_number, devices, job_seconds
 from harness.report.data import CELL, METRIC, cells
 
 
@@ -70,16 +70,16 @@ def plan(frame: pd.DataFrame, configs: pd.DataFrame, inputs: PlannerInputs) -> p
 
 
 def plan_line(config: dict[str, Any], per_request: float | None, inputs: PlannerInputs) -> dict[str, Any]:
-    compile_s = _number(config.get("compile_s"))
-    startup = max(_number(config.get("startup_s")) - compile_s, 0.0)
+    compile_s = as_number(config.get("compile_s"))
+    startup = max(as_number(config.get("startup_s")) - compile_s, 0.0)
     if inputs.backlog_tokens:
         tokens = float(inputs.backlog_tokens)
         requests = tokens / per_request if per_request else math.nan
-        rate, unit, backlog = _number(config.get("total_tok_s"), math.nan), "tok/s", tokens
+        rate, unit, backlog = as_number(config.get("total_tok_s"), math.nan), "tok/s", tokens
     else:
         requests = float(inputs.backlog_requests)
         tokens = requests * per_request if per_request else math.nan
-        rate, unit, backlog = _number(config.get("req_s"), math.nan), "req/s", requests
+        rate, unit, backlog = as_number(config.get("req_s"), math.nan), "req/s", requests
     total_s = job_seconds(config.get("startup_s"), backlog, rate)
     generate_s = job_seconds(0, backlog, rate)
     gpus = devices(config["engine"], config.get("knobs") or {})
@@ -93,11 +93,3 @@ def plan_line(config: dict[str, Any], per_request: float | None, inputs: Planner
         "clears": bool(total_s <= inputs.window_h * 3600), "slack_h": inputs.window_h - total_s / 3600,
         "gpus": gpus, "cost_usd": cost, "usd_per_m_tokens": cost / tokens * 1e6 if tokens else math.nan,
     }
-
-
-def _number(value: Any, default: float = 0.0) -> float:
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return default
-    return default if math.isnan(value) else value
