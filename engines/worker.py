@@ -23,6 +23,7 @@ from typing import Any
 
 from engines import get_engine_class
 from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request
+from engines.gpumem import GpuMemorySampler
 
 OOM_MARKERS = ("out of memory", "outofmemory", "cannot allocate memory", "insufficient memory",
                "not enough memory", "less than desired")
@@ -120,6 +121,9 @@ def run_job(job_dir: Path) -> int:
         os.replace(tmp, job_dir / "result.json")
 
     engine: Engine | None = None
+    # GPU memory from the driver for the whole run (all processes on the visible devices, and this
+    # process tree's share), sampled every 0.5 s on a thread; None without a driver.
+    gpu_memory = GpuMemorySampler().start()
     try:
         emit("phase", phase="validate")
         engine = get_engine_class(job["engine"])(job["model"], job.get("knobs") or {})
@@ -144,7 +148,6 @@ def run_job(job_dir: Path) -> int:
             result["passes"].append(measured)
             engine.reset_caches()
         result["final_stats"] = asdict(engine.stats())
-        result["peak_gpu_bytes"] = _peak_gpu_bytes()
         with open(job_dir / "completions.jsonl", "w") as f:
             for c in completions:
                 f.write(json.dumps({"id": c.id, "output_token_ids": c.output_token_ids,
@@ -157,6 +160,7 @@ def run_job(job_dir: Path) -> int:
         result.update(status=classify_failure(text + traceback.format_exc()), error=text,
                       traceback=traceback.format_exc()[-4000:])
     finally:
+        result.update(gpu_memory.stop() or {"peak_gpu_bytes": None})
         if engine is not None and engine.started:
             try:
                 engine.stop()
@@ -165,17 +169,6 @@ def run_job(job_dir: Path) -> int:
         write_result()
         emit("phase", phase="done", status=result["status"])
     return 0 if result["status"] == "ok" else 3
-
-
-def _peak_gpu_bytes() -> int | None:
-    """Peak GPU memory reserved by this process, when torch sees a GPU."""
-    torch = sys.modules.get("torch")
-    try:
-        if torch is not None and torch.cuda.is_available():
-            return int(torch.cuda.max_memory_reserved())
-    except Exception:  # noqa: BLE001
-        return None
-    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,6 +25,8 @@ def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
         "engine_version": start.get("engine_version"),
         "peak_rss_bytes": result.get("peak_rss_bytes"),
         "peak_gpu_bytes": result.get("peak_gpu_bytes"),
+        "peak_gpu_process_bytes": result.get("peak_gpu_process_bytes"),
+        **{f"peak_gpu_bytes.{i}": v for i, v in (result.get("peak_gpu_bytes_by_device") or {}).items()},
         **{f"engine_info.{k}": v for k, v in (start.get("extra") or {}).items()},
     }
     passes = result.get("passes") or []

@@ -35,13 +35,15 @@ IDENTITY = ("run_id", "timestamp", "engine", "engine_python", "model", "model_pa
             "workload_fingerprint", "ordering")
 STATUS = ("status", "error", "failed_phase")
 SETTINGS = ("replicas", "repeats", "warmup_requests", "time_limit_s", "memory_limit_bytes")
-MEASUREMENTS = ("startup_s", "compile_s", "engine_version", "peak_rss_bytes", "peak_gpu_bytes", "wall_s",
+MEASUREMENTS = ("startup_s", "compile_s", "engine_version", "peak_rss_bytes", "peak_gpu_bytes",
+                "peak_gpu_process_bytes", "wall_s",
                 "requests_done", "input_tokens", "output_tokens", "cached_tokens", "req_s", "output_tok_s",
                 "total_tok_s", "output_tok_s_passes", "predicted", "preemptions", "prefix_cache_queries",
                 "prefix_cache_hits", "prefix_cache_hit_rate", "mm_cache_queries", "mm_cache_hits",
                 "completion_p50_s", "completion_p90_s", "completion_p99_s")
 SPEED_OF_LIGHT = ("sol_tok_s", "sol_fraction", "sol_bound")
 PREFIXES = ("workload_info.", "knob.", "canon.", "engine_info.", "stat.", "env.", "hw.", "workload_cfg.",
+            "peak_gpu_bytes.",
             "ordering_cfg.")
 
 
