@@ -72,10 +72,10 @@ CELLS = {
                  "engine.canonical.chunked_prefill": True}, grid_points=3),
 }
 SAMPLERS = {  # tune overrides per sampler setting tried
-    "tpe": {"sampler": "tpe"},
+    "tpe": {"sampler": "tpe"},  # the tuner's default: 4 random startup trials (sweeps.study.TPE_STARTUP)
+    "tpe-startup10": {"sampler": "tpe", "n_startup_trials": 10},  # Optuna's own default
+    "tpe-multivariate": {"sampler": "tpe", "multivariate": True},
     "random": {"sampler": "random"},
-    "tpe-startup4": {"sampler": "tpe", "n_startup_trials": 4},
-    "tpe-multivariate-startup4": {"sampler": "tpe", "n_startup_trials": 4, "multivariate": True},
 }
 
 
@@ -186,7 +186,7 @@ def live(cell: Cell, out: Path, extra: list[str], settings: dict[str, Any], seed
     """The same, every trial a real run through troughput-tune."""
     from sweeps.cli import tune
 
-    options = [f"tune.{k}={v}" if k in ("sampler", "seed") else f"+tune.{k}={v}" for k, v in settings.items()]
+    options = [f"tune.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
     cfg = tune_config(cell, out, [*options, f"tune.seed={seed}", f"tune.n_trials={budget}",
                                   f"tune.study_name={tag}", *extra,
                                   *([] if with_seeds else ["tune.seeds=[]", "tune.heuristic=null"])])
@@ -234,7 +234,8 @@ def main() -> None:
     (best_key,) = [k for k, v in grid.cells.items() if v == best][:1]
     budget = max(1, round(BUDGET_SHARE * grid.valid()))
     print(f"\ncell {args.cell}: {' '.join(cell.overrides)}")
-    print(f"grid: {len(grid.cells)} cells ({grid.valid()} valid), {grid.wall_s:.0f} s here; best {best:,.1f} "
+    print(f"grid: {len(grid.cells)} cells ({grid.valid()} valid), {sum(grid.seconds.values()):,.0f} run seconds "
+          f"({grid.wall_s:,.0f} s in this invocation, which resumes a stored grid); best {best:,.1f} "
           f"at {dict(zip(grid.values, best_key))}")
     for name, (params, value) in grid.seeds.items():
         share = f"{value / best:.1%} of the grid's best" if value is not None else "failed"
@@ -244,7 +245,6 @@ def main() -> None:
     print(f"| sampler | seed trials | trials to 2% | trials to 5% | best in {budget} trials | run s to 2% |")
     print("|---|---|---|---|---|---|")
     base = tune_config(cell, out, args.overrides)
-    OmegaConf.set_struct(base, False)  # the sampler settings tried are not all in tuning.yaml
     seed_names = [n for n in grid.seeds if n != "real-time config"]
     for label in args.samplers.split(","):
         settings = SAMPLERS[label]

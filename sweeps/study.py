@@ -36,7 +36,7 @@ log = logging.getLogger(__name__)
 FINISHED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.PRUNED)
 MEMORY_STATUSES = {"oom"}
 PRUNE_AFTER = 4  # trials that must have reported before the pruner stops any
-TPE_STARTUP = 10  # Optuna's default
+TPE_STARTUP = 4  # Optuna's default is 10; 4 reached 2% of the grid's best sooner (benchmarks/search_efficiency.py)
 
 
 def study_name(cfg: DictConfig) -> str:
