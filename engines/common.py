@@ -19,7 +19,6 @@ from engines.base import EngineStats, EngineUnavailable, KnobError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 ENVS_DIR = PROJECT_ROOT / ".venvs"
-NATIVE_FIELDS_DIR = Path(__file__).resolve().parent / "native_fields"
 
 
 def env_python(env: str, envs_dir: Path = ENVS_DIR) -> Path:
@@ -90,22 +89,6 @@ def check_names(names: Iterable[str], known: Iterable[str], label: str, source: 
             hints.append(f"{name} -> {' or '.join(close)}?")
     hint = f"; did you mean: {', '.join(hints)}" if hints else ""
     raise KnobError(f"unknown {label} knob(s) {unknown}: not {source}{hint}")
-
-
-def load_field_list(name: str) -> dict[str, frozenset[str]]:
-    """Field names from ``native_fields/<name>.txt`` by ``[section]`` ("" before any section)."""
-    sections: dict[str, set[str]] = {"": set()}
-    current = ""
-    for line in (NATIVE_FIELDS_DIR / f"{name}.txt").read_text().splitlines():
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("[") and line.endswith("]"):
-            current = line[1:-1]
-            sections.setdefault(current, set())
-        else:
-            sections[current].add(line)
-    return {section: frozenset(names) for section, names in sections.items()}
 
 
 def dtype_name(dtype: Any) -> str:

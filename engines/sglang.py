@@ -16,8 +16,15 @@ NVIDIA GPU, and its CPU path a CPU build of ``sgl_kernel`` that PyPI lacks):
   ``ignore_eos``, ``temperature`` (0 means greedy).
 - ``Engine.get_server_info()["startup_time"]`` holds ``load_weight``,
   ``kv_cache_allocation`` and per-phase ``cuda_graph`` capture seconds
-  (``srt/observability/startup_time.py``); ``Engine.flush_cache()`` drops the radix cache;
-  ``Engine.shutdown()`` stops its subprocesses.
+  (``srt/observability/startup_time.py``); ``Engine.shutdown()`` stops its subprocesses.
+- ``Engine.flush_cache()`` drops the radix cache only when the scheduler is idle and returns a
+  ``FlushCacheReqOutput`` (``success``, ``message``; ``srt/managers/io_struct.py``). Right after
+  a batch the scheduler may not be idle yet, so ``reset_caches`` retries for up to
+  ``FLUSH_TIMEOUT_S``; if the cache never flushes, the next ``generate`` raises instead of timing
+  a pass on a warm cache (the row fails with that reason).
+
+Every name above is recorded in ``engines/snapshots/sglang-0.5.23.json`` (``record.py`` reads
+the wheel); the knob check, the model check and the adapter tests' stand-in engine read it.
 """
 
 from __future__ import annotations
@@ -27,13 +34,19 @@ import time
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
-from engines.common import (
-    RequestCounters, check_names, load_field_list, require_cuda, require_module, shutdown,
-)
+from engines.common import RequestCounters, check_names, require_cuda, require_module, shutdown
 from engines.knobs import UNSET, NativeMapping, inverted, prefixed
+from engines.snapshots import load as load_snapshot
+from engines.snapshots import model_architectures
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 
 LABEL = "SGLang"
+FLUSH_TIMEOUT_S = 5.0    # how long reset_caches retries flush_cache before giving up
+FLUSH_FIRST_SLEEP_S = 0.05
+
+
+class CacheNotFlushed(RuntimeError):
+    """The radix cache could not be flushed: a pass now would be timed on a warm cache."""
 
 
 class SglangEngine(Engine):
@@ -42,15 +55,18 @@ class SglangEngine(Engine):
     name = "sglang"
 
     def validate(self) -> None:
-        """The package, then a GPU, then knob names against ``ServerArgs``; raise ``KnobError``."""
+        """The package, then a GPU, then knob names and the model's architecture; raise ``KnobError``."""
         require_module("sglang", LABEL, "sglang")
         require_cuda(LABEL)
         self.check_knobs()
 
     def check_knobs(self) -> None:
+        """Knob names against ``ServerArgs``, and that SGLang implements the model's architecture."""
         UNIT.check_reserved(self.knobs)
         fields, source = server_args_fields()
         check_names(self.knobs, fields, LABEL, source)
+        load_snapshot("sglang").check_architectures(model_architectures(self.model), LABEL,
+                                                    str(self.model.get("name") or self.model.get("path")))
 
     def _engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -65,6 +81,7 @@ class SglangEngine(Engine):
         import sglang
 
         self.counters = RequestCounters(preemptions=0)
+        self.unflushed: str | None = None
         t0 = time.perf_counter()
         self.llm = sglang.Engine(**self._engine_kwargs())
         startup_s = time.perf_counter() - t0
@@ -74,6 +91,8 @@ class SglangEngine(Engine):
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
         self.require_started()
+        if self.unflushed:
+            raise CacheNotFlushed(self.unflushed)
         images = [list(r.images) for r in requests] if any(r.images for r in requests) else None
         submitted_at = time.perf_counter()
         outputs = self.llm.generate(input_ids=[r.prompt_token_ids for r in requests],
@@ -93,11 +112,31 @@ class SglangEngine(Engine):
         return self.counters.stats()
 
     def reset_caches(self) -> None:
+        """Flush the radix cache, retrying while the scheduler is busy; remember a failure for ``generate``."""
         self.require_started()
-        self.llm.flush_cache()
+        self.unflushed = flush_radix_cache(self.llm, FLUSH_TIMEOUT_S)
 
     def stop(self) -> None:
         shutdown(self)
+
+
+def flush_radix_cache(llm: Any, timeout_s: float, sleep=time.sleep, clock=time.monotonic) -> str | None:
+    """Call ``llm.flush_cache()`` until it reports ``success``, sleeping 50 ms, 100 ms, ... up to ``timeout_s``.
+
+    Returns ``None`` once flushed, else why not (the last result's ``message``).
+    """
+    deadline, pause, attempts = clock() + timeout_s, FLUSH_FIRST_SLEEP_S, 0
+    while True:
+        result = llm.flush_cache()
+        attempts += 1
+        if result.success:
+            return None
+        if clock() + pause > deadline:
+            return (f"SGLang did not flush its radix cache ({attempts} flush_cache() calls over {timeout_s:g} s, "
+                    f"last message: {result.message!r}); a pass now would reuse the previous pass's cached "
+                    "prefixes, so it is not timed")
+        sleep(pause)
+        pause = min(pause * 2, 1.0)
 
 
 def sampling_params(request: Request) -> dict[str, Any]:
@@ -127,12 +166,13 @@ def to_completion(request: Request, output: dict[str, Any], submitted_at: float 
 
 
 def server_args_fields() -> tuple[frozenset[str], str]:
-    """``ServerArgs`` field names: the installed class's, else the recorded 0.5.23 list."""
+    """``ServerArgs`` field names: the installed class's, else the recorded snapshot's."""
     try:
         import msgspec
         from sglang.srt.server_args import ServerArgs
     except ImportError:
-        return load_field_list("sglang")[""], "fields of sglang 0.5.23 ServerArgs (engines/native_fields/sglang.txt)"
+        snapshot = load_snapshot("sglang")
+        return snapshot.fields("ServerArgs"), f"fields of ServerArgs in {snapshot.label}"
     import sglang
 
     names = frozenset(f.name for f in msgspec.structs.fields(ServerArgs))

@@ -15,9 +15,34 @@ GPU, and its wheel cannot be installed here.
 - ``RequestOutput.prompt_token_ids``, ``.outputs[0].token_ids`` and
   ``.outputs[0].request_perf_metrics`` (``kv_cache_metrics.num_reused_blocks``,
   ``timing_metrics.last_token_time`` on the steady clock of ``tensorrt_llm.bindings.steady_clock_now``).
-- ``LLM.get_stats(timeout)``: iteration stats, ``kvCacheStats.reusedBlocks`` cumulative.
+- ``LLM.get_stats(timeout)``: the iteration stats gathered since the last call (a bounded
+  queue, ``max_stats_len``), as JSON (``cpp/tensorrt_llm/executor/jsonSerialization.cpp``):
+  ``kvCacheStats.reusedBlocks`` is cumulative; ``inflightBatchingStats.numPausedRequests`` counts
+  the requests the scheduler paused in that iteration. A paused request has its KV blocks freed
+  and restarts from prefill (``PyExecutor._pause_requests``: ``req.pause(...)`` then
+  ``_terminate_request``), so each count is one preemption, and the preemption count is their
+  sum over iterations (non-zero only under ``capacity_scheduler_policy: MAX_UTILIZATION``;
+  ``GUARANTEED_NO_EVICT``, the default, never pauses). Stats are drained about once a second
+  while results come in; iterations missing from the ``iter`` sequence are reported as ``iteration_stats_lost``.
 - ``LLM.llm_build_stats.build_steps_info``: ``(step, seconds)`` of the engine build;
   ``LLM.args.kv_cache_config.tokens_per_block``; ``LLM.shutdown()``.
+
+Rules the adapter applies (each only where the knobs leave it open):
+
+- CUDA graphs follow the batch size: with ``max_batch_size`` set and no ``cuda_graph_config``,
+  the PyTorch backend gets ``cuda_graph_config = {max_batch_size: <max_batch_size>,
+  enable_padding: true}``, so graphs are captured up to the largest batch (TensorRT-LLM's own
+  default stops at 128) and a batch between two captured sizes is padded up to the next one.
+  ``cuda_graph_config: null`` turns graphs off; an explicit config is passed through.
+- The TensorRT backend builds its engine for the workload: ``max_input_len`` = the longest
+  prompt and ``max_seq_len`` = the longest prompt plus its output, from the requests the
+  worker holds (``model["workload_max_prompt_tokens"]`` / ``["workload_max_seq_tokens"]``), since
+  TensorRT-LLM's build default (1,024) rejects longer prompts.
+- Without chunked prefill, a prompt longer than ``max_num_tokens`` (8,192 by default) cannot be
+  scheduled: ``validate`` refuses such a config before the engine starts.
+
+Every name above is recorded in ``engines/snapshots/tensorrt_llm-1.2.1.json``; the knob check
+and the adapter tests' stand-in ``LLM`` read it.
 """
 
 from __future__ import annotations
@@ -29,15 +54,18 @@ from datetime import timedelta
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
-from engines.common import (
-    RequestCounters, check_names, load_field_list, load_images, require_cuda, require_module, shutdown,
-)
+from engines.common import RequestCounters, check_names, load_images, require_cuda, require_module, shutdown
 from engines.knobs import NativeMapping
+from engines.snapshots import load as load_snapshot
+from engines.snapshots import model_architectures
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 
 LABEL = "TensorRT-LLM"
 BACKENDS = {"pytorch": "tensorrt_llm:LLM", "tensorrt": "tensorrt_llm._tensorrt_engine:LLM"}
-NESTED = ("kv_cache_config", "scheduler_config")
+NESTED = {"kv_cache_config": "KvCacheConfig", "scheduler_config": "SchedulerConfig",
+          "cuda_graph_config": "CudaGraphConfig"}
+DEFAULT_MAX_NUM_TOKENS = 8192   # BaseLlmArgs.max_num_tokens
+DRAIN_EVERY_S = 1.0             # get_stats() holds max_stats_len (1,000) iterations; drain well before
 
 
 class TrtllmEngine(Engine):
@@ -70,6 +98,20 @@ class TrtllmEngine(Engine):
         if self.backend == "tensorrt" and dtype != "auto":
             raise KnobError("kv_cache_config.dtype (kv_cache_dtype) is PyTorch-backend only: TrtLlmArgs "
                             "rejects it; quantize the KV cache through the engine build (quant_config) instead")
+        self._check_token_budget()
+        load_snapshot("trtllm").check_architectures(model_architectures(self.model), LABEL,
+                                                    str(self.model.get("name") or self.model.get("path")))
+
+    def _check_token_budget(self) -> None:
+        """Without chunked prefill, every prompt must fit in one step's token budget."""
+        longest = self.model.get("workload_max_prompt_tokens")
+        if longest is None or self.knobs.get("enable_chunked_prefill"):
+            return
+        budget = int(self.knobs.get("max_num_tokens") or DEFAULT_MAX_NUM_TOKENS)
+        if budget < int(longest):
+            raise KnobError(f"TensorRT-LLM max_num_tokens={budget} (max_tokens_per_step) is below the longest "
+                            f"prompt ({longest} tokens) with chunked prefill off: raise max_num_tokens to at "
+                            f"least {longest} or set enable_chunked_prefill (chunked_prefill) true")
 
     def _engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model["path"], "return_perf_metrics": True}
@@ -77,6 +119,14 @@ class TrtllmEngine(Engine):
             kwargs["enable_iter_perf_stats"] = True
         kwargs.update(dummy_weights_args(self.model))
         knobs = {k: v for k, v in self.knobs.items() if k != "backend"}
+        if self.backend == "pytorch" and "max_batch_size" in knobs and "cuda_graph_config" not in knobs:
+            kwargs["cuda_graph_config"] = {"max_batch_size": int(knobs["max_batch_size"]), "enable_padding": True}
+        if self.backend == "tensorrt":
+            build = knobs.get("build_config") or {}
+            for name, key in (("max_input_len", "workload_max_prompt_tokens"),
+                              ("max_seq_len", "workload_max_seq_tokens")):
+                if self.model.get(key) is not None and name not in knobs and name not in build:
+                    kwargs[name] = int(self.model[key])
         return {**kwargs, **knobs}
 
     def start(self) -> StartInfo:
@@ -85,6 +135,7 @@ class TrtllmEngine(Engine):
         module_name, class_name = BACKENDS[self.backend].split(":")
         llm_class = getattr(importlib.import_module(module_name), class_name)
         self.counters = RequestCounters()
+        self.iterations = IterationTally()
         self.salt: str | None = None
         t0 = time.perf_counter()
         self.llm = llm_class(**self._engine_kwargs())
@@ -106,22 +157,26 @@ class TrtllmEngine(Engine):
         salt = {"cache_salt": self.salt} if self.salt else {}
         futures = [self.llm.generate_async(prompt(r), sampling_params=SamplingParams(**sampling_kwargs(r)), **salt)
                    for r in requests]
-        completions = []
+        completions, drained_at = [], submitted_at
         for request, future in zip(requests, futures):
             completion = to_completion(request, future.result(), self.tokens_per_block, submitted_at, clock_at_submit)
             self.counters.add(completion.prompt_tokens, completion.cached_tokens)
             completions.append(completion)
+            if time.perf_counter() - drained_at > DRAIN_EVERY_S:   # before the bounded stats queue drops any
+                self.iterations.add(self.llm.get_stats(timeout=0.01))
+                drained_at = time.perf_counter()
             if on_finish is not None:
                 on_finish(1)
         return completions
 
     def stats(self) -> EngineStats:
-        """Prefix reuse summed from per-request metrics; ``kv_reused_blocks`` from iteration stats."""
+        """Prefix reuse summed from per-request metrics; preemptions and ``kv_reused_blocks`` from iteration stats."""
         self.require_started()
-        reused = latest_reused_blocks(self.llm.get_stats(timeout=0.5))
-        if reused is not None:
-            self.counters.extra["kv_reused_blocks"] = reused
-        return self.counters.stats()
+        self.iterations.add(self.llm.get_stats(timeout=0.5))
+        stats = self.counters.stats()
+        stats.preemptions = self.iterations.paused
+        stats.extra.update(self.iterations.extra())
+        return stats
 
     def reset_caches(self) -> None:
         """The LLM API has no cache flush; a new ``cache_salt`` keeps later requests off earlier blocks."""
@@ -166,26 +221,52 @@ def to_completion(request: Request, output: Any, tokens_per_block: int, submitte
                       cached_tokens=cached, finished_at=finished_at)
 
 
-def latest_reused_blocks(iteration_stats: list[Any]) -> float | None:
-    """The last cumulative ``kvCacheStats.reusedBlocks`` in ``LLM.get_stats()`` (dicts or JSON strings)."""
-    reused = None
-    for entry in iteration_stats or []:
-        entry = json.loads(entry) if isinstance(entry, str) else entry
-        value = (entry.get("kvCacheStats") or {}).get("reusedBlocks")
-        if value is not None:
-            reused = float(value)
-    return reused
+class IterationTally:
+    """What troughput keeps from ``LLM.get_stats()`` batches (dicts or JSON strings), fed as they are drained.
+
+    ``paused`` sums ``inflightBatchingStats.numPausedRequests`` (one per preemption; ``None``
+    until an iteration reports it); ``reused_blocks`` is the last cumulative
+    ``kvCacheStats.reusedBlocks``; ``lost`` counts iterations missing between the first and
+    last ``iter`` seen (dropped by the bounded stats queue), which would undercount ``paused``.
+    """
+
+    def __init__(self) -> None:
+        self.paused: int | None = None
+        self.reused_blocks: float | None = None
+        self.seen: set[int] = set()
+
+    def add(self, iteration_stats: list[Any] | None) -> None:
+        for entry in iteration_stats or []:
+            entry = json.loads(entry) if isinstance(entry, str) else entry
+            if entry.get("iter") is not None:
+                self.seen.add(int(entry["iter"]))
+            paused = (entry.get("inflightBatchingStats") or {}).get("numPausedRequests")
+            if paused is not None:
+                self.paused = (self.paused or 0) + int(paused)
+            reused = (entry.get("kvCacheStats") or {}).get("reusedBlocks")
+            if reused is not None:
+                self.reused_blocks = float(reused)
+
+    @property
+    def lost(self) -> int:
+        return (max(self.seen) - min(self.seen) + 1 - len(self.seen)) if self.seen else 0
+
+    def extra(self) -> dict[str, float]:
+        out = {"iterations": float(len(self.seen)), "iteration_stats_lost": float(self.lost)}
+        if self.reused_blocks is not None:
+            out["kv_reused_blocks"] = self.reused_blocks
+        return out
 
 
 def native_fields(backend: str) -> tuple[dict[str, frozenset[str]], str]:
-    """Argument names by section ("" top level, ``kv_cache_config``, ``scheduler_config``) for ``backend``."""
+    """Argument names by section ("" top level, then each of ``NESTED``) for ``backend``."""
     try:
         fields = _installed_fields(backend)
     except ImportError:
-        recorded = load_field_list("trtllm")
-        top = recorded["base"] | recorded[backend]
-        fields = {"": top, **{section: recorded[section] for section in NESTED}}
-        return fields, f"TensorRT-LLM 1.2-line {_ARGS_CLASS[backend]} fields (engines/native_fields/trtllm.txt)"
+        snapshot = load_snapshot("trtllm")
+        fields = {"": snapshot.fields(_ARGS_CLASS[backend]) | {"backend"},
+                  **{section: snapshot.fields(cls) for section, cls in NESTED.items()}}
+        return fields, f"{_ARGS_CLASS[backend]} fields in {snapshot.label}"
     import tensorrt_llm
 
     return fields, f"{_ARGS_CLASS[backend]} fields of the installed tensorrt_llm {tensorrt_llm.__version__}"
@@ -204,8 +285,7 @@ def _installed_fields(backend: str) -> dict[str, frozenset[str]]:
     else:  # newer releases moved it next to the TensorRT LLM class
         args_class = importlib.import_module("tensorrt_llm._tensorrt_engine.llm_args").TrtLlmArgs
     return {"": frozenset(args_class.model_fields) | {"backend"},
-            "kv_cache_config": frozenset(llm_args.KvCacheConfig.model_fields),
-            "scheduler_config": frozenset(llm_args.SchedulerConfig.model_fields)}
+            **{section: frozenset(getattr(llm_args, cls).model_fields) for section, cls in NESTED.items()}}
 
 
 def _steady_now() -> Any:

@@ -108,6 +108,19 @@ def timed_pass(engine: Engine, requests: list[Request], index: int) -> tuple[dic
     }, completions
 
 
+def workload_limits(requests: list[Request]) -> dict[str, int]:
+    """The longest prompt and prompt + output of this job's requests, for adapters that size the engine by them.
+
+    Passed to the adapter inside its model dict (``workload_max_prompt_tokens``,
+    ``workload_max_seq_tokens``): TensorRT-LLM's engine build fixes ``max_input_len`` and
+    ``max_seq_len`` before any request arrives.
+    """
+    if not requests:
+        return {}
+    return {"workload_max_prompt_tokens": max(len(r.prompt_token_ids) for r in requests),
+            "workload_max_seq_tokens": max(len(r.prompt_token_ids) + r.max_tokens for r in requests)}
+
+
 def run_job(job_dir: Path) -> int:
     job = json.loads((job_dir / "job.json").read_text())
     with open(job_dir / "requests.jsonl") as f:
@@ -126,7 +139,7 @@ def run_job(job_dir: Path) -> int:
     gpu_memory = GpuMemorySampler().start()
     try:
         emit("phase", phase="validate")
-        engine = get_engine_class(job["engine"])(job["model"], job.get("knobs") or {})
+        engine = get_engine_class(job["engine"])({**job["model"], **workload_limits(requests)}, job.get("knobs") or {})
         engine.validate()
         result["phase"] = "start"
         emit("phase", phase="start")

@@ -1,6 +1,19 @@
-"""Fixtures shared by the adapter tests."""
+"""Fixtures shared by the adapter tests, and stand-ins built from the recorded API snapshots.
+
+The SGLang and TensorRT-LLM stand-ins accept exactly what the recorded API accepts
+(``engines/snapshots/*.json``, recorded from the real packages): a keyword argument the
+real method lacks raises ``TypeError`` as the real call would, an unrecorded method does
+not exist, and reading an unrecorded result key or attribute fails the test, including
+through ``dict.get`` and ``getattr(..., default)``, which would hide a renamed name.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
 
 import pytest
+
+from engines.snapshots import Snapshot
 
 
 @pytest.fixture
@@ -9,3 +22,94 @@ def past_env_checks(monkeypatch, request):
     adapter = request.module.adapter
     monkeypatch.setattr(adapter, "require_module", lambda *a: None)
     monkeypatch.setattr(adapter, "require_cuda", lambda *a: None)
+
+
+class UnrecordedName(AssertionError):
+    """The adapter used a name the recorded API does not have."""
+
+
+def check_fields(snapshot: Snapshot, cls: str, kwargs: dict[str, Any]) -> None:
+    """Raise ``TypeError`` (as pydantic/msgspec/dataclass constructors do) for a field ``cls`` lacks."""
+    unknown = sorted(set(kwargs) - snapshot.fields(cls))
+    if unknown:
+        raise TypeError(f"{cls}() got unexpected keyword argument(s) {unknown}: not fields in {snapshot.label}")
+
+
+def checked_method(snapshot: Snapshot, cls: str, method: str, impl: Callable) -> Callable:
+    """``impl`` behind the recorded signature of ``cls.method``: unknown keywords raise ``TypeError``."""
+    params = snapshot.params(cls, method)
+    var_keyword = snapshot.methods(cls)[method]["var_keyword"]
+
+    def call(self, *args, **kwargs):
+        if len(args) > len(params):
+            raise TypeError(f"{cls}.{method}() takes {len(params)} arguments, got {len(args)}")
+        unknown = sorted(set(kwargs) - params)
+        if unknown and not var_keyword:
+            raise TypeError(f"{cls}.{method}() got unexpected keyword argument(s) {unknown} "
+                            f"(its parameters in {snapshot.label}: {sorted(params)})")
+        return impl(self, *args, **kwargs)
+
+    call.__name__ = method
+    return call
+
+
+def fake_class(snapshot: Snapshot, cls: str, methods: dict[str, Callable], init: Callable | None = None) -> type:
+    """A stand-in class with only ``methods``, each checked against the recorded signature.
+
+    A method name the snapshot does not record is an error here, so a stand-in can never
+    offer a method the real class lacks.
+    """
+    recorded = snapshot.methods(cls)
+    missing = sorted(set(methods) - set(recorded))
+    if missing:
+        raise UnrecordedName(f"{cls} has no method(s) {missing} in {snapshot.label}")
+    body: dict[str, Any] = {name: checked_method(snapshot, cls, name, impl) for name, impl in methods.items()}
+    if init is not None:
+        body["__init__"] = init
+    return type(f"Recorded{cls}", (), body)
+
+
+class RecordedDict(dict):
+    """A result dict whose keys must be recorded ones: reading any other key fails the test."""
+
+    def __init__(self, snapshot: Snapshot, keys: str, data: dict[str, Any]):
+        self.allowed, self.where = snapshot.keys(keys), f"{keys} keys of {snapshot.label}"
+        unknown = sorted(set(data) - self.allowed)
+        if unknown:
+            raise UnrecordedName(f"stand-in built with {unknown}, which are not {self.where}")
+        super().__init__(data)
+
+    def _check(self, key: Any) -> None:
+        if key not in self.allowed:
+            raise UnrecordedName(f"the adapter read {key!r}, which is not one of the {self.where}")
+
+    def __getitem__(self, key):
+        self._check(key)
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self._check(key)
+        return super().get(key, default)
+
+
+class RecordedObject:
+    """A result object with attributes of recorded class ``cls`` only (and its recorded methods)."""
+
+    def __init__(self, snapshot: Snapshot, cls: str, methods: dict[str, Callable] | None = None, **attrs: Any):
+        allowed = snapshot.attributes(cls)
+        unknown = sorted(set(attrs) - allowed)
+        if unknown:
+            raise UnrecordedName(f"stand-in {cls} built with {unknown}: not attributes in {snapshot.label}")
+        object.__setattr__(self, "_meta", (snapshot, cls, allowed))
+        for name, impl in (methods or {}).items():
+            bound = checked_method(snapshot, cls, name, impl).__get__(self)
+            object.__setattr__(self, name, bound)
+        for name, value in attrs.items():
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name: str) -> Any:
+        snapshot, cls, allowed = object.__getattribute__(self, "_meta")
+        if name not in allowed:
+            # not AttributeError: getattr(obj, name, default) must not hide a wrong name
+            raise UnrecordedName(f"the adapter read {cls}.{name}, which is not recorded in {snapshot.label}")
+        raise AttributeError(name)

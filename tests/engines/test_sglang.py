@@ -1,7 +1,10 @@
-"""The SGLang adapter up to the engine call: environment checks, knob names, kwargs, result conversion.
+"""The SGLang adapter up to the engine call: environment checks, knob and model names, kwargs, results, flush.
 
-SGLang is not installed here (it needs an NVIDIA GPU); a stand-in ``sglang`` module
-records what the adapter would pass to ``sglang.Engine`` and feeds it SGLang-shaped results.
+SGLang is not installed here (it needs an NVIDIA GPU). The stand-in ``sglang.Engine`` is
+built from the recorded API (``engines/snapshots/sglang-0.5.23.json``, read from the
+0.5.23 wheel): it rejects constructor arguments that are not ``ServerArgs`` fields,
+``generate`` keywords and sampling keys the real ones lack, and fails the test when the
+adapter reads a ``meta_info`` or ``startup_time`` key SGLang does not write.
 """
 
 import importlib.util
@@ -13,39 +16,61 @@ import pytest
 from engines import sglang as adapter
 from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
-from engines.sglang import SglangEngine, to_completion
+from engines.sglang import SglangEngine, flush_radix_cache, to_completion
+from engines.snapshots import load
+from tests.engines.conftest import RecordedDict, RecordedObject, UnrecordedName, check_fields, fake_class
 
+SNAPSHOT = load("sglang")
 MODEL = {"path": "/models/llama", "name": "llama"}
 needs_sglang_absent = pytest.mark.skipif(importlib.util.find_spec("sglang") is not None,
                                          reason="sglang is installed here")
 
 
 def output(ids, prompt_tokens, cached=0, retractions=0, latency=0.5, finish=None):
-    meta = {"id": "x", "prompt_tokens": prompt_tokens, "completion_tokens": len(ids), "cached_tokens": cached,
-            "num_retractions": retractions, "e2e_latency": latency, "finish_reason": finish or {"type": "length"}}
-    return {"text": "", "output_ids": ids, "meta_info": meta}
+    meta = RecordedDict(SNAPSHOT, "meta_info", {
+        "id": "x", "prompt_tokens": prompt_tokens, "completion_tokens": len(ids), "cached_tokens": cached,
+        "num_retractions": retractions, "e2e_latency": latency, "finish_reason": finish or {"type": "length"}})
+    return RecordedDict(SNAPSHOT, "generate_output", {"text": "", "output_ids": ids, "meta_info": meta})
 
 
-class FakeSglangEngine:
-    """Stands in for ``sglang.Engine``: records its kwargs and generate calls."""
+def flush_result(success, message=""):
+    return RecordedObject(SNAPSHOT, "FlushCacheReqOutput", success=success, message=message)
 
-    def __init__(self, **kwargs):
-        self.kwargs, self.calls, self.flushed, self.shut = kwargs, [], 0, False
 
-    def generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None):
-        self.calls.append({"input_ids": input_ids, "sampling_params": sampling_params, "image_data": image_data})
-        return [output([7] * p["max_new_tokens"], len(ids), cached=len(ids) // 2, retractions=i % 2)
-                for i, (ids, p) in enumerate(zip(input_ids, sampling_params))]
+def _init(self, **kwargs):
+    check_fields(SNAPSHOT, "ServerArgs", kwargs)   # sglang.Engine(**kwargs) builds ServerArgs(**kwargs)
+    self.kwargs, self.calls, self.flushes, self.busy_flushes, self.shut = kwargs, [], 0, 0, False
 
-    def get_server_info(self):
-        return {"startup_time": {"load_weight": 3.0, "kv_cache_allocation": 0.5, "scheduler_e2e": 9.0,
-                                 "cuda_graph": {"decode": 4.0, "prefill": 1.5}}}
 
-    def flush_cache(self):
-        self.flushed += 1
+def _generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, **rest):
+    for params in sampling_params:
+        check_fields(SNAPSHOT, "SamplingParams", params)
+    self.calls.append({"input_ids": input_ids, "sampling_params": sampling_params, "image_data": image_data})
+    return [output([7] * p["max_new_tokens"], len(ids), cached=len(ids) // 2, retractions=i % 2)
+            for i, (ids, p) in enumerate(zip(input_ids, sampling_params))]
 
-    def shutdown(self):
-        self.shut = True
+
+def _get_server_info(self):
+    return {"startup_time": RecordedDict(SNAPSHOT, "startup_time", {
+        "load_weight": 3.0, "kv_cache_allocation": 0.5, "scheduler_e2e": 9.0,
+        "cuda_graph": {"decode": 4.0, "prefill": 1.5}})}
+
+
+def _flush_cache(self):
+    """Busy for the first ``busy_flushes`` calls (the scheduler still draining), then flushes."""
+    self.flushes += 1
+    if self.flushes <= self.busy_flushes:
+        return flush_result(False, "Cache not flushed because there are pending requests.")
+    return flush_result(True)
+
+
+def _shutdown(self):
+    self.shut = True
+
+
+FakeSglangEngine = fake_class(SNAPSHOT, "Engine", {
+    "generate": _generate, "get_server_info": _get_server_info, "flush_cache": _flush_cache,
+    "shutdown": _shutdown}, init=_init)
 
 
 @pytest.fixture
@@ -53,6 +78,22 @@ def fake_sglang(monkeypatch):
     module = types.SimpleNamespace(Engine=FakeSglangEngine, __version__="0.5.23-fake")
     monkeypatch.setitem(sys.modules, "sglang", module)
     return module
+
+
+def test_the_stand_in_rejects_what_sglang_rejects():
+    with pytest.raises(TypeError, match=r"ServerArgs\(\) got unexpected keyword argument\(s\) \['max_running_request'\]"):
+        FakeSglangEngine(model_path="/m", max_running_request=4)
+    engine = FakeSglangEngine(model_path="/m")
+    with pytest.raises(TypeError, match=r"Engine.generate\(\) got unexpected keyword argument\(s\) \['input_id'\]"):
+        engine.generate(input_id=[[1]], sampling_params=[{"max_new_tokens": 1}])
+    with pytest.raises(TypeError, match=r"SamplingParams\(\) got unexpected keyword argument\(s\) \['max_tokens'\]"):
+        engine.generate(input_ids=[[1]], sampling_params=[{"max_tokens": 1}])
+    with pytest.raises(UnrecordedName, match="'num_preemptions', which is not one of the meta_info keys"):
+        output([1], 1)["meta_info"].get("num_preemptions")
+    with pytest.raises(UnrecordedName, match="FlushCacheReqOutput.succeeded"):
+        flush_result(True).succeeded   # noqa: B018
+    with pytest.raises(UnrecordedName, match=r"no method\(s\) \['flush'\]"):
+        fake_class(SNAPSHOT, "Engine", {"flush": _flush_cache})
 
 
 @needs_sglang_absent
@@ -82,13 +123,24 @@ def test_knob_names_are_checked_against_the_recorded_server_args(past_env_checks
         SglangEngine(MODEL, {"model_path": "/elsewhere"}).validate()
 
 
-def test_recorded_field_list_has_the_fields_the_adapter_and_the_knob_table_use():
+def test_every_native_name_the_knob_table_maps_to_is_a_recorded_server_args_field():
     fields, source = adapter.server_args_fields()
-    assert len(fields) == 546 and "0.5.23" in source
-    used = {"model_path", "skip_tokenizer_init", "load_format", "max_running_requests", "chunked_prefill_size",
-            "max_prefill_tokens", "mem_fraction_static", "disable_radix_cache", "tp_size", "kv_cache_dtype",
-            "schedule_policy", "speculative_algorithm", "speculative_num_steps", "enable_mixed_chunk"}
-    assert used <= fields
+    assert len(fields) == 546 and "sglang 0.5.23" in source and SNAPSHOT.data["source"]["kind"] == "wheel"
+    mapped = {name for m in adapter.UNIT.knobs.values() if not m.prefix for name in m.targets}
+    assert mapped and mapped <= fields, sorted(mapped - fields)
+    prefixes = {m.prefix for m in adapter.UNIT.knobs.values() if m.prefix}
+    assert all(any(f.startswith(p) for f in fields) for p in prefixes)
+    assert adapter.UNIT.reserved <= fields
+
+
+def test_a_model_sglang_does_not_implement_is_refused_with_what_it_implements(past_env_checks, tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["Idefics3ForConditionalGeneration"]}')
+    with pytest.raises(KnobError, match=r"'smolvlm' \(Idefics3ForConditionalGeneration\) is not implemented by "
+                                        r"SGLang 0.5.23; it implements: .*LlamaForCausalLM"):
+        SglangEngine({"path": str(tmp_path), "name": "smolvlm"}, {}).validate()
+    SglangEngine({"path": "/hub/id", "name": "llama-3.1-8b"}, {}).validate()   # conf/architectures: Llama
+    SglangEngine({"path": "Qwen/Qwen2.5-VL-7B-Instruct", "name": "qwen2.5-vl-7b"}, {}).validate()   # the shared VLM
+    SglangEngine({"path": "/hub/id", "name": "unknown"}, {}).validate()        # not known before start: passes
 
 
 def test_engine_kwargs_from_canonical_and_native_knobs():
@@ -133,7 +185,48 @@ def test_start_generate_stats_and_stop_through_a_stand_in_engine(fake_sglang, tm
     engine.generate([Request("img", [1, 2], 1, images=[str(tmp_path / "a.png")]), Request("txt", [3], 1)])
     assert engine.llm.calls[1]["image_data"] == [[str(tmp_path / "a.png")], []]
     engine.reset_caches()
-    assert engine.llm.flushed == 1
+    assert engine.llm.flushes == 1
     llm = engine.llm
     engine.stop()
     assert llm.shut and not engine.started
+
+
+def test_the_flush_is_retried_while_the_scheduler_is_busy(fake_sglang):
+    engine = SglangEngine(MODEL, {})
+    engine.start()
+    engine.llm.busy_flushes = 3
+    engine.reset_caches()
+    assert engine.llm.flushes == 4 and engine.unflushed is None
+    engine.generate([Request("r", [1, 2], 1)])
+
+
+def test_a_cache_that_never_flushes_is_never_timed(fake_sglang, monkeypatch):
+    monkeypatch.setattr(adapter, "FLUSH_TIMEOUT_S", 0.2)
+    engine = SglangEngine(MODEL, {})
+    engine.start()
+    engine.llm.busy_flushes = 10**6
+    engine.reset_caches()
+    assert engine.llm.flushes >= 2, "retried before giving up"
+    with pytest.raises(adapter.CacheNotFlushed, match=r"did not flush its radix cache .*pending requests.*not timed"):
+        engine.generate([Request("r", [1, 2], 1)])
+    assert len(engine.llm.calls) == 0, "nothing ran on the warm cache"
+
+
+def test_flush_backs_off_within_its_bound():
+    class Busy:
+        calls = 0
+
+        def flush_cache(self):
+            Busy.calls += 1
+            return flush_result(False, "busy")
+
+    now, sleeps = [0.0], []
+
+    def sleep(s):
+        sleeps.append(s)
+        now[0] += s
+
+    reason = flush_radix_cache(Busy(), 5.0, sleep=sleep, clock=lambda: now[0])
+    assert reason and "'busy'" in reason
+    assert sum(sleeps) <= 5.0 and sleeps[:3] == [0.05, 0.1, 0.2] and max(sleeps) == 1.0
+    assert Busy.calls == len(sleeps) + 1

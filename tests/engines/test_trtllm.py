@@ -1,7 +1,11 @@
-"""The TensorRT-LLM adapter up to the engine call: environment checks, knob names, kwargs, backends, results.
+"""The TensorRT-LLM adapter up to the engine call: environment checks, knob names, kwargs, backends, results, stats.
 
-TensorRT-LLM cannot be installed here; a stand-in ``tensorrt_llm`` module records what
-the adapter would pass to ``LLM`` and feeds it RequestOutput-shaped results.
+TensorRT-LLM cannot be installed here. The stand-in ``tensorrt_llm`` is built from the
+recorded API (``engines/snapshots/tensorrt_llm-1.2.1.json``): ``LLM(**kwargs)`` rejects what
+``TorchLlmArgs``/``TrtLlmArgs`` (and the nested ``KvCacheConfig``, ``SchedulerConfig``,
+``CudaGraphConfig``, which forbid extra fields) lack; ``generate_async``, ``get_stats`` and
+``SamplingParams`` reject unknown keywords; results and iteration stats fail the test when
+the adapter reads a name TensorRT-LLM does not have.
 """
 
 import importlib.util
@@ -9,15 +13,17 @@ import json
 import sys
 import types
 from datetime import timedelta
-from types import SimpleNamespace
 
 import pytest
 
 from engines import trtllm as adapter
 from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
-from engines.trtllm import TrtllmEngine, latest_reused_blocks, to_completion
+from engines.snapshots import load
+from engines.trtllm import IterationTally, TrtllmEngine, to_completion
+from tests.engines.conftest import RecordedDict, RecordedObject, UnrecordedName, check_fields, fake_class
 
+SNAPSHOT = load("trtllm")
 MODEL = {"path": "/models/llama", "name": "llama"}
 needs_trtllm_absent = pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None,
                                          reason="tensorrt_llm is installed here")
@@ -26,49 +32,92 @@ needs_trtllm_absent = pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm"
 def request_output(prompt_ids, token_ids, reused_blocks=None, last_token_s=None):
     metrics = None
     if reused_blocks is not None:
-        metrics = SimpleNamespace(kv_cache_metrics=SimpleNamespace(num_reused_blocks=reused_blocks),
-                                  timing_metrics=SimpleNamespace(last_token_time=timedelta(seconds=last_token_s)))
-    return SimpleNamespace(prompt_token_ids=prompt_ids,
-                           outputs=[SimpleNamespace(token_ids=token_ids, request_perf_metrics=metrics)])
+        metrics = RecordedObject(
+            SNAPSHOT, "RequestPerfMetrics",
+            kv_cache_metrics=RecordedObject(SNAPSHOT, "KvCacheMetrics", num_reused_blocks=reused_blocks),
+            timing_metrics=RecordedObject(SNAPSHOT, "TimingMetrics", last_token_time=timedelta(seconds=last_token_s)))
+    sequence = RecordedObject(SNAPSHOT, "CompletionOutput", token_ids=token_ids, request_perf_metrics=metrics)
+    return RecordedObject(SNAPSHOT, "RequestOutput", methods={"result": lambda self, timeout=None: self},
+                          prompt_token_ids=prompt_ids, outputs=[sequence])
 
 
-class FakeLLM:
-    """Stands in for ``tensorrt_llm.LLM``: records kwargs and requests, answers with perf metrics."""
+def iteration(n, paused=None, reused=None):
+    """One ``get_stats()`` entry with the recorded JSON keys."""
+    entry = {"iter": n, "numActiveRequests": 1}
+    if paused is not None:
+        entry["inflightBatchingStats"] = RecordedDict(SNAPSHOT, "InflightBatchingStats", {"numPausedRequests": paused})
+    if reused is not None:
+        entry["kvCacheStats"] = RecordedDict(SNAPSHOT, "KvCacheStats", {"reusedBlocks": reused})
+    return RecordedDict(SNAPSHOT, "IterationStats", entry)
 
-    def __init__(self, **kwargs):
+
+def make_llm(args_class):
+    def init(self, **kwargs):
+        check_fields(SNAPSHOT, args_class, kwargs)
+        for section, cls in adapter.NESTED.items():
+            if isinstance(kwargs.get(section), dict):
+                check_fields(SNAPSHOT, cls, kwargs[section])   # StrictBaseModel: extra fields forbidden
         self.kwargs, self.submitted, self.shut = kwargs, [], False
-        self.args = SimpleNamespace(kv_cache_config=SimpleNamespace(tokens_per_block=16))
-        self.llm_build_stats = SimpleNamespace(build_steps_info=[("build_engine", 40.0), ("load", 2.0)],
-                                               cache_hitted=False)
+        self.stats_batches = [[json.dumps(iteration(1, paused=0, reused=1)), iteration(2, paused=2)],
+                              [iteration(3, paused=1, reused=3)]]
+        self.args = RecordedObject(SNAPSHOT, args_class,
+                                   kv_cache_config=RecordedObject(SNAPSHOT, "KvCacheConfig", tokens_per_block=16))
+        self.llm_build_stats = RecordedObject(SNAPSHOT, "LlmBuildStats", cache_hitted=False,
+                                              build_steps_info=[("build_engine", 40.0), ("load", 2.0)])
 
     def generate_async(self, inputs, sampling_params=None, **extra):
         self.submitted.append((inputs, sampling_params, extra))
         ids = inputs["prompt_token_ids"]
-        result = request_output(ids, [9] * sampling_params["max_tokens"], reused_blocks=len(ids) // 16,
-                                 last_token_s=1.0)
-        return SimpleNamespace(result=lambda: result)
+        return request_output(ids, [9] * sampling_params.max_tokens, reused_blocks=len(ids) // 16, last_token_s=1.0)
 
     def get_stats(self, timeout=2):
-        return [json.dumps({"iter": 1, "kvCacheStats": {"reusedBlocks": 3}}), {"iter": 2, "kvCacheStats": {}}]
+        return self.stats_batches.pop(0) if self.stats_batches else []
 
     def shutdown(self):
         self.shut = True
 
+    return fake_class(SNAPSHOT, "LLM", {"generate_async": generate_async, "get_stats": get_stats,
+                                        "shutdown": shutdown}, init=init)
 
-class FakeTrtLLM(FakeLLM):
-    pass
+
+FakeLLM, FakeTrtLLM = make_llm("TorchLlmArgs"), make_llm("TrtLlmArgs")
+
+
+class FakeSamplingParams:
+    """``SamplingParams(**kwargs)``: a dataclass; unknown fields raise ``TypeError``."""
+
+    def __init__(self, **kwargs):
+        check_fields(SNAPSHOT, "SamplingParams", kwargs)
+        self.__dict__.update(kwargs)
 
 
 @pytest.fixture
 def fake_trtllm(monkeypatch):
     module = types.ModuleType("tensorrt_llm")
     module.LLM, module.__version__ = FakeLLM, "1.2.1-fake"
-    module.SamplingParams = lambda **kwargs: kwargs
+    module.SamplingParams = FakeSamplingParams
     engine_module = types.ModuleType("tensorrt_llm._tensorrt_engine")
     engine_module.LLM = FakeTrtLLM
     monkeypatch.setitem(sys.modules, "tensorrt_llm", module)
     monkeypatch.setitem(sys.modules, "tensorrt_llm._tensorrt_engine", engine_module)
+    monkeypatch.setattr(adapter, "DRAIN_EVERY_S", -1.0)   # drain after every result
     return module
+
+
+def test_the_stand_in_rejects_what_tensorrt_llm_rejects():
+    with pytest.raises(TypeError, match=r"TorchLlmArgs\(\) got unexpected keyword argument\(s\) \['build_config'\]"):
+        FakeLLM(model="/m", build_config={})
+    with pytest.raises(TypeError, match=r"CudaGraphConfig\(\) got unexpected keyword argument\(s\) \['max_bs'\]"):
+        FakeLLM(model="/m", cuda_graph_config={"max_bs": 8})
+    llm = FakeLLM(model="/m")
+    with pytest.raises(TypeError, match=r"LLM.generate_async\(\) got unexpected keyword argument\(s\) \['salt'\]"):
+        llm.generate_async({"prompt_token_ids": [1]}, sampling_params=FakeSamplingParams(max_tokens=1), salt="x")
+    with pytest.raises(TypeError, match=r"SamplingParams\(\) got unexpected keyword argument\(s\) \['max_new_tokens'\]"):
+        FakeSamplingParams(max_new_tokens=1)
+    with pytest.raises(UnrecordedName, match="CompletionOutput.output_ids"):
+        request_output([1], [2]).outputs[0].output_ids   # noqa: B018
+    with pytest.raises(UnrecordedName, match="'numPreemptions', which is not one of the InflightBatchingStats keys"):
+        iteration(1, paused=0)["inflightBatchingStats"].get("numPreemptions")
 
 
 @needs_trtllm_absent
@@ -105,16 +154,30 @@ def test_knob_names_are_checked_per_backend_and_inside_nested_configs(past_env_c
         TrtllmEngine(MODEL, {"backend": "tensorrt", "kv_cache_config": {"dtype": "fp8"}}).validate()
 
 
-def test_recorded_field_lists_have_the_names_the_adapter_and_the_knob_table_use():
-    fields, source = adapter.native_fields("pytorch")
-    assert {"model", "max_batch_size", "max_num_tokens", "enable_chunked_prefill", "tensor_parallel_size",
-            "speculative_config", "return_perf_metrics", "enable_iter_perf_stats", "load_format",
-            "backend"} <= fields[""]
-    assert {"free_gpu_memory_fraction", "enable_block_reuse", "dtype", "tokens_per_block"} <= fields["kv_cache_config"]
-    assert {"capacity_scheduler_policy", "waiting_queue_policy"} <= fields["scheduler_config"]
-    assert "1.2-line" in source
+def test_every_native_name_the_knob_table_maps_to_is_a_recorded_field():
+    for backend in ("pytorch", "tensorrt"):
+        fields, source = adapter.native_fields(backend)
+        assert "tensorrt_llm 1.2.1" in source
+        for mapping in adapter.UNIT.knobs.values():
+            for target in mapping.targets:
+                section, _, name = target.rpartition(".")
+                if backend == "tensorrt" and target == "kv_cache_config.dtype":
+                    continue   # PyTorch backend only, refused by check_knobs
+                assert name in fields[section], f"{target} ({backend})"
+    assert adapter.UNIT.reserved <= fields[""]
+    assert SNAPSHOT.data["source"]["commit"] == "376f7e1bd8ed543f75014309e3fd4b237e9b0e73"
     trt_fields, _ = adapter.native_fields("tensorrt")
     assert {"build_config", "enable_build_cache"} <= trt_fields[""] and "enable_iter_perf_stats" not in trt_fields[""]
+
+
+def test_without_chunked_prefill_the_token_budget_must_cover_the_longest_prompt(past_env_checks):
+    model = {**MODEL, "workload_max_prompt_tokens": 9000, "workload_max_seq_tokens": 9100}
+    with pytest.raises(KnobError, match=r"max_num_tokens=8192 .* below the longest prompt \(9000 tokens\)"):
+        TrtllmEngine(model, {}).validate()
+    with pytest.raises(KnobError, match=r"max_num_tokens=4096"):
+        TrtllmEngine(model, {"max_num_tokens": 4096}).validate()
+    TrtllmEngine(model, {"max_num_tokens": 9000}).validate()
+    TrtllmEngine(model, {"enable_chunked_prefill": True}).validate()
 
 
 def test_engine_kwargs_per_backend():
@@ -122,9 +185,33 @@ def test_engine_kwargs_per_backend():
                                  "prefix_caching": True})
     assert TrtllmEngine(MODEL, knobs)._engine_kwargs() == {
         "model": "/models/llama", "return_perf_metrics": True, "enable_iter_perf_stats": True,
-        "max_batch_size": 128, "kv_cache_config": {"free_gpu_memory_fraction": 0.85, "enable_block_reuse": True}}
+        "max_batch_size": 128, "kv_cache_config": {"free_gpu_memory_fraction": 0.85, "enable_block_reuse": True},
+        "cuda_graph_config": {"max_batch_size": 128, "enable_padding": True}}
     trt = TrtllmEngine({**MODEL, "dummy_weights": True}, {"backend": "tensorrt"})._engine_kwargs()
     assert trt == {"model": "/models/llama", "return_perf_metrics": True, "load_format": "dummy"}
+
+
+def test_cuda_graphs_follow_max_batch_size_unless_configured():
+    assert "cuda_graph_config" not in TrtllmEngine(MODEL, {})._engine_kwargs(), "engine defaults stay defaults"
+    assert TrtllmEngine(MODEL, {"max_batch_size": 1024})._engine_kwargs()["cuda_graph_config"] == {
+        "max_batch_size": 1024, "enable_padding": True}
+    assert TrtllmEngine(MODEL, {"max_batch_size": 1024, "cuda_graph_config": None})._engine_kwargs()[
+        "cuda_graph_config"] is None, "null turns graphs off"
+    explicit = {"batch_sizes": [1, 8, 64]}
+    assert TrtllmEngine(MODEL, {"max_batch_size": 1024, "cuda_graph_config": explicit})._engine_kwargs()[
+        "cuda_graph_config"] == explicit
+    trt = TrtllmEngine(MODEL, {"backend": "tensorrt", "max_batch_size": 64})._engine_kwargs()
+    assert "cuda_graph_config" not in trt, "the TensorRT backend has no cuda_graph_config"
+
+
+def test_the_tensorrt_build_is_sized_for_the_workload():
+    model = {**MODEL, "workload_max_prompt_tokens": 3000, "workload_max_seq_tokens": 3064}
+    kwargs = TrtllmEngine(model, {"backend": "tensorrt"})._engine_kwargs()
+    assert (kwargs["max_input_len"], kwargs["max_seq_len"]) == (3000, 3064)
+    assert TrtllmEngine(model, {"backend": "tensorrt", "max_input_len": 4096})._engine_kwargs()["max_input_len"] == 4096
+    built = TrtllmEngine(model, {"backend": "tensorrt", "build_config": {"max_input_len": 5000}})._engine_kwargs()
+    assert "max_input_len" not in built and built["max_seq_len"] == 3064
+    assert "max_input_len" not in TrtllmEngine(model, {})._engine_kwargs(), "the PyTorch backend needs no build limits"
 
 
 def test_to_completion_counts_reused_blocks_and_maps_the_finish_time():
@@ -140,9 +227,14 @@ def test_to_completion_counts_reused_blocks_and_maps_the_finish_time():
 
 
 def test_iteration_stats_as_dicts_or_json_strings():
-    assert latest_reused_blocks([json.dumps({"kvCacheStats": {"reusedBlocks": 2}}),
-                                 {"kvCacheStats": {"reusedBlocks": 5}}, {"iter": 3}]) == 5.0
-    assert latest_reused_blocks([]) is None
+    tally = IterationTally()
+    tally.add([json.dumps(iteration(1, paused=2, reused=2)), iteration(2, paused=0, reused=5), iteration(3)])
+    tally.add([iteration(5, paused=1)])
+    assert tally.paused == 3, "preemptions are the paused requests summed over iterations"
+    assert tally.reused_blocks == 5.0 and tally.lost == 1, "iteration 4 was not seen"
+    empty = IterationTally()
+    empty.add([])
+    assert empty.paused is None and empty.extra() == {"iterations": 0.0, "iteration_stats_lost": 0.0}
 
 
 @pytest.mark.parametrize("backend, llm_class", [("pytorch", FakeLLM), ("tensorrt", FakeTrtLLM)])
@@ -162,12 +254,13 @@ def test_generate_stats_reset_and_stop_through_a_stand_in_llm(fake_trtllm):
     completions = engine.generate(requests, on_finish=finished.append)
     inputs, params, extra = engine.llm.submitted[0]
     assert inputs == {"prompt_token_ids": requests[0].prompt_token_ids} and extra == {}
-    assert params == {"max_tokens": 3, "ignore_eos": True, "top_k": 1, "detokenize": False,
-                      "return_perf_metrics": True}
+    assert vars(params) == {"max_tokens": 3, "ignore_eos": True, "top_k": 1, "detokenize": False,
+                            "return_perf_metrics": True}
     assert [c.id for c in completions] == ["r0", "r1", "r2"] and finished == [1, 1, 1]
     stats = engine.stats()
     assert stats.prefix_cache_queries == 32 + 64 + 96 and stats.prefix_cache_hits == 32 + 64 + 96
-    assert stats.preemptions is None and stats.extra == {"kv_reused_blocks": 3.0}
+    assert stats.preemptions == 3, "numPausedRequests summed: 0 + 2 + 1"
+    assert stats.extra == {"kv_reused_blocks": 3.0, "iterations": 3.0, "iteration_stats_lost": 0.0}
 
     engine.reset_caches()
     engine.generate(requests[:1])

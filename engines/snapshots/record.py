@@ -1,0 +1,392 @@
+"""Record an engine's API snapshot from its package read as files, never imported.
+
+    python -m engines.snapshots.record sglang /path/to/sglang-0.5.23-...whl
+    python -m engines.snapshots.record trtllm --git-dir MIRROR.git --commit SHA [--version 1.2.1]
+    python -m engines.snapshots.record trtllm --source-dir CHECKOUT --commit SHA --version 1.2.1
+
+Everything is parsed with ``ast`` (and, for TensorRT-LLM's C++ JSON field lists, a
+regular expression over ``NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE``), so no GPU, no CUDA
+wheel and none of the engine's dependencies are needed. The output is
+``engines/snapshots/<package>-<version>.json``::
+
+    {"package", "version", "source": {...}, "recorded_by",
+     "classes": {Name: {"file", "fields": [...], "attributes": [...],
+                        "methods": {m: {"params": [...], "var_keyword": bool}}}},
+     "keys": {name: [...]},            # result-dict keys (meta_info, iteration stats)
+     "models": {"source", "architectures": [...]}}
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import hashlib
+import json
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+OUT_DIR = Path(__file__).resolve().parent
+Reader = Callable[[str], str]   # package-relative path -> file text (KeyError when absent)
+
+
+# --- generic ast extraction ------------------------------------------------------------------
+
+def parse(reader: Reader, path: str) -> ast.Module:
+    return ast.parse(reader(path), filename=path)
+
+
+def find_class(module: ast.Module, name: str) -> ast.ClassDef:
+    for node in module.body:
+        if isinstance(node, ast.ClassDef) and node.name == name:
+            return node
+    raise KeyError(f"class {name} not found")
+
+
+def _base_names(cls: ast.ClassDef) -> list[str]:
+    names = []
+    for base in cls.bases:
+        if isinstance(base, ast.Name):
+            names.append(base.id)
+        elif isinstance(base, ast.Attribute):
+            names.append(base.attr)
+    return names
+
+
+def _lineage(module: ast.Module, name: str) -> list[ast.ClassDef]:
+    """``name`` and its bases defined in the same module, most derived first."""
+    seen, order, todo = set(), [], [name]
+    while todo:
+        current = todo.pop(0)
+        if current in seen:
+            continue
+        seen.add(current)
+        try:
+            cls = find_class(module, current)
+        except KeyError:
+            continue
+        order.append(cls)
+        todo.extend(_base_names(cls))
+    return order
+
+
+def _is_classvar(annotation: ast.expr) -> bool:
+    text = ast.unparse(annotation)
+    return text.startswith(("ClassVar", "typing.ClassVar"))
+
+
+def class_fields(module: ast.Module, name: str, private: bool = False) -> list[str]:
+    """Annotated class-body names of ``name`` and its same-module bases (pydantic/msgspec/dataclass fields).
+
+    ``ClassVar`` and ``PrivateAttr`` names are left out, and so are names with a leading
+    underscore unless ``private`` (pydantic keeps them out of ``model_fields``; msgspec
+    keeps them as fields).
+    """
+    fields: list[str] = []
+    for cls in reversed(_lineage(module, name)):
+        for node in cls.body:
+            if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
+                continue
+            field = node.target.id
+            if (field.startswith("_") and not private) or field == "model_config" or _is_classvar(node.annotation):
+                continue
+            if isinstance(node.value, ast.Call) and ast.unparse(node.value.func).endswith("PrivateAttr"):
+                continue
+            if field not in fields:
+                fields.append(field)
+    return fields
+
+
+def _signature(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> dict[str, Any]:
+    args = fn.args
+    names = [a.arg for a in args.posonlyargs + args.args + args.kwonlyargs]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return {"params": names, "var_keyword": args.kwarg is not None}
+
+
+def class_methods(module: ast.Module, name: str) -> dict[str, dict[str, Any]]:
+    """Public methods (and ``__init__``) of ``name`` and its same-module bases; the most derived wins."""
+    methods: dict[str, dict[str, Any]] = {}
+    for cls in _lineage(module, name):
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name not in methods:
+                if node.name.startswith("_") and node.name != "__init__":
+                    continue
+                if any(ast.unparse(d) == "property" or ast.unparse(d).endswith(".setter")
+                       for d in node.decorator_list):
+                    continue
+                methods[node.name] = _signature(node)
+    return methods
+
+
+def class_attributes(module: ast.Module, name: str) -> list[str]:
+    """Properties and ``self.X = ...`` attributes of ``name`` and its same-module bases."""
+    names: list[str] = []
+    for cls in _lineage(module, name):
+        for node in ast.walk(cls):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and any(
+                    ast.unparse(d) in ("property", "cached_property", "functools.cached_property")
+                    for d in node.decorator_list):
+                names.append(node.name)
+            targets = node.targets if isinstance(node, ast.Assign) else (
+                [node.target] if isinstance(node, ast.AnnAssign) else [])
+            for target in targets:
+                if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                        and target.value.id == "self" and not target.attr.startswith("_")):
+                    names.append(target.attr)
+    return sorted(set(names))
+
+
+def dict_keys_of(module: ast.Module, variable: str) -> list[str]:
+    """String keys written into ``variable``: ``v = {...}``, ``v["k"] = ...``, ``v.update({...})``/``update(k=...)``."""
+    keys: set[str] = set()
+
+    def literal_keys(node: ast.AST) -> None:
+        if isinstance(node, ast.Dict):
+            keys.update(k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+
+    for node in ast.walk(module):
+        if isinstance(node, ast.Assign):
+            for target in node.targets:
+                if isinstance(target, ast.Name) and target.id == variable:
+                    literal_keys(node.value)
+                if (isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name)
+                        and target.value.id == variable and isinstance(target.slice, ast.Constant)):
+                    keys.add(str(target.slice.value))
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "update"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id == variable):
+            for arg in node.args:
+                literal_keys(arg)
+            keys.update(k.arg for k in node.keywords if k.arg)
+    return sorted(keys)
+
+
+def all_literal_dict_keys(module: ast.Module) -> list[str]:
+    """Every string key of every dict literal in ``module``."""
+    keys: set[str] = set()
+    for node in ast.walk(module):
+        if isinstance(node, ast.Dict):
+            keys.update(k.value for k in node.keys if isinstance(k, ast.Constant) and isinstance(k.value, str))
+    return sorted(keys)
+
+
+def module_string(module: ast.Module, variable: str) -> str:
+    for node in module.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets):
+            if isinstance(node.value, ast.Constant):
+                return str(node.value.value)
+    raise KeyError(f"{variable} not found")
+
+
+def entry(module: ast.Module, cls: str, file: str, *, fields: bool = False, methods: bool = False,
+          attributes: bool = False) -> dict[str, Any]:
+    """One ``classes`` entry of the snapshot."""
+    out: dict[str, Any] = {"file": file}
+    if fields:
+        out["fields"] = class_fields(module, cls)
+    if attributes:
+        out["attributes"] = class_attributes(module, cls)
+    if methods:
+        out["methods"] = class_methods(module, cls)
+    return out
+
+
+# --- SGLang ------------------------------------------------------------------------------------
+
+def wheel_reader(wheel: Path) -> Reader:
+    archive = zipfile.ZipFile(wheel)
+    return lambda path: archive.read(path).decode()
+
+
+def sglang_server_args_fields(reader: Reader) -> list[str]:
+    """``ServerArgs``: its own annotations plus those of every namespace struct in ``_INPUT_NAMESPACES``."""
+    path = "sglang/srt/server_args.py"
+    module = parse(reader, path)
+    imports = {alias.asname or alias.name: node.module for node in module.body
+               if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+    namespaces: list[str] = []
+    for node in module.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "_INPUT_NAMESPACES"
+                                                for t in node.targets):
+            namespaces = [e.id for e in node.value.elts if isinstance(e, ast.Name)]  # type: ignore[attr-defined]
+    if not namespaces:
+        raise KeyError(f"_INPUT_NAMESPACES not found in {path}")
+    fields: list[str] = []
+    for name in namespaces:
+        source = imports[name].replace(".", "/") + ".py"
+        fields.extend(class_fields(parse(reader, source), name, private=True))
+    fields.extend(f for f in class_fields(module, "ServerArgs", private=True) if f not in fields)
+    return fields
+
+
+def registry_from_entry_classes(reader: Reader, files: Iterable[str]) -> list[str]:
+    """Class names bound to ``EntryClass`` (a name or a list of names) in each model module."""
+    names: set[str] = set()
+    for path in files:
+        for node in parse(reader, path).body:
+            if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "EntryClass"
+                                                    for t in node.targets):
+                values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+                names.update(v.id if isinstance(v, ast.Name) else v.attr for v in values
+                             if isinstance(v, (ast.Name, ast.Attribute)))
+    return sorted(names)
+
+
+def record_sglang(wheel: Path) -> dict[str, Any]:
+    reader = wheel_reader(wheel)
+    version = module_string(parse(reader, "sglang/_version.py"), "__version__")
+    engine_py, io_py = "sglang/srt/entrypoints/engine.py", "sglang/srt/managers/io_struct.py"
+    sampling_py = "sglang/srt/sampling/sampling_params.py"
+    models = sorted(n for n in zipfile.ZipFile(wheel).namelist()
+                    if re.fullmatch(r"sglang/srt/models/[^/]+\.py", n))
+    return {
+        "package": "sglang", "version": version,
+        "source": {"kind": "wheel", "file": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()},
+        "recorded_by": "engines/snapshots/record.py sglang",
+        "classes": {
+            "ServerArgs": {"file": "sglang/srt/server_args.py (+ srt/arg_groups/fields/*.py)",
+                           "fields": sglang_server_args_fields(reader)},
+            "Engine": entry(parse(reader, engine_py), "Engine", engine_py, methods=True),
+            "SamplingParams": entry(parse(reader, sampling_py), "SamplingParams", sampling_py, fields=True),
+            "FlushCacheReqOutput": entry(parse(reader, io_py), "FlushCacheReqOutput", io_py, fields=True),
+        },
+        "keys": {
+            "generate_output": ["text", "output_ids", "meta_info"],
+            "meta_info": dict_keys_of(parse(reader, "sglang/srt/managers/tokenizer_manager.py"), "meta_info"),
+            "startup_time": all_literal_dict_keys(parse(reader, "sglang/srt/observability/startup_time.py")),
+        },
+        "models": {"source": "EntryClass of sglang/srt/models/*.py",
+                   "architectures": registry_from_entry_classes(reader, models)},
+    }
+
+
+# --- TensorRT-LLM ----------------------------------------------------------------------------
+
+def git_reader(git_dir: Path, commit: str) -> Reader:
+    def read(path: str) -> str:
+        done = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise KeyError(path)
+        return done.stdout
+    return read
+
+
+def git_list(git_dir: Path, commit: str, folder: str) -> list[str]:
+    done = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "--name-only", f"{commit}:{folder}"],
+                          capture_output=True, text=True, check=True)
+    return [f"{folder}/{name}" for name in done.stdout.split()]
+
+
+def dir_reader(root: Path) -> Reader:
+    def read(path: str) -> str:
+        try:
+            return (root / path).read_text()
+        except FileNotFoundError:
+            raise KeyError(path) from None
+    return read
+
+
+def registry_from_decorators(reader: Reader, files: Iterable[str], decorator: str) -> list[str]:
+    """String arguments of ``@decorator("Arch")`` on classes (TensorRT-LLM's ``register_auto_model``)."""
+    names: set[str] = set()
+    for path in files:
+        for node in ast.walk(parse(reader, path)):
+            if isinstance(node, ast.ClassDef):
+                for d in node.decorator_list:
+                    if isinstance(d, ast.Call) and ast.unparse(d.func).endswith(decorator):
+                        names.update(a.value for a in d.args if isinstance(a, ast.Constant))
+    return sorted(names)
+
+
+def cpp_json_fields(text: str) -> dict[str, list[str]]:
+    """``NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Type, a, b, ...)`` -> ``{Type: [a, b, ...]}`` (the JSON keys)."""
+    out = {}
+    for match in re.finditer(r"NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE\(\s*(\w+)\s*,([^)]*)\)", text):
+        out[match.group(1)] = [f.strip() for f in match.group(2).split(",") if f.strip()]
+    return out
+
+
+def _first(reader: Reader, paths: Iterable[str]) -> tuple[str, ast.Module]:
+    for path in paths:
+        try:
+            return path, parse(reader, path)
+        except KeyError:
+            continue
+    raise KeyError(f"none of {list(paths)}")
+
+
+def record_trtllm(reader: Reader, model_files: list[str], version: str, source: dict[str, Any]) -> dict[str, Any]:
+    args_py = "tensorrt_llm/llmapi/llm_args.py"
+    args = parse(reader, args_py)
+    trt_py, trt_args = _first(reader, [args_py, "tensorrt_llm/_tensorrt_engine/llm_args.py"])
+    llm_py = "tensorrt_llm/llmapi/llm.py"
+    llm = parse(reader, llm_py)
+    result_py, sampling_py = "tensorrt_llm/executor/result.py", "tensorrt_llm/sampling_params.py"
+    result, sampling = parse(reader, result_py), parse(reader, sampling_py)
+    stats = cpp_json_fields(reader("cpp/tensorrt_llm/executor/jsonSerialization.cpp"))
+    classes = {name: entry(args, name, args_py, fields=True)
+               for name in ("BaseLlmArgs", "TorchLlmArgs", "KvCacheConfig", "SchedulerConfig", "CudaGraphConfig")}
+    classes["TrtLlmArgs"] = entry(trt_args, "TrtLlmArgs", trt_py, fields=True)
+    classes.update({
+        "LLM": entry(llm, "LLM", llm_py, methods=True, attributes=True),
+        "SamplingParams": entry(sampling, "SamplingParams", sampling_py, fields=True),
+        "RequestOutput": entry(result, "RequestOutput", result_py, attributes=True, fields=True),
+        "CompletionOutput": entry(result, "CompletionOutput", result_py, attributes=True, fields=True),
+    })
+    return {
+        "package": "tensorrt_llm", "version": version, "source": source,
+        "recorded_by": "engines/snapshots/record.py trtllm",
+        "classes": classes,
+        "keys": {name: stats[name] for name in ("IterationStats", "KvCacheStats", "InflightBatchingStats")
+                 if name in stats},
+        "models": {"source": "@register_auto_model of tensorrt_llm/_torch/models/*.py",
+                   "architectures": registry_from_decorators(reader, model_files, "register_auto_model")},
+    }
+
+
+# --- CLI ---------------------------------------------------------------------------------------
+
+def write(snapshot: dict[str, Any], out_dir: Path = OUT_DIR) -> Path:
+    path = out_dir / f"{snapshot['package']}-{snapshot['version']}.json"
+    path.write_text(json.dumps(snapshot, indent=1, sort_keys=False) + "\n")
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="engine", required=True)
+    sg = sub.add_parser("sglang", help="from a downloaded sglang wheel")
+    sg.add_argument("wheel", type=Path)
+    tr = sub.add_parser("trtllm", help="from TensorRT-LLM source at a named commit")
+    where = tr.add_mutually_exclusive_group(required=True)
+    where.add_argument("--git-dir", type=Path, help="a clone or mirror's git directory")
+    where.add_argument("--source-dir", type=Path, help="a checkout of exactly --commit")
+    tr.add_argument("--commit", required=True)
+    tr.add_argument("--tag", default=None, help="the tag the commit carries, for the record")
+    tr.add_argument("--version", default=None, help="default: tensorrt_llm/version.py at the commit")
+    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
+    args = parser.parse_args(argv)
+    if args.engine == "sglang":
+        snapshot = record_sglang(args.wheel)
+    else:
+        models_dir = "tensorrt_llm/_torch/models"
+        if args.git_dir:
+            reader = git_reader(args.git_dir, args.commit)
+            files = git_list(args.git_dir, args.commit, models_dir)
+        else:
+            reader = dir_reader(args.source_dir)
+            files = sorted(str(p.relative_to(args.source_dir)) for p in (args.source_dir / models_dir).glob("*.py"))
+        version = args.version or module_string(parse(reader, "tensorrt_llm/version.py"), "__version__")
+        source = {"kind": "git", "repository": "NVIDIA/TensorRT-LLM", "commit": args.commit, "tag": args.tag}
+        snapshot = record_trtllm(reader, [f for f in files if f.endswith(".py")], version, source)
+    print(write(snapshot, args.out_dir))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
