@@ -61,7 +61,10 @@ def test_prefix_heavy_arrives_interleaved_by_default(vocab_dir):
 def test_arrival_reorders_the_same_prompts_and_changes_the_fingerprint(vocab_dir, arrival):
     interleaved, other = build(PREFIX, vocab_dir), build({**PREFIX, "arrival": arrival}, vocab_dir)
     assert other.info["arrival"] == arrival
-    as_set = lambda w: {(r.id, tuple(r.prompt_token_ids), r.max_tokens) for r in w.requests}  # noqa: E731
+
+    def as_set(w):
+        return {(r.id, tuple(r.prompt_token_ids), r.max_tokens) for r in w.requests}
+
     assert as_set(other) == as_set(interleaved), "the same requests, only their order differs"
     assert [r.id for r in other.requests] != [r.id for r in interleaved.requests]
     assert other.fingerprint != interleaved.fingerprint, "the order is part of the content"
@@ -77,7 +80,9 @@ def test_grouped_arrival_emits_each_group_back_to_back(vocab_dir):
 
 
 def test_shuffled_arrival_follows_the_seed(vocab_dir):
-    order = lambda seed: [r.id for r in build({**PREFIX, "arrival": "shuffled", "seed": seed}, vocab_dir).requests]  # noqa: E731
+    def order(seed):
+        return [r.id for r in build({**PREFIX, "arrival": "shuffled", "seed": seed}, vocab_dir).requests]
+
     assert order(0) != order(1)
     assert sorted(order(0)) == sorted(order(1))
 
