@@ -39,7 +39,9 @@ Rules the adapter applies (each only where the knobs leave it open):
   worker holds (``model["workload_max_prompt_tokens"]`` / ``["workload_max_seq_tokens"]``), since
   TensorRT-LLM's build default (1,024) rejects longer prompts.
 - Without chunked prefill, a prompt longer than ``max_num_tokens`` (8,192 by default) cannot be
-  scheduled: ``validate`` refuses such a config before the engine starts.
+  scheduled (``BaseLLM._check_arguments`` raises ``RequestError`` per request on the PyTorch
+  backend; on the TensorRT backend it checks prompt + ``max_tokens`` against ``max_seq_len``):
+  ``validate`` refuses such a config before the engine starts.
 
 Every name above is recorded in ``engines/snapshots/tensorrt_llm-1.2.1.json``; the knob check
 and the adapter tests' stand-in ``LLM`` read it.
