@@ -282,3 +282,11 @@ def test_the_h100_space_never_proposes_a_budget_below_the_prompts_without_chunke
     assert "max_tokens_per_step=4096 < model.knobs.vllm.max_model_len=8192" in space.check(values, base)
     assert space.check({**values, "engine.canonical.chunked_prefill": True}, base) is None
     assert space.clip(values, base)["engine.canonical.max_tokens_per_step"] == 8192
+
+
+def test_the_worker_passes_the_longest_prompt_and_sequence_in_the_model_dict():
+    from engines.worker import workload_limits
+
+    requests = [Request("a", [1] * 300, 20), Request("b", [1] * 100, 500)]
+    assert workload_limits(requests) == {"workload_max_prompt_tokens": 300, "workload_max_seq_tokens": 600}
+    assert workload_limits([]) == {}
