@@ -208,8 +208,10 @@ def _run_one(cfg, study, trial, space, objective, base, make_spec) -> None:
     spec = make_spec(trial_cfg)
     fidelity = cfg.tune.get("fidelity")
     if fidelity is not None:
+        share = {"workload.sample.fraction": float(fidelity), "workload.sample.seed": int(cfg.tune.seed)}
         sample = spec.workload.sample(float(fidelity), seed=int(cfg.tune.seed))
-        row = execute(replace(spec, workload=sample, labels={**spec.labels, "fidelity": float(fidelity)}),
+        row = execute(replace(spec, workload=sample, labels={**spec.labels, "fidelity": float(fidelity),
+                                                             "command": run_command(cfg, {**values, **share})}),
                       progress=bool(cfg.run.progress))
         trial.set_user_attr("low_fidelity_run_id", row["run_id"])
         if row["status"] == "ok":

@@ -17,10 +17,20 @@ def build_workload(cfg: Mapping[str, Any], model: Mapping[str, Any], image_dir: 
     """The workload ``cfg`` describes, for the model at ``model["path"]`` (a local directory).
 
     Args:
-        cfg: the ``workload`` config; ``generator`` is a name in ``GENERATORS`` or ``file``.
+        cfg: the ``workload`` config; ``generator`` is a name in ``GENERATORS`` or ``file``;
+            an optional ``sample: {fraction, seed}`` keeps that seeded share of the requests
+            (``Workload.sample``; the tuner's low-fidelity runs, reproducible from their command).
         model: the resolved ``model`` config (``local_dir`` holds its tokenizer).
         image_dir: where generated images are stored.
     """
+    sample = cfg.get("sample")
+    workload = _build(cfg, model, image_dir)
+    if sample:
+        return workload.sample(float(sample["fraction"]), seed=int(sample.get("seed", 0)))
+    return workload
+
+
+def _build(cfg: Mapping[str, Any], model: Mapping[str, Any], image_dir: Path) -> Workload:
     generator = cfg.get("generator")
     model_dir = Path(model["local_dir"])
     if generator == "file":

@@ -104,6 +104,14 @@ def test_low_fidelity_first_prunes_clearly_worse_trials(tmp_path):
         if t.state == optuna.trial.TrialState.COMPLETE:
             assert full[t.number]["workload_info.requests"] == 16
             assert t.values[0] == pytest.approx(full[t.number]["output_tok_s"])
+    from harness.spec import build_spec
+    from tests.sweeps.test_command import overrides_of
+
+    cell = [w for w in settings(tmp_path, 10) if w.startswith(("workload", "run.image_dir"))]
+    for row in low.values():   # a low-fidelity row's command reruns the same sample of the workload
+        words = overrides_of(row["command"])   # (called outside Hydra: the cell's overrides are added back)
+        assert "++workload.sample.fraction=0.5" in words and "++workload.sample.seed=0" in words
+        assert build_spec(compose(*cell, *words)).workload.fingerprint == row["workload_fingerprint"]
 
 
 def test_fidelity_needs_one_objective(tmp_path):
