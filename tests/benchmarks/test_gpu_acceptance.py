@@ -1,0 +1,68 @@
+"""``benchmarks/gpu_acceptance.py``: the plan (every engine × workload × config × round, round outermost),
+the batch recipes from the tune spaces, the metadata-only model folder, the tables; no engine is run here."""
+
+import json
+
+import pytest
+
+from benchmarks import gpu_acceptance as acceptance
+from harness.tokens import Vocabulary
+
+
+def test_the_dry_run_prints_the_full_gpu_matrix_round_outermost(capsys):
+    assert acceptance.main(["--dry-run", "--results-dir", "/tmp/x"]) == 0
+    out = capsys.readouterr().out
+    runs = [line for line in out.splitlines() if line.startswith("+ ") and "troughput-run" in line
+            and "engine=hf" not in line]
+    assert len(runs) == 3 * 2 * 2 * 3, "3 engines × 2 workloads × 2 configs × 3 rounds"
+    rounds = [int(line.split("run.round=")[1].split()[0]) for line in runs]
+    assert rounds == sorted(rounds), "each round holds every config before the next round starts"
+    first = runs[:12]
+    assert {(e, w, c) for e in acceptance.ENGINES for w in acceptance.WORKLOADS for c in ("default", "batch_recipe")} == {
+        (line.split("engine=")[1].split()[0], line.split("workload=")[1].split()[0],
+         line.split("acceptance_config=")[1].split()[0]) for line in first}
+    assert all("model.dummy_weights=true" in line and "hardware=h100" in line for line in runs)
+    assert "troughput-report --results-dir /tmp/x" in out
+
+
+def test_the_batch_recipe_is_the_tune_space_seed_of_each_engine():
+    assert "++engine.canonical.max_seqs=512" in acceptance.recipe_overrides("sglang", "gpu")
+    assert "++engine.canonical.schedule_policy=lpm" in acceptance.recipe_overrides("sglang", "gpu")
+    assert "++engine.canonical.chunked_prefill=true" in acceptance.recipe_overrides("trtllm", "gpu")
+    assert "++engine.knobs.kv_cache_memory_bytes=1073741824" in acceptance.recipe_overrides("vllm", "cpu")
+
+
+def test_the_dummy_model_folder_holds_the_shipped_architecture_and_no_special_ids_in_prompts(tmp_path, monkeypatch):
+    monkeypatch.setattr(acceptance, "DUMMY_DIR", tmp_path)
+    folder = acceptance.dummy_model_dir("llama-3.1-8b")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "_source" not in config
+    vocabulary = Vocabulary(folder)
+    assert len(vocabulary.ordinary_ids) == 128000 and vocabulary.ordinary_ids.max() == 127999
+
+
+def test_the_tables_count_runs_and_name_engines_that_did_not_run():
+    rows = [{"engine": "vllm", "workload": "unique", "acceptance_config": "default", "status": status,
+             "output_tok_s": rate, "peak_gpu_bytes": 2**30 * 70, "sol_fraction": 0.5, "engine_version": "0.32.0"}
+            for status, rate in (("ok", 100.0), ("ok", 120.0), ("crash", None))]
+    (line,) = acceptance.results_table(rows, "h100")[2:]
+    assert "| vllm | unique | default | 2/3 | 110 |" in line and "| 70.0 |" in line and "12,553" in line
+    statuses = [acceptance.EngineStatus("sglang", "/x/python", False, "sglang is not installed")]
+    verified = acceptance.verified_lines(rows, statuses, "NVIDIA H100", "2026-12-01")
+    assert verified[0].startswith("| vLLM (`engines/vllm.py`) | NVIDIA H100, vllm 0.32.0 |") and "2 of 3 runs ok" in verified[0]
+    assert "not run on NVIDIA H100" in verified[1] and "sglang is not installed" in verified[1]
+
+
+def test_spec_check_flags_a_gpu_that_is_not_the_configured_one():
+    h100 = {"gpu": "NVIDIA H100 80GB HBM3", "torch": "2.9.1", "peak_flops_bf16": 7.0e14, "bandwidth_bytes_s": 3.0e12}
+    lines = acceptance.spec_check(h100, "h100")
+    assert all("MISMATCH" not in line for line in lines) and "closest hardware config by bandwidth" in lines[-1]
+    pcie = {**h100, "bandwidth_bytes_s": 1.7e12, "peak_flops_bf16": 3.0e14}
+    assert any("MISMATCH" in line for line in acceptance.spec_check(pcie, "h200"))
+
+
+def test_only_hardware_and_model_are_taken():
+    with pytest.raises(SystemExit, match="only hardware=... and model=..."):
+        acceptance.main(["--dry-run", "engine=vllm"])
+    with pytest.raises(SystemExit, match="no hardware config 'h900'"):
+        acceptance.main(["--dry-run", "hardware=h900"])
