@@ -108,3 +108,15 @@ def test_the_module_runs_as_a_command():
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "tensorrt_llm==1.2.1" in proc.stdout and "engine.python=" in proc.stdout
+
+
+def test_an_interpreter_on_path_that_does_not_run_is_skipped(monkeypatch):
+    # a pyenv shim of a version not selected is on PATH but exits with an error
+    monkeypatch.setattr(envs.shutil, "which", lambda name: f"/shims/{name}")
+    monkeypatch.setattr(envs, "python_version", lambda python: None if python.endswith("3.12") else "3.10.13")
+    spec = envs.spec_for("trtllm")
+    assert envs.first_python(spec) == ("/shims/python3.10", "3.10.13")
+    assert envs.find_python(spec) == "/shims/python3.10"
+    monkeypatch.setattr(envs, "python_version", lambda python: None)
+    with pytest.raises(SystemExit, match="python3.12 or python3.10 not found on PATH"):
+        envs.find_python(spec)
