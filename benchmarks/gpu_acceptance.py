@@ -46,6 +46,7 @@ import yaml  # noqa: E402
 
 from engines import requirements, unit  # noqa: E402
 from engines.common import env_python, python_variable  # noqa: E402
+from harness.engine_env import describe_host  # noqa: E402
 from harness.results import read_rows  # noqa: E402
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -160,8 +161,9 @@ def run_command(cell: Cell, round_: int, base: list[str], results_dir: Path, stu
             f"+run.labels.acceptance_config={cell.config}"]
 
 
-def measure_gpu() -> dict | None:
-    """This GPU's bf16 matmul FLOP/s (8192², best of 10) and copy bandwidth (1 GiB device to device), or None."""
+def measure_gpu(pythons: list[str]) -> dict | None:
+    """This GPU's bf16 matmul FLOP/s (8192², best of 10) and copy bandwidth (1 GiB device to device), measured
+    under the first of ``pythons`` whose torch sees a GPU (the driver's own may hold a CPU torch); None if none."""
     script = """
 import json, torch
 if not torch.cuda.is_available():
@@ -179,8 +181,11 @@ bandwidth = 2 * src.numel() / best(lambda: dst.copy_(src))
 print(json.dumps({"peak_flops_bf16": flops, "bandwidth_bytes_s": bandwidth, "gpu": torch.cuda.get_device_name(0),
                   "torch": torch.__version__}))
 """
-    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
-    return json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 and proc.stdout.strip() else None
+    for python in pythons:
+        proc = subprocess.run([python, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+        if proc.returncode == 0 and proc.stdout.strip():
+            return json.loads(proc.stdout.strip().splitlines()[-1])
+    return None
 
 
 def spec_check(measured: dict, hardware: str) -> list[str]:
@@ -301,9 +306,13 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_acceptance: nothing can run here (no engine installed; GPU mode needs torch + transformers "
               "for the hf fallback)", file=sys.stderr)
         return 2
+    if kind == "gpu" and not facts.visible_gpus():
+        print(f"gpu_acceptance: hardware={hardware} needs a visible NVIDIA GPU; {describe_host(facts)} "
+              f"(`troughput-env ENGINE --check` lists each unmet requirement with its fix)", file=sys.stderr)
+        return 2
     if kind == "gpu":
         dummy_model_dir(model)
-        measured = measure_gpu()
+        measured = measure_gpu([*dict.fromkeys(s.python for s in installed), sys.executable])
         print("\n".join(spec_check(measured, hardware)) if measured else "# GPU spec check: torch sees no GPU here")
     started, per_round = time.monotonic(), len(cells)
     for index, command in enumerate(commands):

@@ -66,3 +66,25 @@ def test_only_hardware_and_model_are_taken():
         acceptance.main(["--dry-run", "engine=vllm"])
     with pytest.raises(SystemExit, match="no hardware config 'h900'"):
         acceptance.main(["--dry-run", "hardware=h900"])
+
+
+def test_on_a_host_without_a_gpu_the_gpu_matrix_stops_before_any_run(monkeypatch, tmp_path, capsys):
+    bare = acceptance.requirements.HostFacts(python="3.12.3", glibc="2.35", driver_error="nvidia-smi is not on PATH")
+    monkeypatch.setattr(acceptance.requirements, "probe_host", lambda libraries=(): bare)
+    recorder = _Recorder(acceptance.subprocess.run)
+    monkeypatch.setattr(acceptance.subprocess, "run", recorder)
+    assert acceptance.main(["hardware=h100", "--results-dir", str(tmp_path)]) == 2
+    assert "needs a visible NVIDIA GPU" in capsys.readouterr().err
+    assert recorder.commands, "the engine probes ran"
+    assert not [c for c in recorder.commands if "troughput-run" in c[0]] and not (tmp_path / "runs").exists()
+
+
+class _Recorder:
+    """subprocess.run that records each command before running it."""
+
+    def __init__(self, real):
+        self.real, self.commands = real, []
+
+    def __call__(self, command, *args, **kwargs):
+        self.commands.append(command)
+        return self.real(command, *args, **kwargs)
