@@ -201,7 +201,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.engine} environment {python}: {'not ready' if problems else 'ready'}")
         return 1 if problems else 0
     env_dir = args.dir / args.engine
-    commands = create_commands(spec, find_python(spec, args.python), env_dir)
+    base = find_python(spec, args.python)
+    version = python_version(base)
+    if spec.python and version and not requirements.python_matches(version, spec.python):
+        message = (f"{base} is Python {version}, outside {unit(args.engine).label}'s supported {spec.python}; "
+                   f"pass --python {' or '.join(spec.pythons)}")
+        if not args.dry_run:
+            raise SystemExit(f"troughput-env: {message}")
+        print(f"# warning: {message}")
+    commands = create_commands(spec, base, env_dir)
     for note in spec.notes:
         print(f"# prerequisite: {note}")
     if spec.constraints:

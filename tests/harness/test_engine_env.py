@@ -103,6 +103,15 @@ def test_check_names_a_cuda_12_torch_in_the_tensorrt_llm_environment(tmp_path, m
     assert envs.check("trtllm", envs.spec_for("trtllm"), python, facts) == []
 
 
+def test_an_interpreter_outside_the_engines_python_range_is_refused(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(envs, "python_version", lambda python: "3.11.7")
+    out = dry_run(capsys, "trtllm", "--python", sys.executable, "--dir", str(tmp_path))
+    assert "# warning: " in out and "Python 3.11.7, outside TensorRT-LLM's supported ==3.10,==3.12" in out
+    with pytest.raises(SystemExit, match="pass --python python3.12 or python3.10"):
+        envs.main(["trtllm", "--python", sys.executable, "--dir", str(tmp_path)])
+    assert not (tmp_path / "trtllm").exists()
+
+
 def test_the_module_runs_as_a_command():
     proc = subprocess.run([sys.executable, "-m", "harness.engine_env", "trtllm", "--dry-run", "--python", sys.executable],
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
