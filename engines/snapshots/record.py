@@ -3,13 +3,22 @@
     python -m engines.snapshots.record sglang /path/to/sglang-0.5.23-...whl
     python -m engines.snapshots.record trtllm --git-dir MIRROR.git --commit SHA [--version 1.2.1]
     python -m engines.snapshots.record trtllm --source-dir CHECKOUT --commit SHA --version 1.2.1
+    python -m engines.snapshots.record trtllm --source-dir TREE --sources SOURCES.json [--tag TAG]
+    python -m engines.snapshots.record trtllm --list-files      # the paths the recorder reads
+
+``--sources`` is for a tree assembled file by file (e.g. from a code index that holds
+each file at its own commit): a JSON object ``{"repository": "NVIDIA/TensorRT-LLM",
+"files": {path: commit}}`` naming the commit every file in the tree was read at. Each
+snapshot records, in ``source.files``, the commit of every file the recorder read, so a
+snapshot built from mixed commits says so file by file (``source.commit`` is then null
+and ``source.commits`` lists them).
 
 Everything is parsed with ``ast`` (and, for TensorRT-LLM's C++ JSON field lists, a
 regular expression over ``NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE``), so no GPU, no CUDA
 wheel and none of the engine's dependencies are needed. The output is
 ``engines/snapshots/<package>-<version>.json``::
 
-    {"package", "version", "source": {...}, "recorded_by",
+    {"package", "version", "source": {..., "files": {path: commit}}, "recorded_by",
      "classes": {Name: {"file", "fields": [...], "attributes": [...],
                         "methods": {m: {"params": [...], "var_keyword": bool}}}},
      "keys": {name: [...]},            # result-dict keys (meta_info, iteration stats)
@@ -291,6 +300,53 @@ def dir_reader(root: Path) -> Reader:
     return read
 
 
+class RecordingReader:
+    """A ``Reader`` that remembers every path it was asked for and found (for ``source.files``)."""
+
+    def __init__(self, reader: Reader):
+        self.reader, self.read = reader, []
+
+    def __call__(self, path: str) -> str:
+        text = self.reader(path)
+        if path not in self.read:
+            self.read.append(path)
+        return text
+
+
+TRTLLM_MODELS_DIR = "tensorrt_llm/_torch/models"
+TRTLLM_ARGS_PY = "tensorrt_llm/llmapi/llm_args.py"
+TRTLLM_TRT_ARGS_PY = "tensorrt_llm/_tensorrt_engine/llm_args.py"   # where TrtLlmArgs moved after 1.2
+TRTLLM_FILES = (
+    "tensorrt_llm/version.py", TRTLLM_ARGS_PY, "tensorrt_llm/llmapi/llm.py", "tensorrt_llm/sampling_params.py",
+    "tensorrt_llm/executor/result.py", "cpp/tensorrt_llm/executor/jsonSerialization.cpp",
+)
+
+
+def trtllm_file_list() -> list[str]:
+    """What ``record_trtllm`` reads: these files, ``TrtLlmArgs``'s other home if llm_args.py lacks it,
+    and every ``tensorrt_llm/_torch/models/*.py`` (the ``@register_auto_model`` registry)."""
+    return [*TRTLLM_FILES, f"{TRTLLM_TRT_ARGS_PY} (only if {TRTLLM_ARGS_PY} has no TrtLlmArgs)",
+            f"{TRTLLM_MODELS_DIR}/*.py (modeling_*.py with @register_auto_model, __init__.py, ...)"]
+
+
+def file_sources(read: Iterable[str], commit: str | None, manifest: dict[str, Any] | None) -> dict[str, Any]:
+    """``source`` fields naming the commit of every file read: one commit, or per file from ``manifest``."""
+    files: dict[str, Any] = {}
+    for path in sorted(read):
+        if manifest is not None:
+            if path not in manifest["files"]:
+                raise KeyError(f"{path} was read but --sources names no commit for it")
+            files[path] = manifest["files"][path]
+        else:
+            files[path] = commit
+    commits = sorted({c for c in files.values() if c})
+    out: dict[str, Any] = {"commit": commits[0] if len(commits) == 1 else None}
+    if len(commits) > 1:
+        out["commits"] = commits
+    out["files"] = files
+    return out
+
+
 def registry_from_decorators(reader: Reader, files: Iterable[str], decorator: str) -> list[str]:
     """String arguments of ``@decorator("Arch")`` on classes (TensorRT-LLM's ``register_auto_model``)."""
     names: set[str] = set()
@@ -311,19 +367,22 @@ def cpp_json_fields(text: str) -> dict[str, list[str]]:
     return out
 
 
-def _first(reader: Reader, paths: Iterable[str]) -> tuple[str, ast.Module]:
+def _module_with_class(reader: Reader, paths: Iterable[str], name: str) -> tuple[str, ast.Module]:
+    """The first of ``paths`` whose module defines class ``name``."""
     for path in paths:
         try:
-            return path, parse(reader, path)
+            module = parse(reader, path)
         except KeyError:
             continue
-    raise KeyError(f"none of {list(paths)}")
+        if any(isinstance(n, ast.ClassDef) and n.name == name for n in module.body):
+            return path, module
+    raise KeyError(f"class {name} is in none of {list(paths)}")
 
 
 def record_trtllm(reader: Reader, model_files: list[str], version: str, source: dict[str, Any]) -> dict[str, Any]:
-    args_py = "tensorrt_llm/llmapi/llm_args.py"
+    args_py = TRTLLM_ARGS_PY
     args = parse(reader, args_py)
-    trt_py, trt_args = _first(reader, [args_py, "tensorrt_llm/_tensorrt_engine/llm_args.py"])
+    trt_py, trt_args = _module_with_class(reader, [args_py, TRTLLM_TRT_ARGS_PY], "TrtLlmArgs")
     llm_py = "tensorrt_llm/llmapi/llm.py"
     llm = parse(reader, llm_py)
     result_py, sampling_py = "tensorrt_llm/executor/result.py", "tensorrt_llm/sampling_params.py"
@@ -349,6 +408,11 @@ def record_trtllm(reader: Reader, model_files: list[str], version: str, source: 
     }
 
 
+def _registry_files(files: Iterable[str]) -> list[str]:
+    """The model modules of ``files``: ``tensorrt_llm/_torch/models/*.py`` (not its subfolders)."""
+    return sorted(f for f in files if re.fullmatch(re.escape(TRTLLM_MODELS_DIR) + r"/[^/]+\.py", f))
+
+
 # --- CLI ---------------------------------------------------------------------------------------
 
 def write(snapshot: dict[str, Any], out_dir: Path = OUT_DIR) -> Path:
@@ -365,25 +429,39 @@ def main(argv: list[str] | None = None) -> int:
     tr = sub.add_parser("trtllm", help="from TensorRT-LLM source at a named commit")
     where = tr.add_mutually_exclusive_group(required=True)
     where.add_argument("--git-dir", type=Path, help="a clone or mirror's git directory")
-    where.add_argument("--source-dir", type=Path, help="a checkout of exactly --commit")
-    tr.add_argument("--commit", required=True)
+    where.add_argument("--source-dir", type=Path, help="a checkout of exactly --commit, or a tree named by --sources")
+    where.add_argument("--list-files", action="store_true", help="print the paths the recorder reads, and stop")
+    tr.add_argument("--commit", default=None, help="the commit the whole tree is at")
+    tr.add_argument("--sources", type=Path, default=None,
+                    help='JSON {"repository": ..., "files": {path: commit}}: the commit of each file of --source-dir')
     tr.add_argument("--tag", default=None, help="the tag the commit carries, for the record")
     tr.add_argument("--version", default=None, help="default: tensorrt_llm/version.py at the commit")
     parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
     args = parser.parse_args(argv)
     if args.engine == "sglang":
         snapshot = record_sglang(args.wheel)
+    elif args.list_files:
+        print("\n".join(trtllm_file_list()))
+        return 0
     else:
-        models_dir = "tensorrt_llm/_torch/models"
+        manifest = json.loads(args.sources.read_text()) if args.sources else None
+        if manifest is None and not args.commit:
+            parser.error("trtllm needs --commit (or --sources naming each file's commit)")
+        if manifest is not None and args.git_dir:
+            parser.error("--sources goes with --source-dir")
         if args.git_dir:
-            reader = git_reader(args.git_dir, args.commit)
-            files = git_list(args.git_dir, args.commit, models_dir)
+            reader = RecordingReader(git_reader(args.git_dir, args.commit))
+            files = git_list(args.git_dir, args.commit, TRTLLM_MODELS_DIR)
         else:
-            reader = dir_reader(args.source_dir)
-            files = sorted(str(p.relative_to(args.source_dir)) for p in (args.source_dir / models_dir).glob("*.py"))
+            reader = RecordingReader(dir_reader(args.source_dir))
+            files = sorted(str(p.relative_to(args.source_dir)) for p in (args.source_dir / TRTLLM_MODELS_DIR).glob("*.py"))
         version = args.version or module_string(parse(reader, "tensorrt_llm/version.py"), "__version__")
-        source = {"kind": "git", "repository": "NVIDIA/TensorRT-LLM", "commit": args.commit, "tag": args.tag}
-        snapshot = record_trtllm(reader, [f for f in files if f.endswith(".py")], version, source)
+        repository = (manifest or {}).get("repository", "NVIDIA/TensorRT-LLM")
+        source = {"kind": "git", "repository": repository, "commit": args.commit, "tag": args.tag}
+        snapshot = record_trtllm(reader, _registry_files(files), version, source)
+        snapshot["source"].update(file_sources(reader.read, args.commit, manifest))
+        if args.commit and snapshot["source"]["commit"] not in (None, args.commit):
+            parser.error(f"--commit {args.commit} but --sources names {snapshot['source']['commit']}")
     print(write(snapshot, args.out_dir))
     return 0
 

@@ -102,7 +102,8 @@ def test_trtllm_snapshot_from_a_source_tree(tmp_path):
     assert record.main(["--out-dir", str(tmp_path), "trtllm", "--source-dir", str(tmp_path / "src"),
                         "--commit", "abc123", "--tag", "v8.8.8"]) == 0
     snap = json.loads((tmp_path / "tensorrt_llm-8.8.8.json").read_text())
-    assert snap["source"] == {"kind": "git", "repository": "NVIDIA/TensorRT-LLM", "commit": "abc123", "tag": "v8.8.8"}
+    assert snap["source"] == {"kind": "git", "repository": "NVIDIA/TensorRT-LLM", "commit": "abc123", "tag": "v8.8.8",
+                              "files": {path: "abc123" for path in sorted(TRTLLM_FILES)}}   # every file it read
     classes = snap["classes"]
     assert classes["TorchLlmArgs"]["fields"] == ["model", "max_batch_size", "cuda_graph_config"]
     assert classes["TrtLlmArgs"]["fields"] == ["model", "max_batch_size", "build_config"]
@@ -115,6 +116,51 @@ def test_trtllm_snapshot_from_a_source_tree(tmp_path):
     assert snap["keys"]["InflightBatchingStats"] == ["numPausedRequests"]
     assert snap["keys"]["KvCacheStats"] == ["maxNumBlocks", "reusedBlocks"]
     assert snap["models"]["architectures"] == ["Llama4ForConditionalGeneration", "LlamaForCausalLM"]
+
+
+def _write_tree(root: Path, files: dict[str, str]) -> None:
+    for path, text in files.items():
+        (root / path).parent.mkdir(parents=True, exist_ok=True)
+        (root / path).write_text(text)
+
+
+def test_a_tree_assembled_file_by_file_records_each_files_commit(tmp_path):
+    """``--sources`` names the commit of every file (a tree read from a code index, one file at a time)."""
+    _write_tree(tmp_path / "src", TRTLLM_FILES)
+    commits = {path: ("c2" if "models/" in path else "c1") for path in TRTLLM_FILES}
+    (tmp_path / "sources.json").write_text(json.dumps({"repository": "NVIDIA/TensorRT-LLM", "files": commits}))
+    assert record.main(["--out-dir", str(tmp_path), "trtllm", "--source-dir", str(tmp_path / "src"),
+                        "--sources", str(tmp_path / "sources.json")]) == 0
+    source = json.loads((tmp_path / "tensorrt_llm-8.8.8.json").read_text())["source"]
+    assert source["commit"] is None and source["commits"] == ["c1", "c2"]
+    assert source["files"]["tensorrt_llm/llmapi/llm_args.py"] == "c1"
+    assert source["files"]["tensorrt_llm/_torch/models/modeling_llama.py"] == "c2"
+    del commits["tensorrt_llm/sampling_params.py"]
+    (tmp_path / "sources.json").write_text(json.dumps({"files": commits}))
+    with pytest.raises(KeyError, match="sampling_params.py was read but --sources names no commit"):
+        record.main(["--out-dir", str(tmp_path), "trtllm", "--source-dir", str(tmp_path / "src"),
+                     "--sources", str(tmp_path / "sources.json")])
+
+
+def test_trtllm_args_found_where_the_class_lives(tmp_path):
+    """After 1.2, TrtLlmArgs moved to ``_tensorrt_engine/llm_args.py``: the recorder follows the class, not the file."""
+    files = dict(TRTLLM_FILES)
+    files["tensorrt_llm/llmapi/llm_args.py"] = files["tensorrt_llm/llmapi/llm_args.py"].replace(
+        "class TrtLlmArgs(BaseLlmArgs):\n    build_config: object = None\n", "")
+    files["tensorrt_llm/_tensorrt_engine/llm_args.py"] = "class TrtLlmArgs(BaseLlmArgs):\n    workspace: str = None\n"
+    _write_tree(tmp_path / "src", files)
+    record.main(["--out-dir", str(tmp_path), "trtllm", "--source-dir", str(tmp_path / "src"), "--commit", "abc"])
+    snap = json.loads((tmp_path / "tensorrt_llm-8.8.8.json").read_text())
+    assert snap["classes"]["TrtLlmArgs"] == {"file": "tensorrt_llm/_tensorrt_engine/llm_args.py", "fields": ["workspace"]}
+    assert "tensorrt_llm/_tensorrt_engine/llm_args.py" in snap["source"]["files"]
+
+
+def test_the_recorder_lists_the_files_it_reads(capsys):
+    assert record.main(["trtllm", "--list-files"]) == 0
+    listed = capsys.readouterr().out
+    for path in ("tensorrt_llm/llmapi/llm_args.py", "tensorrt_llm/executor/result.py",
+                 "cpp/tensorrt_llm/executor/jsonSerialization.cpp", "tensorrt_llm/_torch/models/*.py"):
+        assert path in listed
 
 
 def _real_wheel() -> Path | None:

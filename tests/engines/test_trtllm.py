@@ -19,7 +19,7 @@ import pytest
 from engines import trtllm as adapter
 from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
-from engines.snapshots import load
+from engines.snapshots import Snapshot, load
 from engines.trtllm import IterationTally, TrtllmEngine, to_completion
 from tests.engines.conftest import RecordedDict, RecordedObject, UnrecordedName, check_fields, fake_class
 
@@ -168,6 +168,34 @@ def test_every_native_name_the_knob_table_maps_to_is_a_recorded_field():
     assert SNAPSHOT.data["source"]["commit"] == "376f7e1bd8ed543f75014309e3fd4b237e9b0e73"
     trt_fields, _ = adapter.native_fields("tensorrt")
     assert {"build_config", "enable_build_cache"} <= trt_fields[""] and "enable_iter_perf_stats" not in trt_fields[""]
+
+
+def _with_registry(architectures):
+    """The committed TensorRT-LLM snapshot with ``architectures`` as its recorded model registry."""
+    data = {**SNAPSHOT.data, "models": {**SNAPSHOT.data["models"], "architectures": architectures}}
+    return Snapshot(data, SNAPSHOT.path)
+
+
+def test_a_model_tensorrt_llm_does_not_implement_is_refused_with_what_it_implements(past_env_checks, monkeypatch,
+                                                                                     tmp_path):
+    """The SGLang check (``Snapshot.check_architectures``), applied to TensorRT-LLM's ``@register_auto_model`` registry."""
+    registry = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen2_5_VLForConditionalGeneration"]
+    monkeypatch.setattr(adapter, "load_snapshot", lambda engine: _with_registry(registry))
+    (tmp_path / "config.json").write_text('{"architectures": ["Idefics3ForConditionalGeneration"]}')
+    with pytest.raises(KnobError, match=r"'smolvlm' \(Idefics3ForConditionalGeneration\) is not implemented by "
+                                        r"TensorRT-LLM 1.2.1; it implements: LlamaForCausalLM, Qwen2ForCausalLM, "
+                                        r"Qwen2_5_VLForConditionalGeneration"):
+        TrtllmEngine({"path": str(tmp_path), "name": "smolvlm"}, {}).validate()
+    TrtllmEngine({"path": "/hub/id", "name": "llama-3.1-8b"}, {}).validate()              # conf/architectures: Llama
+    TrtllmEngine({"path": "Qwen/Qwen2.5-VL-7B-Instruct", "name": "qwen2.5-vl-7b"}, {}).validate()   # the shared VLM
+    TrtllmEngine({"path": "/hub/id", "name": "unknown"}, {}).validate()   # not known before start: the engine judges
+
+
+def test_the_committed_registry_is_not_recorded_so_no_model_is_refused(past_env_checks, tmp_path):
+    """Until the registry is recorded from source at a named commit, TensorRT-LLM itself is the judge."""
+    assert SNAPSHOT.architectures is None
+    (tmp_path / "config.json").write_text('{"architectures": ["Idefics3ForConditionalGeneration"]}')
+    TrtllmEngine({"path": str(tmp_path), "name": "smolvlm"}, {}).validate()
 
 
 def test_without_chunked_prefill_the_token_budget_must_cover_the_longest_prompt(past_env_checks):
