@@ -454,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
             files = git_list(args.git_dir, args.commit, TRTLLM_MODELS_DIR)
         else:
             reader = RecordingReader(dir_reader(args.source_dir))
-            files = sorted(str(p.relative_to(args.source_dir)) for p in (args.source_dir / TRTLLM_MODELS_DIR).glob("*.py"))
+            models = args.source_dir / TRTLLM_MODELS_DIR
+            files = sorted(str(p.relative_to(args.source_dir)) for p in models.glob("*.py"))
         version = args.version or module_string(parse(reader, "tensorrt_llm/version.py"), "__version__")
         repository = (manifest or {}).get("repository", "NVIDIA/TensorRT-LLM")
         source = {"kind": "git", "repository": repository, "commit": args.commit, "tag": args.tag}

@@ -151,7 +151,8 @@ def test_trtllm_args_found_where_the_class_lives(tmp_path):
     _write_tree(tmp_path / "src", files)
     record.main(["--out-dir", str(tmp_path), "trtllm", "--source-dir", str(tmp_path / "src"), "--commit", "abc"])
     snap = json.loads((tmp_path / "tensorrt_llm-8.8.8.json").read_text())
-    assert snap["classes"]["TrtLlmArgs"] == {"file": "tensorrt_llm/_tensorrt_engine/llm_args.py", "fields": ["workspace"]}
+    assert snap["classes"]["TrtLlmArgs"] == {"file": "tensorrt_llm/_tensorrt_engine/llm_args.py",
+                                             "fields": ["workspace"]}
     assert "tensorrt_llm/_tensorrt_engine/llm_args.py" in snap["source"]["files"]
 
 

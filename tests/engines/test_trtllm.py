@@ -178,7 +178,7 @@ def _with_registry(architectures):
 
 def test_a_model_tensorrt_llm_does_not_implement_is_refused_with_what_it_implements(past_env_checks, monkeypatch,
                                                                                      tmp_path):
-    """The SGLang check (``Snapshot.check_architectures``), applied to TensorRT-LLM's ``@register_auto_model`` registry."""
+    """SGLang's check (``Snapshot.check_architectures``) on TensorRT-LLM's ``@register_auto_model`` registry."""
     registry = ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen2_5_VLForConditionalGeneration"]
     monkeypatch.setattr(adapter, "load_snapshot", lambda engine: _with_registry(registry))
     (tmp_path / "config.json").write_text('{"architectures": ["Idefics3ForConditionalGeneration"]}')
