@@ -13,7 +13,7 @@ Standard library only: the worker side imports this module too.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -172,6 +172,18 @@ def flatten(knobs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def lookup(values: Any, name: str) -> Any:
+    """``values["a.b"]`` or ``values["a"]["b"]`` for ``name="a.b"``; ``None`` when absent."""
+    if isinstance(values, Mapping) and name in values:
+        return values[name]
+    node: Any = values
+    for part in name.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
 def nest(flat: dict[str, Any]) -> dict[str, Any]:
     """Dotted names to nested dicts: ``{"a.b": 1} -> {"a": {"b": 1}}``."""
     nested: dict[str, Any] = {}
@@ -277,4 +289,4 @@ def _cell(mapping: NativeMapping | None) -> str:
 
 
 __all__ = ["TABLE", "Canonical", "NativeMapping", "canonical_of", "canonical_view", "engine_label", "flatten",
-           "inverted", "knob_table_markdown", "mappings", "nest", "prefixed", "to_native"]
+           "inverted", "knob_table_markdown", "lookup", "mappings", "nest", "prefixed", "to_native"]

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from engines.common import PROJECT_ROOT
-from engines.knobs import canonical_view
+from engines.knobs import canonical_view, lookup
 
 log = logging.getLogger(__name__)
 ARCHITECTURES_DIR = PROJECT_ROOT / "conf" / "architectures"
@@ -203,23 +203,11 @@ class Precision:
         """
         knobs = dict(knobs or {})
         view = canonical_view(engine, knobs)
-        quant = str(_dotted(knobs, WEIGHT_QUANTIZATION.get(engine, "quantization")) or "").lower()
+        quant = str(lookup(knobs, WEIGHT_QUANTIZATION.get(engine, "quantization")) or "").lower()
         kv_dtype = str(view.get("kv_cache_dtype") or "auto").lower()
         weight = 1 if quant.startswith("fp8") else model.dtype_bytes
         kv = 1 if kv_dtype.startswith("fp8") else DTYPE_BYTES.get(kv_dtype, model.dtype_bytes)
         return cls(weight, kv, _positive(view.get("tensor_parallel")) * _positive(view.get("pipeline_parallel")))
-
-
-def _dotted(knobs: Mapping[str, Any], name: str) -> Any:
-    """``knobs["a"]["b"]`` or ``knobs["a.b"]`` for ``name="a.b"``; None when absent."""
-    if name in knobs:
-        return knobs[name]
-    node: Any = knobs
-    for part in name.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
 
 
 def _positive(value: Any) -> int:

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import optuna
 
+from engines.knobs import lookup
 from harness.errors import TroughputError
 
 TYPES = ("int", "float", "categorical")
@@ -159,11 +160,4 @@ def _param(path: str, spec: dict[str, Any]) -> Param:
 
 def _lookup(path: str, values: Mapping[str, Any], base: Mapping[str, Any]) -> Any:
     """A suggested value, else the base config's value at the dotted ``path`` (``None`` if absent)."""
-    if path in values:
-        return values[path]
-    node: Any = base
-    for part in path.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
+    return values[path] if path in values else lookup(base, path)
