@@ -33,7 +33,7 @@ import sys
 import time
 from typing import Any
 
-from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
+from engines.base import Completion, Engine, EngineStats, Request, StartInfo
 from engines.common import RequestCounters, check_names, require_cuda, require_module, shutdown
 from engines.knobs import UNSET, NativeMapping, inverted, prefixed
 from engines.snapshots import load as load_snapshot

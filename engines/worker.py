@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engines import get_engine_class
-from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request
+from engines.base import Completion, Engine, EngineUnavailable, KnobError, Request
 from engines.gpumem import GpuMemorySampler
 
 OOM_MARKERS = ("out of memory", "outofmemory", "cannot allocate memory", "insufficient memory",
