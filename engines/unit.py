@@ -98,9 +98,9 @@ class EngineUnit:
         from engines.knobs import canonical_view
 
         view = canonical_view(self.name, dict(knobs))
-        count = _count(replicas)
+        count = device_count(replicas)
         for name in ("tensor_parallel", "pipeline_parallel"):
-            count *= _count(view.get(name))
+            count *= device_count(view.get(name))
         return count
 
     def tune_space(self, hardware_kind: str | None) -> str:
@@ -125,7 +125,8 @@ def dummy_weights_args(model: Mapping[str, Any]) -> dict[str, Any]:
     return {"load_format": "dummy"} if model.get("dummy_weights") else {}
 
 
-def _count(value: Any) -> int:
+def device_count(value: Any) -> int:
+    """A replica or parallelism count as a positive int; unset or unreadable values count as 1."""
     try:
         return max(int(value or 1), 1)
     except (TypeError, ValueError):

@@ -17,6 +17,7 @@ import math
 from typing import Any, Mapping
 
 from engines import find_unit
+from engines.unit import device_count
 
 
 def devices(engine: str, knobs: Mapping[str, Any], replicas: Any = None) -> int:
@@ -31,7 +32,7 @@ def devices(engine: str, knobs: Mapping[str, Any], replicas: Any = None) -> int:
     count = replicas if replicas is not None else knobs.get("replicas")
     engine_unit = find_unit(engine)
     if engine_unit is None:   # an adapter given as module:Class declares nothing: one instance per replica
-        return _count(count)
+        return device_count(count)
     return engine_unit.devices({k: v for k, v in knobs.items() if k != "replicas"}, count)
 
 
@@ -40,13 +41,6 @@ def job_seconds(startup_s: Any, backlog: float, rate: Any) -> float:
     rate = as_number(rate, math.nan)
     generate = backlog / rate if rate and rate > 0 else math.inf
     return as_number(startup_s) + generate
-
-
-def _count(value: Any) -> int:
-    try:
-        return max(int(value or 1), 1)
-    except (TypeError, ValueError):
-        return 1
 
 
 def as_number(value: Any, default: float = 0.0) -> float:
