@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.requirements import Gpu, parse_gpu_query, visible
+from engines.requirements import Gpu, parse_gpu_query, run_quietly, visible
 
 MIB = 1024 * 1024
 DEVICE_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,name,driver_version,memory.used", "--format=csv,noheader,nounits"]
@@ -59,13 +58,13 @@ def parse_smi(device_text: str, apps_text: str) -> list[DeviceSample]:
 
 def smi_reader() -> Reader | None:
     """A reader over ``nvidia-smi`` for the visible devices, or None when it does not answer."""
-    if shutil.which("nvidia-smi") is None or _run(DEVICE_QUERY) is None:
+    if shutil.which("nvidia-smi") is None or run_quietly(DEVICE_QUERY, timeout=10) is None:
         return None
-    shown = {g.index for g in visible(parse_gpu_query(_run(DEVICE_QUERY) or ""),
+    shown = {g.index for g in visible(parse_gpu_query(run_quietly(DEVICE_QUERY, timeout=10) or ""),
                                       os.environ.get("CUDA_VISIBLE_DEVICES"))}
 
     def read() -> list[DeviceSample]:
-        samples = parse_smi(_run(DEVICE_QUERY) or "", _run(APPS_QUERY) or "")
+        samples = parse_smi(run_quietly(DEVICE_QUERY, timeout=10) or "", run_quietly(APPS_QUERY, timeout=10) or "")
         return [s for s in samples if s.index in shown]
 
     return read
@@ -202,11 +201,3 @@ class GpuMemorySampler:
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _run(command: list[str]) -> str | None:
-    try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return proc.stdout if proc.returncode == 0 else None

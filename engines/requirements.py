@@ -128,7 +128,7 @@ def toolkit_version(cuda_home: str | None) -> str | None:
         pass
     nvcc = Path(cuda_home) / "bin" / "nvcc"
     if nvcc.exists():
-        out = _run([str(nvcc), "--version"])
+        out = run_quietly([str(nvcc), "--version"])
         found = re.search(r"release (\d+\.\d+)", out or "")
         return found.group(1) if found else None
     return None
@@ -141,12 +141,12 @@ def probe_host(library_names: tuple[str, ...] = ()) -> HostFacts:
     if shutil.which("nvidia-smi") is None:
         error = "nvidia-smi is not on PATH: no NVIDIA driver here"
     else:
-        query = _run(list(GPU_QUERY))
+        query = run_quietly(list(GPU_QUERY))
         if query is None:
             error = "nvidia-smi is installed but did not answer (the driver is not loaded, or no GPU is attached)"
         else:
             gpus = parse_gpu_query(query)
-            driver, driver_cuda = parse_driver(query, _run(["nvidia-smi"]) or "")
+            driver, driver_cuda = parse_driver(query, run_quietly(["nvidia-smi"]) or "")
     cuda_home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
     return HostFacts(
         python=".".join(map(str, sys.version_info[:3])), glibc=glibc_version(), driver=driver,
@@ -262,9 +262,10 @@ def _older(have: str, want: str) -> bool:
     return _tuple(have) < _tuple(want)
 
 
-def _run(command: list[str]) -> str | None:
+def run_quietly(command: list[str], timeout: float = 20) -> str | None:
+    """``command``'s stdout, or None when it is missing, fails or outlives ``timeout`` seconds."""
     try:
-        proc = subprocess.run(command, capture_output=True, text=True, timeout=20, check=False)
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return proc.stdout if proc.returncode == 0 else None
