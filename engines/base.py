@@ -26,14 +26,27 @@ class Request:
     Args:
         id: unique within a workload.
         prompt_token_ids: the prompt, already tokenized for the model.
-        max_tokens: exact number of tokens to generate (EOS is ignored).
+        max_tokens: for a benchmark request, exactly this many tokens are generated (EOS is
+            ignored); a request with its own ``sampling`` or a ``constraint`` stops at EOS (or
+            when its grammar ends) and ``max_tokens`` is its cap.
         images: paths of image files that the prompt's placeholders refer to.
+        sampling: the request's own sampling (``engines.decoding.SAMPLING_KEYS``: temperature,
+            top_p, seed, stop); ``None``: greedy.
+        constraint: structured output, ``{"kind": "json" | "json_object" | "regex" | "choice",
+            "value": ...}`` (``engines.decoding.check_constraint``); ``None``: unconstrained.
     """
 
     id: str
     prompt_token_ids: list[int]
     max_tokens: int
     images: list[str] = field(default_factory=list)
+    sampling: dict[str, Any] | None = None
+    constraint: dict[str, Any] | None = None
+
+    @property
+    def exact_length(self) -> bool:
+        """Whether exactly ``max_tokens`` are generated (a benchmark request) rather than up to EOS."""
+        return self.sampling is None and self.constraint is None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -45,6 +58,8 @@ class Request:
             prompt_token_ids=[int(t) for t in data["prompt_token_ids"]],
             max_tokens=int(data["max_tokens"]),
             images=list(data.get("images") or []),
+            sampling=data.get("sampling"),
+            constraint=data.get("constraint"),
         )
 
 
@@ -58,6 +73,9 @@ class Completion:
         output_token_ids: the generated tokens.
         cached_tokens: prompt tokens served from the prefix cache, when reported.
         finished_at: ``time.perf_counter()`` when this request finished, where known.
+        finish_reason: ``"stop"`` (EOS, a stop string, or the grammar ended) or ``"length"``
+            (``max_tokens`` reached), where the engine says.
+        text: the decoded output, where the engine detokenized it (requests with ``stop`` strings).
     """
 
     id: str
@@ -65,6 +83,8 @@ class Completion:
     output_token_ids: list[int]
     cached_tokens: int | None = None
     finished_at: float | None = None
+    finish_reason: str | None = None
+    text: str | None = None
 
 
 @dataclass

@@ -82,11 +82,17 @@ class Workload:
 
 
 def fingerprint(requests: list[Request]) -> str:
-    """A short sha256 over ids, token ids, output lengths and image contents."""
+    """A short sha256 over ids, token ids, output lengths, image contents, and a request's own sampling and constraint.
+
+    A benchmark request (no sampling, no constraint) hashes as it always has, so earlier results stay comparable.
+    """
     digest = hashlib.sha256()
     for r in requests:
         image_digests = [_file_digest(p) for p in r.images]
-        digest.update(json.dumps([r.id, r.prompt_token_ids, r.max_tokens, image_digests]).encode())
+        fields: list = [r.id, r.prompt_token_ids, r.max_tokens, image_digests]
+        if not r.exact_length:
+            fields += [r.sampling, r.constraint]
+        digest.update(json.dumps(fields, sort_keys=True).encode())
     return digest.hexdigest()[:16]
 
 
