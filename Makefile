@@ -27,7 +27,7 @@ browser:
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[cpu,text,test,slurm]'
+	$(PY) -m pip install --quiet -e '.[cpu,text,test,slurm,ray]'
 	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton || true
 	$(PY) -c "import vllm, hydra, pandas" 
 	touch $(STAMP)
