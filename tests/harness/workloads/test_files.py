@@ -155,7 +155,7 @@ BATCH_FAULTS = [
     (batch_chat("a", []), "'body.messages' is empty"),
     (batch_chat("a", [{"role": "user"}]), r"missing field 'body.messages\[0\].content'"),
     (batch_chat("a", [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x.png"}}]}]),
-     "images in batch files are not supported yet"),
+     "is an image .* and this model takes no images"),
     (batch_completion("a", "x", max_tokens=0), "'body.max_tokens' must be positive"),
     (batch_completion("a", "x", max_tokens="5"), "'body.max_tokens' must be an integer, got a string"),
     (batch_completion("a", "x", max_tokens=True), "must be an integer, got a boolean"),
@@ -237,3 +237,98 @@ def test_missing_empty_and_unknown(tmp_path: Path) -> None:
         load(empty, "csv")
     with pytest.raises(TroughputError, match="max_requests must be a positive integer"):
         load(empty, max_requests=0)
+
+
+SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}}
+
+
+def sampled_batch(tmp_path: Path) -> Path:
+    return write_lines(tmp_path / "batch.jsonl", [
+        batch_chat("t", [{"role": "user", "content": "hi"}], max_tokens=5, temperature=0.7, top_p=0.9, seed=3,
+                   stop="\n"),
+        batch_completion("plain", "x", max_tokens=4),
+        batch_completion("js", "x", max_tokens=4, response_format={"type": "json_schema",
+                                                                   "json_schema": {"name": "s", "schema": SCHEMA}}),
+        batch_chat("jo", [{"role": "user", "content": "hi"}], max_tokens=4, response_format={"type": "json_object"}),
+        batch_completion("txt", "x", max_tokens=4, response_format={"type": "text"}, n=1),
+        batch_completion("ch", "x", max_tokens=4, structured_outputs={"choice": ["yes", "no"]}),
+    ])
+
+
+def test_benchmark_sampling_drops_the_requests_own_but_keeps_constraints(tmp_path: Path) -> None:
+    wl = load(sampled_batch(tmp_path))
+    by_id = {r.id: r for r in wl.requests}
+    assert all(r.sampling is None for r in wl.requests)
+    assert [r.id for r in wl.requests if r.exact_length] == ["t", "plain", "txt"]
+    assert by_id["js"].constraint == {"kind": "json", "value": SCHEMA}
+    assert by_id["jo"].constraint == {"kind": "json_object", "value": None}
+    assert by_id["ch"].constraint == {"kind": "choice", "value": ["yes", "no"]}
+    assert by_id["txt"].constraint is None
+
+
+def test_as_given_sampling_keeps_both_with_openai_defaults(tmp_path: Path) -> None:
+    wl = load(sampled_batch(tmp_path), sampling="as_given")
+    by_id = {r.id: r for r in wl.requests}
+    assert not any(r.exact_length for r in wl.requests)
+    assert by_id["t"].sampling == {"temperature": 0.7, "top_p": 0.9, "seed": 3, "stop": ["\n"]}
+    assert by_id["plain"].sampling == {"temperature": 1.0}  # OpenAI's default when a body gives none
+    assert by_id["js"].constraint == {"kind": "json", "value": SCHEMA}
+    assert wl.fingerprint != load(sampled_batch(tmp_path)).fingerprint
+
+
+def test_plain_jsonl_sampling_and_constraints(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "p.jsonl", [
+        {"prompt": "a", "temperature": 0.5, "stop": ["x", "y"]},
+        {"prompt": "b", "structured_outputs": {"regex": "[0-9]+"}},
+        {"prompt": "c", "response_format": {"type": "json_object"}},
+        {"prompt": "d"},
+    ])
+    given = load(path, sampling="as_given").requests
+    assert [r.sampling for r in given] == [{"temperature": 0.5, "stop": ["x", "y"]}, {}, {}, {}]  # greedy default
+    assert [r.constraint for r in given] == [None, {"kind": "regex", "value": "[0-9]+"},
+                                             {"kind": "json_object", "value": None}, None]
+    assert [r.exact_length for r in load(path).requests] == [True, False, False, True]
+
+
+@pytest.mark.parametrize(("body", "fault"), [
+    ({"n": 2}, r"field 'body.n' must be 1 \(one choice per request\), got 2"),
+    ({"best_of": 3}, "'body.best_of' must be 1"),
+    ({"response_format": {"type": "xml"}}, "'body.response_format.type' must be 'text', 'json_object' or"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "missing field 'body.response_format.json_schema.schema'"),
+    ({"response_format": "json"}, "'body.response_format' must be an object"),
+    ({"structured_outputs": {"choice": [], "regex": "a"}}, "must hold exactly one of"),
+    ({"structured_outputs": {"regex": "("}}, "does not compile"),
+    ({"structured_outputs": {"json_object": True}, "response_format": {"type": "json_object"}},
+     "both constrain the output"),
+])
+def test_decoding_faults_name_file_and_line(tmp_path: Path, body: dict, fault: str) -> None:
+    path = write_lines(tmp_path / "batch.jsonl", [batch_completion("ok", "fine"), batch_completion("bad", "x", **body)])
+    for sampling in ("benchmark", "as_given"):
+        with pytest.raises(TroughputError, match=fault) as err:
+            load(path, sampling=sampling)
+        assert f"{path}, line 2:" in str(err.value)
+
+
+@pytest.mark.parametrize(("body", "fault"), [
+    ({"temperature": 3}, r"sampling in body: temperature must be a number in \[0, 2\]"),
+    ({"stop": ["a", ""]}, "stop must be a non-empty string"),
+    ({"seed": 1.5}, "seed must be an integer"),
+    ({"presence_penalty": 0.5}, "'body.presence_penalty' is not supported"),
+    ({"logprobs": True}, "'body.logprobs' is not supported"),
+])
+def test_sampling_faults_only_when_sampling_is_kept(tmp_path: Path, body: dict, fault: str) -> None:
+    path = write_lines(tmp_path / "batch.jsonl", [batch_completion("ok", "fine"), batch_completion("bad", "x", **body)])
+    with pytest.raises(TroughputError, match=fault) as err:
+        load(path, sampling="as_given")
+    assert f"{path}, line 2:" in str(err.value)
+    assert load(path).requests[1].exact_length  # benchmark mode drops what it does not use
+
+
+def test_unknown_sampling_mode_and_non_utf8_line(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "p.jsonl", [{"prompt": "a"}])
+    with pytest.raises(TroughputError, match="sampling must be one of benchmark, as_given"):
+        load(path, sampling="creative")
+    path.write_bytes(b'{"prompt": "a"}\n{"prompt": "\xff"}\n')
+    with pytest.raises(TroughputError, match=r"line 2: not UTF-8 text"):
+        load(path)
