@@ -143,18 +143,69 @@ def parse_line(line: str) -> Any:
         return RecordError(f"invalid JSON ({e.msg}, column {e.colno})")
 
 
-def _json_list(path: Path) -> Records:
-    """The items of a JSON list, with their 0-based index."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8-sig"))
-    except UnicodeDecodeError as e:
-        raise TroughputError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except json.JSONDecodeError as e:
-        raise TroughputError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-    if not isinstance(data, list):
-        raise TroughputError(f"{path}: expected a JSON list of records, got {kind(data)}")
-    for i, record in enumerate(data):
-        yield f"record {i}", i, record
+def _json_list(path: Path, chunk_chars: int = 1 << 20) -> Records:
+    """The items of a JSON list, with their 0-based index, decoded one item at a time (bounded memory)."""
+    decoder = json.JSONDecoder()
+    with path.open(encoding="utf-8-sig") as f:
+        buffer, pos = "", 0
+        lines_before, column_before = 0, 0  # where the buffer starts: newlines dropped, characters since the last
+
+        def fill() -> bool:
+            nonlocal buffer, lines_before, column_before, pos
+            try:
+                more = f.read(chunk_chars)
+            except UnicodeDecodeError as e:
+                raise TroughputError(f"{path}: not UTF-8 text ({e.reason})") from None
+            if not more:
+                return False  # the buffer stays as it is, so error positions still point into it
+            dropped, last = buffer.count("\n", 0, pos), buffer.rfind("\n", 0, pos)
+            lines_before += dropped
+            column_before = pos - last - 1 if dropped else column_before + pos
+            buffer, pos = buffer[pos:] + more, 0
+            return True
+
+        def skip_space() -> str:
+            nonlocal pos
+            while True:
+                while pos < len(buffer) and buffer[pos] in " \t\r\n":
+                    pos += 1
+                if pos < len(buffer) or not fill():
+                    return buffer[pos] if pos < len(buffer) else ""
+
+        def fail(message: str, at: int) -> TroughputError:
+            line = lines_before + buffer.count("\n", 0, at) + 1
+            last = buffer.rfind("\n", 0, at)
+            column = at - last if last >= 0 else column_before + at + 1
+            return TroughputError(f"{path}: invalid JSON at line {line}, column {column}: {message}")
+
+        first = skip_space()
+        if first != "[":
+            try:
+                data = json.loads(buffer[pos:] + f.read())
+            except json.JSONDecodeError as e:
+                raise TroughputError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+            raise TroughputError(f"{path}: expected a JSON list of records, got {kind(data)}")
+        pos += 1
+        index = 0
+        while True:
+            if skip_space() == "]" and index == 0:
+                return
+            while True:  # an item must end inside the buffer; read on until it does
+                try:
+                    record, end = decoder.raw_decode(buffer, pos)
+                    break
+                except json.JSONDecodeError as e:
+                    if not fill():
+                        raise fail(e.msg, e.pos) from None
+            yield f"record {index}", index, record
+            pos, index = end, index + 1
+            separator = skip_space()
+            if separator == "]":
+                return
+            if separator != ",":
+                raise fail("Expecting ',' delimiter" if separator else "Expecting ']'", pos)
+            pos += 1
+            skip_space()
 
 
 READERS: dict[str, Callable[[Path], Records]] = {
