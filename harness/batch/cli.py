@@ -1,0 +1,86 @@
+"""``troughput-batch``: the Hydra app that runs a batch file with a chosen config."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from engines.base import KnobError
+from engines.common import PROJECT_ROOT
+from harness.batch.launch import run_job
+from harness.batch.plan import Plan
+from harness.batch.source import apply_source
+from harness.errors import TroughputError
+from harness.models import resolve_model
+from harness.spec import command_line, layered_knobs
+from harness.workloads.files import source
+
+
+def build_plan(cfg: DictConfig) -> Plan:
+    """The job ``cfg`` asks for, with its config from a decision, a tuned file or the overrides."""
+    cfg, origin = apply_source(cfg)
+    python = cfg.engine.python or sys.executable
+    model = resolve_model(_plain(cfg.model), python)
+    knobs = layered_knobs(cfg)
+    path, fmt = source({"name": "batch", "path": cfg.batch.input, "format": cfg.batch.format})
+    labels = {"command": command_line().replace("troughput-run", "troughput-batch", 1), **_plain(cfg.run.labels)}
+    return Plan(
+        input=str(path.resolve()), format=fmt, output_dir=str(Path(cfg.batch.output_dir).resolve()),
+        shard_size=_positive(cfg.batch.shard_size, "batch.shard_size"), engine=cfg.engine.name, model=model,
+        knobs=knobs, ordering=_plain(cfg.ordering), python=python,
+        env={**_plain(cfg.hardware.get("env", {})), **_plain(cfg.engine.env)},
+        replicas=_positive(cfg.engine.get("replicas", 1), "engine.replicas"),
+        device_kind=str((cfg.hardware.get("spec") or {}).get("kind", "cpu")),
+        in_flight=_positive(cfg.batch.in_flight, "batch.in_flight"), sampling=cfg.batch.sampling,
+        default_max_tokens=cfg.batch.default_max_tokens, allow_remote_images=bool(cfg.batch.allow_remote_images),
+        max_model_len=knobs.get("max_model_len"), results_dir=str(Path(cfg.run.results_dir).resolve()),
+        source=origin, labels=labels, scale=cfg.batch.scale, ray=_plain(cfg.batch.ray), slurm=_plain(cfg.batch.slurm))
+
+
+@hydra.main(config_path=str(PROJECT_ROOT / "conf"), config_name="batch", version_base="1.3")
+def main(cfg: DictConfig) -> str:
+    """One batch job (or what is left of it); prints its summary. User errors print one line and exit 2."""
+    try:
+        row = run_job(build_plan(cfg), progress=bool(cfg.run.progress))
+    except (TroughputError, KnobError) as e:
+        print(f"troughput-batch: error: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(summary(row))
+    if row["status"] != "ok":
+        sys.exit(1)
+    return row["status"]
+
+
+def summary(row: dict[str, Any]) -> str:
+    """A few lines: counts, rates measured and predicted, where the outputs are."""
+    lines = [f"troughput-batch {row['status']}: {row['requests_ok']:,} ok, {row['requests_failed']:,} failed this run; "
+             f"{row['shards_committed']} of {row['shards']} shards committed ({row['shards_before']} before this run)"]
+    if row["output_tok_s"]:
+        lines.append(f"  measured {row['output_tok_s']:,.1f} output tok/s, {row['req_s']:,.1f} req/s over "
+                     f"{row['generation_s']:,.1f} s (engine start {row['startup_s'] or 0:,.1f} s excluded)")
+    if row.get("predicted_output_tok_s"):
+        lines.append(f"  predicted {row['predicted_output_tok_s']:,.1f} output tok/s by the {row['config_source.kind']}"
+                     f" (job {row['predicted_job_s']:,.1f} s predicted, {row['generation_s']:,.1f} s measured)")
+    lines.append(f"  output: {row['output.output'] or row['output_dir'] + '/shards (incomplete)'}; "
+                 f"errors: {row['output.errors'] or '-'}")
+    if row["error"]:
+        lines.append(f"  {row['error']}")
+    return "\n".join(lines)
+
+
+def _positive(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TroughputError(f"{name}={value!r}: must be an integer >= 1")
+    return value
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if node is not None else {}
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Image content parts of a batch file as local files: ``data:`` URLs, local paths, remote URLs when allowed.
+
+Decoded and fetched images are stored under their content's sha256, so a repeated image
+is one file (and one multimodal cache entry). Each image is opened and checked here, so
+a broken one is an error for its request, not a failed shard.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import io
+import os
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from harness.workloads.fields import RecordError, as_object
+from harness.workloads.records import ImageResolver
+
+REMOTE = ("http://", "https://")
+FETCH_TIMEOUT_S = 30
+
+
+def image_resolver(placeholder: str | None, store: Path, base_dir: Path, allow_remote: bool) -> ImageResolver | None:
+    """A resolver for ``harness.workloads.records``; ``None`` when the model takes no images (no placeholder).
+
+    Args:
+        placeholder: the model's image token, put in the prompt once per image.
+        store: where decoded and fetched images are written.
+        base_dir: what a relative local path is relative to (the input file's folder).
+        allow_remote: fetch ``http(s)`` URLs; otherwise such a part is an error.
+    """
+    if not placeholder:
+        return None
+
+    def resolve(part: dict, at: str) -> tuple[str, str]:
+        url = _url(part, at)
+        if url.startswith("data:"):
+            return placeholder, _store(_decode_data_url(url, at), store, at)
+        if url.startswith(REMOTE):
+            if not allow_remote:
+                raise RecordError(f"{at}: remote image {url[:80]!r} not fetched; troughput reads no network "
+                                  f"unless you allow it (batch.allow_remote_images=true)")
+            return placeholder, _store(_fetch(url, at), store, at)
+        path = Path(urllib.parse.unquote(url.removeprefix("file://"))).expanduser()
+        path = path if path.is_absolute() else base_dir / path
+        if not path.is_file():
+            raise RecordError(f"{at}: image file {str(path)!r} not found")
+        _check(path.read_bytes(), at)
+        return placeholder, str(path)
+
+    return resolve
+
+
+def _url(part: dict, at: str) -> str:
+    """The URL or path of an OpenAI ``image_url`` part (``{"url": ...}`` or a string), or ``input_image``/``image``."""
+    kind = part["type"]
+    value = part.get("image_url") if kind in ("image_url", "input_image") else part.get("image")
+    if isinstance(value, dict):
+        value = as_object(value, f"{at}.{kind}").get("url")
+    if not isinstance(value, str) or not value:
+        raise RecordError(f"{at}: an image part needs a URL or path in '{kind}'"
+                          + (".url" if kind == "image_url" else ""))
+    return value
+
+
+def _decode_data_url(url: str, at: str) -> bytes:
+    header, sep, payload = url.partition(",")
+    if not sep or not header.endswith(";base64"):
+        raise RecordError(f"{at}: a data: URL image must be base64 (data:image/...;base64,...)")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise RecordError(f"{at}: the data: URL is not valid base64 ({e})") from None
+
+
+def _fetch(url: str, at: str) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:  # noqa: S310 - allowed by the user
+            return response.read()
+    except OSError as e:
+        raise RecordError(f"{at}: cannot fetch image {url[:80]!r}: {e}") from None
+
+
+def _store(data: bytes, store: Path, at: str) -> str:
+    suffix = _check(data, at)
+    path = store / f"{hashlib.sha256(data).hexdigest()}.{suffix}"
+    if not path.exists():
+        store.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    return str(path)
+
+
+def _check(data: bytes, at: str) -> str:
+    """The image format's usual file suffix; ``RecordError`` when the bytes are no image PIL can read."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(data)) as image:
+            image.verify()
+            return (image.format or "img").lower()
+    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+        raise RecordError(f"{at}: not a readable image ({e})") from None

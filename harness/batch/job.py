@@ -1,0 +1,207 @@
+"""Run a job's shards: convert, order, dispatch to a pool, turn results into output lines, commit.
+
+``run_shards`` is the same on one node, in each SLURM array task (a subset of the shards)
+and with Ray actors (another pool): the driver converts the next shard while the engines
+generate the previous ones, and a shard counts only once it is committed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.batch.convert import Item, convert_shard
+from harness.batch.images import image_resolver
+from harness.batch.output import ENGINE_FAULT, failure, success
+from harness.batch.plan import Plan
+from harness.batch.progress import Progress
+from harness.batch.shards import Index, iter_shards
+from harness.batch.state import JobState
+from harness.ordering import apply_ordering
+from harness.tokens import TextTokenizer
+from harness.workloads.records import Options
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ShardsRun:
+    """What one invocation did (shards committed before it are not counted)."""
+
+    shards_run: int = 0
+    shards_failed: dict[int, str] = field(default_factory=dict)
+    requests_ok: int = 0
+    requests_failed: int = 0
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    engine_s: float = 0.0          # generate seconds, summed over shards
+    generation_s: float = 0.0      # engines up (the last one) to the last commit
+    startup_s: float | None = None  # the slowest engine's start
+    peak_worker_rss_bytes: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "shards_failed": {str(k): v for k, v in self.shards_failed.items()}}
+
+    @classmethod
+    def merged(cls, parts: list[dict[str, Any]]) -> ShardsRun:
+        """Array tasks side by side: counts add up, seconds are the longest task's."""
+        total = cls()
+        for part in parts:
+            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s"):
+                setattr(total, key, getattr(total, key) + part[key])
+            total.shards_failed.update({int(k): v for k, v in part["shards_failed"].items()})
+            total.generation_s = max(total.generation_s, part["generation_s"])
+            total.startup_s = max(filter(None, [total.startup_s, part["startup_s"]]), default=None)
+            total.peak_worker_rss_bytes = max(total.peak_worker_rss_bytes, part["peak_worker_rss_bytes"])
+        return total
+
+
+def job_id(plan: Plan) -> str:
+    return hashlib.sha256(json.dumps(plan.identity(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def shard_records(index: Index, size: int, shard: int) -> int:
+    return max(0, min(size, index.records - shard * size))
+
+
+def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int], bool], pool: Any,
+               progress: bool = True) -> ShardsRun:
+    """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool`` or ``RayPool``, not yet started)."""
+    size = plan.shard_size
+    committed = state.committed()
+    todo = {i for i in range(index.shards(size)) if wanted(i) and i not in committed}
+    run = ShardsRun()
+    if not todo:
+        return run
+    total = sum(shard_records(index, size, i) for i in range(index.shards(size)) if wanted(i))
+    bar = Progress(total, total - sum(shard_records(index, size, i) for i in todo), progress)
+    runner = _Runner(plan, state, index, run, bar)
+    pool.start()
+    try:
+        runner.drive(pool, iter_shards(Path(plan.input), plan.format, size, todo.__contains__))
+    finally:
+        pool.close(kill=bool(run.shards_failed))
+        bar.close()
+    return run
+
+
+class _Runner:
+    """The loop of one invocation: keeps the pool full, commits what comes back."""
+
+    def __init__(self, plan: Plan, state: JobState, index: Index, run: ShardsRun, bar: Progress):
+        self.plan, self.state, self.index, self.run, self.bar = plan, state, index, run, bar
+        self.tok = TextTokenizer(Path(plan.model["local_dir"]))
+        source = Path(plan.input)
+        self.options = Options(plan.default_max_tokens, plan.sampling, image_resolver(
+            plan.model.get("image_token"), state.root / "images", source.parent, plan.allow_remote_images))
+        self.job = job_id(plan)
+        self.in_flight: dict[str, tuple[int, list[Item], int]] = {}  # shard dir -> (index, items, worker)
+        self.retried: set[int] = set()
+        self.started: dict[int, float] = {}
+        self.failures: dict[int, str] = {}  # worker -> why it failed
+        self.t_ready: float | None = None
+        self.t_last: float | None = None
+
+    def drive(self, pool: Any, shards: Any) -> None:
+        exhausted = False
+        while True:
+            while not exhausted and pool.any_alive() and pool.free() > 0:
+                shard = next(shards, None)
+                if shard is None:
+                    exhausted = True
+                    break
+                self._dispatch(pool, shard.index, convert_shard(
+                    shard, self.plan.format, self.tok, self.options, self.index, Path(self.plan.input),
+                    self.plan.max_model_len))
+            if not self.in_flight and (exhausted or not pool.any_alive()):
+                break
+            got = pool.next_event(timeout=1.0)
+            if got is not None:
+                self._handle(pool, *got)
+        if self.t_ready is not None and self.t_last is not None:
+            self.run.generation_s = max(0.0, self.t_last - self.t_ready)
+
+    def _dispatch(self, pool: Any, index: int, items: list[Item]) -> None:
+        requests = [item.request for item in items if item.request is not None]
+        if not requests:  # nothing for the engine: commit the errors at once
+            self._commit(index, items, {"completions": [], "errors": {}, "measured": {"wall_s": 0.0}})
+            return
+        shard_dir = self.state.scratch(index)
+        with open(shard_dir / "requests.jsonl", "w") as f:
+            for request in apply_ordering(requests, self.plan.ordering):
+                f.write(json.dumps(request.to_dict()) + "\n")
+        self.in_flight[str(shard_dir)] = (index, items, pool.submit(shard_dir, index))
+
+    def _handle(self, pool: Any, worker: int, event: dict[str, Any]) -> None:
+        kind = event["event"]
+        if kind == "started":
+            self.started[worker] = time.monotonic()
+            self.run.startup_s = max(self.run.startup_s or 0.0, event["start"].get("startup_s") or 0.0)
+            if len(self.started) == len(pool.alive):
+                self.t_ready = time.monotonic()
+        elif kind == "progress":
+            self.bar.worker_progress(worker, int(event.get("done", 0)))
+        elif kind == "shard_done":
+            index, items, _ = self.in_flight.pop(event["shard"])
+            result = json.loads((Path(event["shard"]) / "result.json").read_text())
+            self.run.peak_worker_rss_bytes = max(self.run.peak_worker_rss_bytes, result.get("peak_rss_bytes") or 0)
+            self._commit(index, items, result, worker)
+            if self.t_ready is None:  # a pool without start events: the first result marks the engines up
+                self.t_ready = time.monotonic() - float(result["measured"]["wall_s"])
+        elif kind == "shard_failed":
+            log.error("worker %d failed: %s", worker + 1, event.get("error"))
+            self.failures[worker] = str(event.get("error"))
+        elif kind == "exit":
+            self._orphaned(pool, worker, self.failures.get(worker) or f"worker exited with code {event['code']}")
+
+    def _orphaned(self, pool: Any, worker: int, why: str) -> None:
+        """Shards queued on a worker that ended: once more on a live worker, else failed (a rerun retries them)."""
+        for shard_dir, (index, items, owner) in list(self.in_flight.items()):
+            if owner != worker:
+                continue
+            del self.in_flight[shard_dir]
+            if index not in self.retried and pool.any_alive():
+                self.retried.add(index)
+                self.in_flight[shard_dir] = (index, items, pool.submit(Path(shard_dir), index))
+            else:
+                self.run.shards_failed[index] = f"worker {worker + 1}: {why}"
+
+    def _commit(self, index: int, items: list[Item], result: dict[str, Any], worker: int | None = None) -> None:
+        by_id = {c["id"]: c for c in result["completions"]}
+        engine_errors: dict[str, str] = result["errors"]
+        outputs, errors = [], []
+        created = int(time.time())
+        for item in items:
+            if item.error is not None:
+                errors.append(failure(self.job, item, item.error))
+            elif item.request.id in engine_errors:  # type: ignore[union-attr]
+                errors.append(failure(self.job, item, f"{self.plan.input}, line {item.line}: "
+                                                      f"{engine_errors[item.request.id]}", ENGINE_FAULT))
+            else:
+                completion = by_id[item.request.id]  # type: ignore[union-attr]
+                text = completion.get("text")
+                text = self.tok.decode(completion["output_token_ids"]) if text is None else text
+                outputs.append(success(self.job, item, completion, text, self.plan.model_name, created))
+        measured = result["measured"]
+        prompt_tokens = sum(c["prompt_tokens"] for c in result["completions"])
+        output_tokens = sum(len(c["output_token_ids"]) for c in result["completions"])
+        meta = {"index": index, "requests": len(items), "ok": len(outputs), "failed": len(errors),
+                "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "engine_s": measured["wall_s"],
+                "first_line": items[0].line, "last_line": items[-1].line, "committed_at": time.time()}
+        if not self.state.commit(index, outputs, errors, meta):
+            return  # another worker or an earlier run committed it first
+        self.t_last = time.monotonic()
+        run = self.run
+        run.shards_run += 1
+        run.requests_ok += len(outputs)
+        run.requests_failed += len(errors)
+        run.prompt_tokens += prompt_tokens
+        run.output_tokens += output_tokens
+        run.engine_s += float(measured["wall_s"])
+        self.bar.shard_done(-1 if worker is None else worker, len(items), output_tokens)

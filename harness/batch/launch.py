@@ -1,0 +1,73 @@
+"""One invocation of a batch job: adopt the folder, scan the file, run the shards where ``scale`` says, merge, record."""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from harness.batch.job import ShardsRun, run_shards
+from harness.batch.plan import Plan
+from harness.batch.row import BATCH_TABLE, batch_row
+from harness.batch.shards import Index, scan
+from harness.batch.state import JobState
+from harness.errors import TroughputError
+from harness.results import new_run_id, write_row
+
+SCALES = ("local", "ray", "slurm")
+
+
+def run_job(plan: Plan, progress: bool = True) -> dict[str, Any]:
+    """Run what is left of ``plan``'s job; merge the outputs when every shard is committed; return its row."""
+    if plan.scale not in SCALES:
+        raise TroughputError(f"batch.scale={plan.scale!r}: use one of {', '.join(SCALES)}")
+    started, t0, run_id = datetime.now(timezone.utc), time.monotonic(), new_run_id()
+    state = JobState(plan.output_dir)
+    state.adopt(plan)
+    index = scan(Path(plan.input), plan.format)
+    if index.records == 0:
+        raise TroughputError(f"{plan.input} holds no records")
+    (state.root / "index.json").write_text(json.dumps(asdict(index)))
+    if plan.scale == "slurm":
+        from harness.batch.slurm import run_array
+
+        run = run_array(plan, state)
+    else:
+        run = run_shards(plan, state, index, lambda _: True, make_pool(plan, state, run_id), progress)
+    committed = len(state.committed())
+    outputs: dict[str, str | None] = {"output": None, "errors": None}
+    if committed == index.shards(plan.shard_size):
+        output, errors = state.merge(committed)
+        outputs = {"output": str(output), "errors": str(errors)}
+    row = batch_row(plan, run_id, started, index, run, committed, time.monotonic() - t0, peak_rss_bytes(), outputs)
+    write_row(plan.results_dir, row, kind=BATCH_TABLE)
+    return row
+
+
+def make_pool(plan: Plan, state: JobState, run_id: str) -> Any:
+    """The engines this node drives: local batch workers, or Ray actors."""
+    logs = Path(plan.results_dir) / "logs"
+    if plan.scale == "ray":
+        from harness.batch.ray_pool import RayPool
+
+        return RayPool(plan)
+    from harness.batch.pool import LocalPool
+
+    return LocalPool(plan, state.work_dir / run_id, logs)
+
+
+def load_index(state: JobState) -> Index:
+    data = json.loads((state.root / "index.json").read_text())
+    return Index(data["records"], {int(k): v for k, v in data["duplicates"].items()})
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (the driver; engines are separate processes)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+__all__ = ["ShardsRun", "load_index", "make_pool", "run_job"]

@@ -1,0 +1,121 @@
+"""This node's engines for a batch job: one ``engines.batch_worker`` per replica, started once, fed shards.
+
+Each replica gets its own GPUs or CPU cores (``harness.replicas.device_envs``, as a
+measured run's replicas do) and up to ``in_flight`` shards at a time (one generating, the
+rest queued on its stdin, so the engine never waits for the driver). Events from all
+workers arrive on one queue as ``(worker, event)``; a worker that ends says ``exit``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import threading
+from contextlib import suppress
+from pathlib import Path
+from typing import Any
+
+from engines.common import PROJECT_ROOT
+from harness.batch.plan import Plan
+from harness.errors import TroughputError
+from harness.replicas import device_envs
+from harness.runner import _kill_group
+
+
+class LocalPool:
+    """Batch workers on this node."""
+
+    def __init__(self, plan: Plan, run_dir: Path, log_dir: Path):
+        self.plan = plan
+        self.run_dir, self.log_dir = run_dir, log_dir
+        self.procs: list[subprocess.Popen] = []
+        self.outstanding: list[int] = []
+        self.alive: list[bool] = []
+        self.events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
+        self.log_paths: list[Path] = []
+
+    def start(self) -> None:
+        """Start one worker per replica; their engines come up in the background (``started`` events)."""
+        plan = self.plan
+        extra = device_envs(plan.replicas, plan.device_kind, plan.env)
+        env = {**os.environ, **{k: str(v) for k, v in plan.env.items()},
+               "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
+        job = {"engine": plan.engine, "knobs": plan.knobs,
+               "model": {**plan.model, **engine_limits(plan)}}
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        for i, device in enumerate(extra):
+            job_dir = self.run_dir / f"worker{i + 1}"
+            job_dir.mkdir(parents=True, exist_ok=True)
+            (job_dir / "job.json").write_text(json.dumps(job))
+            log_path = self.log_dir / f"{self.run_dir.name}.worker{i + 1}.log"
+            self.log_paths.append(log_path)
+            with open(log_path, "w") as log:
+                try:
+                    proc = subprocess.Popen([plan.python, "-m", "engines.batch_worker", str(job_dir)],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                                            env={**env, **device}, cwd=PROJECT_ROOT, start_new_session=True)
+                except OSError as e:
+                    self.close()
+                    raise TroughputError(f"cannot start the batch worker with {plan.python!r}: {e}; set engine.python "
+                                         f"to an interpreter that has the engine installed") from None
+            self.procs.append(proc)
+            self.outstanding.append(0)
+            self.alive.append(True)
+            threading.Thread(target=self._follow, args=(i, proc), daemon=True).start()
+
+    def _follow(self, i: int, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            with suppress(json.JSONDecodeError):
+                self.events.put((i, json.loads(line)))
+        self.events.put((i, {"event": "exit", "code": proc.wait()}))
+
+    def free(self) -> int:
+        """How many more shards the live workers can take now."""
+        return sum(self.plan.in_flight - n for n, alive in zip(self.outstanding, self.alive) if alive)
+
+    def submit(self, shard_dir: Path, index: int) -> int:
+        """Queue a shard on the live worker with the fewest; return that worker's number."""
+        i = min((n, i) for i, (n, alive) in enumerate(zip(self.outstanding, self.alive)) if alive)[1]
+        self.outstanding[i] += 1
+        try:
+            self.procs[i].stdin.write(json.dumps({"shard": str(shard_dir), "index": index}) + "\n")  # type: ignore[union-attr]
+            self.procs[i].stdin.flush()  # type: ignore[union-attr]
+        except (OSError, ValueError):
+            pass  # the worker is gone; its exit event follows
+        return i
+
+    def next_event(self, timeout: float | None = None) -> tuple[int, dict[str, Any]] | None:
+        try:
+            i, event = self.events.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if event["event"] in ("shard_done", "shard_failed"):
+            self.outstanding[i] = max(0, self.outstanding[i] - 1)
+        if event["event"] in ("exit", "shard_failed"):
+            self.alive[i] = False
+        return i, event
+
+    def any_alive(self) -> bool:
+        return any(self.alive)
+
+    def close(self, kill: bool = False) -> None:
+        """End of stdin stops each engine; ``kill`` (or a worker that does not stop) kills its process group."""
+        for proc in self.procs:
+            with suppress(OSError, ValueError):
+                proc.stdin.close()  # type: ignore[union-attr]
+        for proc in self.procs:
+            if not kill:
+                with suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=60)
+            if proc.poll() is None:
+                _kill_group(proc)
+
+
+def engine_limits(plan: Plan) -> dict[str, Any]:
+    """What ``engines.worker.workload_limits`` tells an adapter, for requests not seen yet: the model's limits."""
+    limits: dict[str, Any] = {"workload_needs_tokenizer": True, "workload_constrained": True}
+    if plan.max_model_len:
+        limits |= {"workload_max_prompt_tokens": plan.max_model_len, "workload_max_seq_tokens": plan.max_model_len}
+    return limits

@@ -1,0 +1,63 @@
+"""The results row of a batch job (table ``batch``): what ran, how fast, and what was predicted beside it.
+
+Measured rates are this invocation's: output tokens over ``generation_s`` (from the moment
+every engine was up to the last shard committed; engine start excluded, as a measured
+run's timed pass excludes it). ``predicted_job_s`` is this job's output tokens at the
+predicted rate, beside ``generation_s``.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from engines.knobs import canonical_view
+from harness import environment
+from harness.batch.job import ShardsRun
+from harness.batch.plan import Plan
+from harness.batch.shards import Index
+from harness.results import prefixed
+
+BATCH_TABLE = "batch"
+
+
+def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: ShardsRun, committed: int,
+              wall_s: float, peak_driver_rss_bytes: int, outputs: dict[str, str | None]) -> dict[str, Any]:
+    shards = index.shards(plan.shard_size)
+    complete = committed == shards and not run.shards_failed
+    rate = run.output_tokens / run.generation_s if run.generation_s > 0 else None
+    req_rate = run.requests_ok / run.generation_s if run.generation_s > 0 else None
+    predicted = plan.source.get("predicted_output_tok_s")
+    row: dict[str, Any] = {
+        "run_id": run_id, "kind": "batch", "timestamp": started.isoformat(),
+        "status": "ok" if complete else "incomplete",
+        "error": "" if complete else _incomplete(run, shards, committed),
+        "engine": plan.engine, "engine_python": plan.python, "model": plan.model_name,
+        "model_path": plan.model.get("path"), "ordering": plan.ordering.get("name"),
+        "input": plan.input, "input_format": plan.format, "input_digest": plan.input_digest,
+        "output_dir": plan.output_dir, **{f"output.{k}": v for k, v in outputs.items()},
+        "sampling": plan.sampling, "scale": plan.scale, "replicas": plan.replicas, "shard_size": plan.shard_size,
+        "records": index.records, "shards": shards, "shards_committed": committed,
+        "shards_before": committed - run.shards_run, "shards_run": run.shards_run,
+        "shards_failed": len(run.shards_failed),
+        "requests_ok": run.requests_ok, "requests_failed": run.requests_failed,
+        "input_tokens": run.prompt_tokens, "output_tokens": run.output_tokens,
+        "startup_s": run.startup_s, "engine_s": run.engine_s, "generation_s": run.generation_s, "wall_s": wall_s,
+        "output_tok_s": rate, "req_s": req_rate,
+        "peak_driver_rss_bytes": peak_driver_rss_bytes, "peak_worker_rss_bytes": run.peak_worker_rss_bytes or None,
+        **prefixed("config_source", plan.source),
+        "predicted_output_tok_s": predicted, "predicted_req_s": plan.source.get("predicted_req_s"),
+        "predicted_job_s": run.output_tokens / predicted if predicted else None,
+        "measured_over_predicted": rate / predicted if rate and predicted else None,
+        **prefixed("knob", plan.knobs),
+        **prefixed("canon", canonical_view(plan.engine, plan.knobs)),
+        **environment.capture(),
+        **plan.labels,
+    }
+    return row
+
+
+def _incomplete(run: ShardsRun, shards: int, committed: int) -> str:
+    failed = "; ".join(f"shard {i}: {why.splitlines()[0][:300]}" for i, why in sorted(run.shards_failed.items())[:3])
+    return (f"{committed} of {shards} shards committed; rerun the same command to finish the rest"
+            + (f" ({failed})" if failed else ""))
