@@ -44,6 +44,7 @@ class ShardsRun:
     generation_s: float = 0.0      # engines up (the last one) to the last commit
     startup_s: float | None = None  # the slowest engine's start
     peak_worker_rss_bytes: int = 0
+    errors: list[str] = field(default_factory=list)  # failures that are no shard's (an array task that died)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "shards_failed": {str(k): v for k, v in self.shards_failed.items()}}
@@ -59,6 +60,7 @@ class ShardsRun:
             total.generation_s = max(total.generation_s, part["generation_s"])
             total.startup_s = max(filter(None, [total.startup_s, part["startup_s"]]), default=None)
             total.peak_worker_rss_bytes = max(total.peak_worker_rss_bytes, part["peak_worker_rss_bytes"])
+            total.errors += part.get("errors", [])
         return total
 
 
@@ -158,7 +160,8 @@ class _Runner:
             log.error("worker %d failed: %s", worker + 1, event.get("error"))
             self.failures[worker] = str(event.get("error"))
         elif kind == "exit":
-            self._orphaned(pool, worker, self.failures.get(worker) or f"worker exited with code {event['code']}")
+            why = event.get("error") or self.failures.get(worker) or f"worker exited with code {event['code']}"
+            self._orphaned(pool, worker, why)
 
     def _orphaned(self, pool: Any, worker: int, why: str) -> None:
         """Shards queued on a worker that ended: once more on a live worker, else failed (a rerun retries them)."""

@@ -24,7 +24,7 @@ BATCH_TABLE = "batch"
 def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: ShardsRun, committed: int,
               wall_s: float, peak_driver_rss_bytes: int, outputs: dict[str, str | None]) -> dict[str, Any]:
     shards = index.shards(plan.shard_size)
-    complete = committed == shards and not run.shards_failed
+    complete = committed == shards and not run.shards_failed and not run.errors
     rate = run.output_tokens / run.generation_s if run.generation_s > 0 else None
     req_rate = run.requests_ok / run.generation_s if run.generation_s > 0 else None
     predicted = plan.source.get("predicted_output_tok_s")
@@ -58,6 +58,7 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
 
 
 def _incomplete(run: ShardsRun, shards: int, committed: int) -> str:
-    failed = "; ".join(f"shard {i}: {why.splitlines()[0][:300]}" for i, why in sorted(run.shards_failed.items())[:3])
+    failed = "; ".join([*(f"shard {i}: {why.splitlines()[0][:300]}" for i, why in sorted(run.shards_failed.items())[:3]),
+                        *run.errors[:3]])
     return (f"{committed} of {shards} shards committed; rerun the same command to finish the rest"
             + (f" ({failed})" if failed else ""))

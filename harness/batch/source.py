@@ -23,7 +23,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from harness.errors import TroughputError
-from harness.report.decisions import chosen_knobs
 from harness.results import DECISIONS_DIR, RUNS_DIR
 
 TUNED_HEADER = re.compile(r"^# Tuned by troughput-tune, study (?P<study>.+), trial (?P<trial>\d+), run (?P<run>\S+)")
@@ -44,6 +43,8 @@ def apply_source(cfg: DictConfig) -> tuple[DictConfig, dict[str, Any]]:
 
 
 def _from_decision(cfg: DictConfig, results: Path, decision_id: str) -> tuple[DictConfig, dict[str, Any]]:
+    from harness.report.decisions import chosen_knobs  # pandas: only when a decision is asked for
+
     decision = _read(results / DECISIONS_DIR / f"{decision_id}.json", f"decision {decision_id!r}")
     engine, ordering = decision.get("chosen.engine"), decision.get("chosen.ordering")
     if not engine:

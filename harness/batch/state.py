@@ -49,8 +49,7 @@ class JobState:
                     f"use another batch.output_dir, or delete this one to start over")
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            _write_whole(path, plan.to_json())
+        _write_whole(path, plan.to_json())  # this invocation's settings (replicas, scale) for its tasks
 
     def committed(self) -> set[int]:
         """Indices of the committed shards."""

@@ -1,0 +1,118 @@
+"""``troughput-batch`` end to end on the scripted engine: outputs, errors, resume, kill -9, SLURM array."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from harness.results import read_rows
+from tests.conftest import FAKE_ENGINE
+from tests.harness.batch.conftest import chat, completion, numbered, read_jsonl, troughput_batch, write_jsonl
+
+FAKE = f"engine.name={FAKE_ENGINE}"
+GREEDY = "batch.sampling=benchmark"  # the scripted engine decodes greedily only
+
+
+def test_outputs_one_line_per_request_and_errors_beside(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "batch.jsonl", [
+        chat("ünïcødé-1 ✓", "hello", max_tokens=3),
+        completion("plain", "once upon a time", max_tokens=2),
+        chat("parts", [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}], max_completion_tokens=2),
+        completion("no-max", "how long"),
+        chat("n2", "two please", n=2),
+        '{"custom_id": "broken", ',
+        chat("image", [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}], max_tokens=2),
+        completion("plain", "again", max_tokens=2),
+    ])
+    out = tmp_path / "out"
+    proc = troughput_batch(tmp_path, FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
+                           "batch.shard_size=3", "batch.default_max_tokens=5")
+    assert proc.returncode == 0, proc.stderr
+    outputs = {o["custom_id"]: o for o in read_jsonl(out / "output.jsonl")}
+    errors = {e["custom_id"]: e for e in read_jsonl(out / "errors.jsonl")}
+    assert list(outputs) == ["ünïcødé-1 ✓", "plain", "parts", "no-max"]
+    assert sorted(errors, key=str) == sorted(["n2", None, "image", "plain"], key=str)
+    assert outputs["no-max"]["response"]["body"]["usage"]["completion_tokens"] == 5
+    assert outputs["ünïcødé-1 ✓"]["response"]["body"]["object"] == "chat.completion"
+    assert outputs["plain"]["response"]["body"]["object"] == "text_completion"
+    reasons = {cid: e["response"]["body"]["error"]["message"] for cid, e in errors.items()}
+    assert f"{path}, line 5: field 'body.n' must be 1" in reasons["n2"]
+    assert f"{path}, line 6: invalid JSON" in reasons[None]
+    assert f"{path}, line 7:" in reasons["image"] and "takes no images" in reasons["image"]
+    assert f"{path}, line 8: duplicate id 'plain' (first used on line 2)" in reasons["plain"]
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["kind"] == "batch" and row["status"] == "ok" and row["shards"] == 3
+    assert (row["requests_ok"], row["requests_failed"]) == (4, 4)
+    assert row["output_tokens"] == 3 + 2 + 2 + 5 and row["output_tok_s"] > 0
+    assert "4 ok, 4 failed" in proc.stdout
+
+
+def test_requests_an_engine_cannot_honour_are_errors_not_silently_greedy(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "batch.jsonl", [completion("sampled", "x", max_tokens=2, temperature=0.8),
+                                                  completion("json", "y", max_tokens=2,
+                                                             response_format={"type": "json_object"})])
+    out = tmp_path / "out"
+    proc = troughput_batch(tmp_path, FAKE, f"batch.input={path}", f"batch.output_dir={out}")
+    assert proc.returncode == 0, proc.stderr
+    assert read_jsonl(out / "output.jsonl") == []
+    reasons = {e["custom_id"]: e["response"]["body"]["error"]["message"] for e in read_jsonl(out / "errors.jsonl")}
+    assert "line 1: engine" in reasons["sampled"] and "decodes greedily only" in reasons["sampled"]
+    assert "line 2: engine" in reasons["json"] and "cannot constrain outputs" in reasons["json"]
+
+
+def test_a_rerun_skips_committed_shards_and_a_changed_job_is_refused(tmp_path: Path) -> None:
+    path = numbered(tmp_path / "batch.jsonl", 6)
+    out = tmp_path / "out"
+    args = [FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}", "batch.shard_size=2"]
+    assert troughput_batch(tmp_path, *args).returncode == 0
+    first = (out / "output.jsonl").read_text()
+    again = troughput_batch(tmp_path, *args)
+    assert again.returncode == 0 and "0 ok, 0 failed this run; 3 of 3 shards committed (3 before" in again.stdout
+    assert (out / "output.jsonl").read_text() == first
+    changed = troughput_batch(tmp_path, *args[:-1], "batch.shard_size=3")
+    assert changed.returncode == 2 and "different shard_size" in changed.stderr
+
+
+def test_kill_9_mid_run_then_rerun_gives_every_custom_id_once(tmp_path: Path) -> None:
+    count, size = 40, 4
+    path = numbered(tmp_path / "batch.jsonl", count)
+    out = tmp_path / "out"
+    args = [FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}", f"batch.shard_size={size}",
+            "engine.replicas=2", "batch.in_flight=2", "+engine.knobs.sleep_s=0.4"]
+    proc = troughput_batch(tmp_path, *args, popen=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    shards = out / "shards"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(shards.glob("0*"))) < 3:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    committed = len(list(shards.glob("0*")))
+    assert 3 <= committed < count // size, "killed mid-run, with shards done and shards left"
+    assert not (out / "output.jsonl").exists()
+    rerun = troughput_batch(tmp_path, *args)
+    assert rerun.returncode == 0, rerun.stderr
+    ids = [o["custom_id"] for o in read_jsonl(out / "output.jsonl")]
+    assert sorted(ids) == sorted(f"req-{i}" for i in range(count)) and len(ids) == len(set(ids)) == count
+    assert read_jsonl(out / "errors.jsonl") == []
+    row = read_rows(tmp_path / "results", "batch")[-1]
+    assert row["shards_before"] >= committed and row["shards_run"] == count // size - row["shards_before"]
+
+
+def test_slurm_array_through_submitit_local(tmp_path: Path) -> None:
+    path = numbered(tmp_path / "batch.jsonl", 10)
+    out = tmp_path / "out"
+    proc = troughput_batch(tmp_path, FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
+                           "batch.shard_size=2", "batch.scale=slurm", "batch.slurm.tasks=2", "batch.slurm.cluster=local")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    ids = [o["custom_id"] for o in read_jsonl(out / "output.jsonl")]
+    assert ids == [f"req-{i}" for i in range(10)]
+    metas = [json.loads((d / "meta.json").read_text()) for d in sorted((out / "shards").iterdir())]
+    assert [m["index"] for m in metas] == [0, 1, 2, 3, 4]
+    task_logs = list((out / "slurm").rglob("*_0_log.out")) + list((out / "slurm").rglob("*_1_log.out"))
+    assert len(task_logs) == 2, "two array tasks ran"
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["scale"] == "slurm" and row["shards_run"] == 5 and row["requests_ok"] == 10
