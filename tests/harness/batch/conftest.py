@@ -49,7 +49,7 @@ def troughput_batch(tmp_path: Path, *args: str, timeout: float = 300, popen: boo
                "run.progress=false", f"hydra.run.dir={tmp_path / 'hydra'}"]
     if popen:
         return subprocess.Popen(command, cwd=ROOT, text=True, **kwargs)
-    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
 def read_jsonl(path: Path) -> list[dict]:
