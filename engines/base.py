@@ -133,6 +133,10 @@ class Engine(abc.ABC):
     """
 
     name: str = ""
+    # Whether generate honours a request's own sampling / structured-output constraint
+    # (engines.decoding); the worker refuses such requests before start where it does not.
+    supports_sampling: bool = False
+    supports_constraints: bool = False
 
     def __init__(self, model: dict[str, Any], knobs: dict[str, Any]):
         self.model = model

@@ -104,3 +104,24 @@ def constraint_key(constraint: dict[str, Any] | None) -> str:
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def choice_regex(choices: list[str]) -> str:
+    """A regular expression matching exactly one of ``choices``, for engines without a choice mode."""
+    return "(" + "|".join(re.escape(c) for c in choices) + ")"
+
+
+def needs_tokenizer(requests: list[Any]) -> bool:
+    """Whether the engine must keep its tokenizer: a grammar works on token strings, stop strings on text."""
+    return any(r.constraint or (r.sampling or {}).get("stop") for r in requests)
+
+
+def unsupported(label: str, requests: list[Any], sampling: bool, constraints: bool) -> str | None:
+    """Why ``label`` cannot run ``requests`` (own sampling or constraints it lacks), else ``None``."""
+    if not constraints and any(r.constraint for r in requests):
+        return (f"{label} cannot constrain outputs (structured outputs); the workload has constrained requests: "
+                "use vllm, sglang, trtllm or ray")
+    if not sampling and any(r.sampling for r in requests):
+        return (f"{label} decodes greedily only; the workload's requests bring their own sampling: "
+                "use workload.sampling=benchmark, or vllm, sglang, trtllm or ray")
+    return None

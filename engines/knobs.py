@@ -131,6 +131,10 @@ TABLE: dict[str, Canonical] = {c.name: c for c in [
     Canonical("speculative", "speculative decoding settings, in the engine's own keys", "mapping", _mapping),
     Canonical("schedule_policy", "order in which waiting requests are admitted", "the engine's names (checked)",
               _choice),
+    Canonical("grammar_backend", "library that enforces structured outputs (JSON schema, regex, choice)",
+              "the engine's names (checked)", _choice),
+    Canonical("json_any_whitespace", "a JSON grammar allows any whitespace (false: compact JSON only)",
+              "true / false", _boolean),
 ]}
 
 

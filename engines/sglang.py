@@ -13,7 +13,10 @@ NVIDIA GPU, and its CPU path a CPU build of ``sgl_kernel`` that PyPI lacks):
   ``completion_tokens``, ``cached_tokens``, ``num_retractions``, ``e2e_latency``,
   ``finish_reason`` (``{"type": "abort", "message": ...}`` when aborted).
 - Sampling keys (``srt/sampling/sampling_params.py``): ``max_new_tokens``,
-  ``ignore_eos``, ``temperature`` (0 means greedy).
+  ``ignore_eos``, ``temperature`` (0 means greedy), ``top_p``, ``sampling_seed``, ``stop``, and the
+  structured-output keys ``json_schema`` (a JSON string) and ``regex`` (a choice list becomes a
+  regex; ``json_object`` the schema ``{"type": "object"}``). Grammars and stop strings need the
+  tokenizer, so ``skip_tokenizer_init`` is off for such a workload and ``text`` comes back too.
 - ``Engine.get_server_info()["startup_time"]`` holds ``load_weight``,
   ``kv_cache_allocation`` and per-phase ``cuda_graph`` capture seconds
   (``srt/observability/startup_time.py``); ``Engine.shutdown()`` stops its subprocesses.
@@ -29,12 +32,14 @@ the wheel); the knob check, the model check and the adapter tests' stand-in engi
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, Request, StartInfo
 from engines.common import RequestCounters, check_names, require_cuda, require_module, shutdown
+from engines.decoding import choice_regex, decoding_of
 from engines.knobs import UNSET, NativeMapping, inverted, prefixed
 from engines.snapshots import load as load_snapshot
 from engines.snapshots import model_architectures
@@ -50,9 +55,11 @@ class CacheNotFlushed(RuntimeError):
 
 
 class SglangEngine(Engine):
-    """Drives ``sglang.Engine.generate`` with ``{max_new_tokens, ignore_eos: true, temperature: 0}``."""
+    """Drives ``sglang.Engine.generate``; each request's sampling dict from ``sampling_params``."""
 
     name = "sglang"
+    supports_sampling = True
+    supports_constraints = True
 
     def validate(self) -> None:
         """The package, then a GPU, then knob names and the model's architecture; raise ``KnobError``."""
@@ -71,8 +78,9 @@ class SglangEngine(Engine):
     def _engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "model_path": self.model["path"],
-            # Token ids in and out; a VLM keeps its tokenizer, which its image processor needs.
-            "skip_tokenizer_init": not self.model.get("image_token"),
+            # Token ids in and out; a VLM keeps its tokenizer, which its image processor needs, and so
+            # does a workload with grammars or stop strings.
+            "skip_tokenizer_init": not (self.model.get("image_token") or self.model.get("workload_needs_tokenizer")),
             **dummy_weights_args(self.model),
         }
         return {**kwargs, **self.knobs}
@@ -140,8 +148,23 @@ def flush_radix_cache(llm: Any, timeout_s: float, sleep=time.sleep, clock=time.m
 
 
 def sampling_params(request: Request) -> dict[str, Any]:
-    """Greedy decoding of exactly ``max_tokens`` tokens."""
-    return {"max_new_tokens": request.max_tokens, "ignore_eos": True, "temperature": 0.0}
+    """One request's sampling dict: a benchmark request is greedy and exactly ``max_tokens`` long."""
+    d = decoding_of(request)
+    params: dict[str, Any] = {"max_new_tokens": d.max_tokens, "ignore_eos": d.ignore_eos, "temperature": d.temperature}
+    if d.top_p is not None:
+        params["top_p"] = d.top_p
+    if d.seed is not None:
+        params["sampling_seed"] = d.seed
+    if d.stop:
+        params["stop"] = list(d.stop)
+    if d.constraint_kind in ("json", "json_object"):
+        schema = d.constraint_value if d.constraint_kind == "json" else {"type": "object"}
+        params["json_schema"] = json.dumps(schema)
+    elif d.constraint_kind == "regex":
+        params["regex"] = d.constraint_value
+    elif d.constraint_kind == "choice":
+        params["regex"] = choice_regex(d.constraint_value)
+    return params
 
 
 def to_completion(request: Request, output: dict[str, Any], submitted_at: float | None = None) -> Completion:
@@ -162,6 +185,8 @@ def to_completion(request: Request, output: dict[str, Any], submitted_at: float 
         output_token_ids=[int(t) for t in output["output_ids"]],
         cached_tokens=None if cached is None else int(cached),
         finished_at=None if latency is None or submitted_at is None else submitted_at + float(latency),
+        finish_reason=reason.get("type") if isinstance(reason, dict) else None,
+        text=output.get("text"),
     )
 
 
@@ -180,16 +205,22 @@ def server_args_fields() -> tuple[frozenset[str], str]:
 
 
 def _startup_breakdown(llm: Any) -> tuple[float | None, dict[str, Any]]:
-    """CUDA-graph capture seconds (the compile column) and the other startup phases, where reported."""
+    """CUDA-graph capture seconds (the compile column), the other startup phases and the grammar backend.
+
+    ``get_server_info()`` holds the server args with the rest, so ``grammar_backend`` is the resolved one.
+    """
     try:
-        startup = llm.get_server_info().get("startup_time") or {}
+        info = llm.get_server_info()
+        startup = info.get("startup_time") or {}
     except Exception as e:  # noqa: BLE001 - informational only; the run goes on without it
         print(f"troughput: SGLang startup breakdown unavailable: {e}", file=sys.stderr)
         return None, {}
     graphs = startup.get("cuda_graph") or {}
     compile_s = sum(float(v) for v in graphs.values()) or None
-    extra = {f"{phase}_s": float(startup[phase]) for phase in ("load_weight", "kv_cache_allocation")
-             if startup.get(phase) is not None}
+    extra: dict[str, Any] = {f"{phase}_s": float(startup[phase]) for phase in ("load_weight", "kv_cache_allocation")
+                             if startup.get(phase) is not None}
+    if info.get("grammar_backend") is not None:
+        extra["grammar_backend"] = info["grammar_backend"]
     return compile_s, extra
 
 
@@ -214,6 +245,7 @@ def _chunked_prefill() -> NativeMapping:
 
 # Enum values checked before any engine starts: ServerArgs choices in 0.5.23.
 KV_DTYPES = ("auto", "fp8_e5m2", "fp8_e4m3", "mxfp8", "bf16", "bfloat16", "nvfp4", "fp4_mx_block16")
+GRAMMAR_BACKENDS = ("xgrammar", "outlines", "llguidance", "none")   # srt/arg_groups/choices.py
 POLICIES = ("lpm", "random", "fcfs", "dfs-weight", "lof", "priority", "routing-key", "hrrn",
             "shortest-prefill-first")
 
@@ -230,6 +262,8 @@ UNIT = EngineUnit(
         "kv_cache_dtype": NativeMapping(("kv_cache_dtype",), choices=KV_DTYPES),
         "speculative": prefixed("speculative_"),
         "schedule_policy": NativeMapping(("schedule_policy",), choices=POLICIES),
+        "grammar_backend": NativeMapping(("grammar_backend",), choices=GRAMMAR_BACKENDS),
+        "json_any_whitespace": inverted("constrained_json_disable_any_whitespace"),
     },
     # sglang 0.5.23 requires Python >= 3.11 and brings the whole CUDA stack (torch 2.14.1,
     # sglang-kernel, flashinfer) as plain dependencies; its extras are optional features.

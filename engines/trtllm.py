@@ -11,7 +11,11 @@ GPU, and its wheel cannot be installed here.
   that import.
 - ``LLM.generate_async(inputs, sampling_params=..., cache_salt=...)`` per request with
   ``{"prompt_token_ids": [...]}`` (plus ``multi_modal_data``) and
-  ``SamplingParams(max_tokens, ignore_eos, top_k=1, detokenize=False, return_perf_metrics=True)``.
+  ``SamplingParams(max_tokens, ignore_eos, top_k=1, detokenize=False, return_perf_metrics=True)`` for a
+  benchmark request; a request with its own sampling sets ``temperature``/``top_p``/``seed``/``stop``,
+  and a constrained one ``guided_decoding=GuidedDecodingParams(json=... | regex=... | json_object=True)``
+  (a choice list becomes a regex), which needs ``guided_decoding_backend`` on the LLM: ``xgrammar``
+  unless the knobs choose.
 - ``RequestOutput.prompt_token_ids``, ``.outputs[0].token_ids`` and
   ``.outputs[0].request_perf_metrics`` (``kv_cache_metrics.num_reused_blocks``,
   ``timing_metrics.last_token_time`` on the steady clock of ``tensorrt_llm.bindings.steady_clock_now``).
@@ -57,6 +61,7 @@ from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 from engines.common import RequestCounters, check_names, load_images, require_cuda, require_module, shutdown
+from engines.decoding import choice_regex, decoding_of
 from engines.knobs import NativeMapping
 from engines.snapshots import load as load_snapshot
 from engines.snapshots import model_architectures
@@ -67,6 +72,8 @@ BACKENDS = {"pytorch": "tensorrt_llm:LLM", "tensorrt": "tensorrt_llm._tensorrt_e
 NESTED = {"kv_cache_config": "KvCacheConfig", "scheduler_config": "SchedulerConfig",
           "cuda_graph_config": "CudaGraphConfig"}
 DEFAULT_MAX_NUM_TOKENS = 8192   # BaseLlmArgs.max_num_tokens
+DEFAULT_GRAMMAR_BACKEND = "xgrammar"   # for a constrained workload when the knobs name none
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance")   # BaseLlmArgs.guided_decoding_backend
 DRAIN_EVERY_S = 1.0             # get_stats() holds max_stats_len (1,000) iterations; drain well before
 
 
@@ -74,6 +81,8 @@ class TrtllmEngine(Engine):
     """Drives ``LLM.generate_async`` per request and reads per-request perf metrics and iteration stats."""
 
     name = "trtllm"
+    supports_sampling = True
+    supports_constraints = True
 
     @property
     def backend(self) -> str:
@@ -121,6 +130,8 @@ class TrtllmEngine(Engine):
             kwargs["enable_iter_perf_stats"] = True
         kwargs.update(dummy_weights_args(self.model))
         knobs = {k: v for k, v in self.knobs.items() if k != "backend"}
+        if self.model.get("workload_constrained") and "guided_decoding_backend" not in knobs:
+            kwargs["guided_decoding_backend"] = DEFAULT_GRAMMAR_BACKEND
         if self.backend == "pytorch" and "max_batch_size" in knobs and "cuda_graph_config" not in knobs:
             kwargs["cuda_graph_config"] = {"max_batch_size": int(knobs["max_batch_size"]), "enable_padding": True}
         if self.backend == "tensorrt":
@@ -147,18 +158,16 @@ class TrtllmEngine(Engine):
         build = getattr(self.llm, "llm_build_stats", None)
         steps = [(str(name), float(seconds)) for name, seconds in (getattr(build, "build_steps_info", None) or [])]
         extra: dict[str, Any] = {"backend": self.backend, "tokens_per_block": self.tokens_per_block,
+                                 "grammar_backend": self._engine_kwargs().get("guided_decoding_backend"),
                                  "build_steps": steps, "build_cache_hit": getattr(build, "cache_hitted", None)}
         return StartInfo(startup_s=startup_s, compile_s=sum(s for _, s in steps) or None,
                          engine_version=tensorrt_llm.__version__, extra=extra)
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
-        from tensorrt_llm import SamplingParams
-
         self.require_started()
         clock_at_submit, submitted_at = _steady_now(), time.perf_counter()
         salt = {"cache_salt": self.salt} if self.salt else {}
-        futures = [self.llm.generate_async(prompt(r), sampling_params=SamplingParams(**sampling_kwargs(r)), **salt)
-                   for r in requests]
+        futures = [self.llm.generate_async(prompt(r), sampling_params=sampling_params(r), **salt) for r in requests]
         completions, drained_at = [], submitted_at
         for request, future in zip(requests, futures):
             completion = to_completion(request, future.result(), self.tokens_per_block, submitted_at, clock_at_submit)
@@ -198,9 +207,40 @@ def prompt(request: Request) -> dict[str, Any]:
 
 
 def sampling_kwargs(request: Request) -> dict[str, Any]:
-    """Greedy (``top_k=1``) decoding of exactly ``max_tokens`` tokens, with per-request perf metrics."""
-    return {"max_tokens": request.max_tokens, "ignore_eos": True, "top_k": 1, "detokenize": False,
-            "return_perf_metrics": True}
+    """``SamplingParams`` keywords, with per-request perf metrics: a benchmark request is greedy (``top_k=1``)
+    and exactly ``max_tokens`` long; ``guided_decoding`` holds ``GuidedDecodingParams``' keywords."""
+    d = decoding_of(request)
+    kwargs: dict[str, Any] = {"max_tokens": d.max_tokens, "ignore_eos": d.ignore_eos,
+                              "detokenize": bool(d.stop), "return_perf_metrics": True}
+    if d.temperature == 0:
+        kwargs["top_k"] = 1
+    else:
+        kwargs["temperature"] = d.temperature
+    if d.top_p is not None:
+        kwargs["top_p"] = d.top_p
+    if d.seed is not None:
+        kwargs["seed"] = d.seed
+    if d.stop:
+        kwargs["stop"] = list(d.stop)
+    if d.constraint_kind == "json":
+        kwargs["guided_decoding"] = {"json": d.constraint_value}
+    elif d.constraint_kind == "json_object":
+        kwargs["guided_decoding"] = {"json_object": True}
+    elif d.constraint_kind in ("regex", "choice"):
+        pattern = d.constraint_value if d.constraint_kind == "regex" else choice_regex(d.constraint_value)
+        kwargs["guided_decoding"] = {"regex": pattern}
+    return kwargs
+
+
+def sampling_params(request: Request) -> Any:
+    """The ``tensorrt_llm.SamplingParams`` of one request (``sampling_kwargs``)."""
+    from tensorrt_llm import SamplingParams
+    from tensorrt_llm.llmapi import GuidedDecodingParams
+
+    kwargs = sampling_kwargs(request)
+    if "guided_decoding" in kwargs:
+        kwargs["guided_decoding"] = GuidedDecodingParams(**kwargs["guided_decoding"])
+    return SamplingParams(**kwargs)
 
 
 def to_completion(request: Request, output: Any, tokens_per_block: int, submitted_at: float | None = None,
@@ -220,7 +260,8 @@ def to_completion(request: Request, output: Any, tokens_per_block: int, submitte
         if submitted_at is not None and clock_at_submit is not None:
             finished_at = submitted_at + _seconds(metrics.timing_metrics.last_token_time) - _seconds(clock_at_submit)
     return Completion(id=request.id, prompt_tokens=prompt_tokens, output_token_ids=[int(t) for t in sequence.token_ids],
-                      cached_tokens=cached, finished_at=finished_at)
+                      cached_tokens=cached, finished_at=finished_at, finish_reason=sequence.finish_reason,
+                      text=sequence.text or None)
 
 
 class IterationTally:
@@ -319,6 +360,7 @@ UNIT = EngineUnit(
         "kv_cache_dtype": NativeMapping(("kv_cache_config.dtype",), note="PyTorch backend only", choices=KV_DTYPES),
         "speculative": NativeMapping(("speculative_config",)),
         "schedule_policy": NativeMapping(("scheduler_config.waiting_queue_policy",), choices=("fcfs",)),
+        "grammar_backend": NativeMapping(("guided_decoding_backend",), choices=GRAMMAR_BACKENDS),
     },
     # PyPI's tensorrt_llm is a stub that fetches the wheel from NVIDIA's index; Python 3.10 or 3.12.
     # NVIDIA's Linux pip guide (docs/source/installation/linux.md, 1.2 line): CUDA toolkit 13.1 with

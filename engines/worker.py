@@ -17,12 +17,13 @@ import resource
 import sys
 import time
 import traceback
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from engines import get_engine_class
 from engines.base import Completion, Engine, EngineUnavailable, KnobError, Request
+from engines.decoding import needs_tokenizer, unsupported
 from engines.gpumem import GpuMemorySampler
 
 OOM_MARKERS = ("out of memory", "outofmemory", "cannot allocate memory", "insufficient memory",
@@ -108,17 +109,22 @@ def timed_pass(engine: Engine, requests: list[Request], index: int) -> tuple[dic
     }, completions
 
 
-def workload_limits(requests: list[Request]) -> dict[str, int]:
-    """The longest prompt and prompt + output of this job's requests, for adapters that size the engine by them.
+def workload_limits(requests: list[Request]) -> dict[str, Any]:
+    """What an adapter must know of this job's requests before it starts the engine.
 
-    Passed to the adapter inside its model dict (``workload_max_prompt_tokens``,
-    ``workload_max_seq_tokens``): TensorRT-LLM's engine build fixes ``max_input_len`` and
-    ``max_seq_len`` before any request arrives.
+    Passed inside its model dict: the longest prompt and prompt + output
+    (``workload_max_prompt_tokens``, ``workload_max_seq_tokens``; TensorRT-LLM's engine
+    build fixes ``max_input_len`` and ``max_seq_len`` before any request arrives), whether
+    the engine must keep its tokenizer (``workload_needs_tokenizer``: grammars and stop
+    strings) and whether any request is constrained (``workload_constrained``: TensorRT-LLM
+    needs a grammar backend chosen at start).
     """
     if not requests:
         return {}
     return {"workload_max_prompt_tokens": max(len(r.prompt_token_ids) for r in requests),
-            "workload_max_seq_tokens": max(len(r.prompt_token_ids) + r.max_tokens for r in requests)}
+            "workload_max_seq_tokens": max(len(r.prompt_token_ids) + r.max_tokens for r in requests),
+            "workload_needs_tokenizer": needs_tokenizer(requests),
+            "workload_constrained": any(r.constraint for r in requests)}
 
 
 def run_job(job_dir: Path) -> int:
@@ -140,6 +146,9 @@ def run_job(job_dir: Path) -> int:
     try:
         emit("phase", phase="validate")
         engine = get_engine_class(job["engine"])({**job["model"], **workload_limits(requests)}, job.get("knobs") or {})
+        why = unsupported(job["engine"], requests, engine.supports_sampling, engine.supports_constraints)
+        if why:
+            raise EngineUnavailable(why)
         engine.validate()
         result["phase"] = "start"
         emit("phase", phase="start")
@@ -148,8 +157,7 @@ def run_job(job_dir: Path) -> int:
         if warmup:
             result["phase"] = "warmup"
             emit("phase", phase="warmup", total=len(warmup))
-            engine.generate([Request(f"warmup-{r.id}", r.prompt_token_ids, r.max_tokens, r.images)
-                             for r in warmup])
+            engine.generate([replace(r, id=f"warmup-{r.id}") for r in warmup])
             engine.reset_caches()
         completions: list[Completion] = []
         for index in range(int(job.get("repeats", 1))):
@@ -164,7 +172,8 @@ def run_job(job_dir: Path) -> int:
         with open(job_dir / "completions.jsonl", "w") as f:
             for c in completions:
                 f.write(json.dumps({"id": c.id, "output_token_ids": c.output_token_ids,
-                                    "cached_tokens": c.cached_tokens}) + "\n")
+                                    "cached_tokens": c.cached_tokens, "finish_reason": c.finish_reason,
+                                    "text": c.text}) + "\n")
         result.update(status="ok", phase="done")
     except (KnobError, EngineUnavailable) as e:
         result.update(status="invalid", error=str(e))

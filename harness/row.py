@@ -9,7 +9,7 @@ ones except where noted):
   (``knob.*``, plus ``knob.replicas`` above 1) and as canonical names (``canon.*``);
 - the run's settings (``SETTINGS``) and how it went (``STATUS``, ``run_seconds``, ``log_path``);
 - the measurements (``harness.measure.measurement_columns``: ``MEASUREMENTS``,
-  ``engine_info.*``, ``stat.*``);
+  ``engine_info.*``, ``stat.*``) and the output quality (``quality.*``, ``harness.quality``);
 - the host (``harness.environment.capture``: ``env.*``, ``git_commit``) and the labels
   (``run.labels``, ``command``, ``hardware``, ``round``, ``sweep_id``, ``study``, ``trial``;
   a label may replace any column above);
@@ -43,12 +43,12 @@ MEASUREMENTS = ("startup_s", "compile_s", "engine_version", "peak_rss_bytes", "p
                 "completion_p50_s", "completion_p90_s", "completion_p99_s")
 SPEED_OF_LIGHT = ("sol_tok_s", "sol_fraction", "sol_bound")
 PREFIXES = ("workload_info.", "knob.", "canon.", "engine_info.", "stat.", "env.", "hw.", "workload_cfg.",
-            "peak_gpu_bytes.",
+            "peak_gpu_bytes.", "quality.",
             "ordering_cfg.")
 
 
 def build_row(spec: RunSpec, run_id: str, started: datetime, result: dict[str, Any], run_seconds: float,
-              log_path: str) -> dict[str, Any]:
+              log_path: str, quality: dict[str, Any] | None = None) -> dict[str, Any]:
     """The row of one run: ``spec`` is what was asked, ``result`` what the worker(s) reported."""
     summary = spec.workload.summary()
     status = result.get("status", "crash")
@@ -77,6 +77,7 @@ def build_row(spec: RunSpec, run_id: str, started: datetime, result: dict[str, A
         "run_seconds": run_seconds,
         "log_path": log_path,
         **measurement_columns(result),
+        **(quality or {}),
         **environment.capture(),
         **spec.labels,
     }

@@ -26,7 +26,9 @@ from typing import Any
 
 from tqdm import tqdm
 
+from engines.base import Completion
 from engines.common import PROJECT_ROOT
+from harness import quality
 from harness.errors import TroughputError
 from harness.hostspec import complete_run_spec
 from harness.ordering import apply_ordering
@@ -59,6 +61,7 @@ class RunSpec:
     hardware_spec: dict[str, Any] | None = None  # the hardware config's spec: block, for the speed of light
     workload_cfg: dict[str, Any] | None = None   # the workload config, kept in the row to re-simulate the run
     replicas: int = 1                            # data-parallel engine instances (harness/replicas.py)
+    quality: dict[str, Any] = field(default_factory=dict)  # harness.quality: reference, reference_knobs, expected_outputs
 
 
 def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
@@ -85,12 +88,17 @@ def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
                 _write_job(job_dirs[-1], spec, shard)
             outcome = _supervise(spec, job_dirs, device_env, log_paths, progress)
         result = outcome["result"]
-        if result.get("status") == "ok" and spec.save_outputs:
-            _save_outputs(job_dirs, spec.workload, results_dir / "outputs" / f"{run_id}.jsonl")
+        quality_columns: dict[str, Any] = {}
+        if result.get("status") == "ok" and (spec.save_outputs or quality.wanted(spec)):
+            records = _read_completions(job_dirs, spec.workload)
+            if spec.save_outputs:
+                _save_outputs(records, results_dir / "outputs" / f"{run_id}.jsonl")
+            if quality.wanted(spec):
+                quality_columns = quality.assess(spec, run_id, [_completion(r) for r in records])
     finally:
         for job_dir in job_dirs:
             shutil.rmtree(job_dir, ignore_errors=True)
-    row = build_row(spec, run_id, started, result, outcome["seconds"], str(log_paths[0]))
+    row = build_row(spec, run_id, started, result, outcome["seconds"], str(log_paths[0]), quality_columns)
     write_row(results_dir, row)
     return row
 
@@ -287,13 +295,26 @@ def _tail(path: Path, lines: int = 15) -> str:
         return ""
 
 
-def _save_outputs(job_dirs: list[Path], workload: Workload, target: Path) -> None:
-    """The generated tokens of every replica, in the workload's original order with the original ids."""
+def _read_completions(job_dirs: list[Path], workload: Workload) -> list[dict[str, Any]]:
+    """Every replica's completion records, in the workload's original order with the original ids."""
     by_id: dict[str, Any] = {}
     for job_dir in job_dirs:
         with open(job_dir / "completions.jsonl") as f:
             by_id.update((c["id"], c) for c in map(json.loads, f))
+    return [by_id[request.id] for request in workload.requests]
+
+
+def _completion(record: dict[str, Any]) -> Completion:
+    return Completion(id=record["id"], prompt_tokens=0, output_token_ids=record["output_token_ids"],
+                      cached_tokens=record.get("cached_tokens"), finish_reason=record.get("finish_reason"),
+                      text=record.get("text"))
+
+
+def _save_outputs(records: list[dict[str, Any]], target: Path) -> None:
+    """The generated tokens (and finish reasons, and text where detokenized), one line per request."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target, "w") as f:
-        for request in workload.requests:
-            f.write(json.dumps(by_id[request.id]) + "\n")
+    tmp = target.with_suffix(".jsonl.tmp")
+    with open(tmp, "w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    os.replace(tmp, target)

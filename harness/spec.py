@@ -18,7 +18,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from engines.knobs import to_native
+from engines.knobs import flatten, to_native
 from harness.errors import TroughputError
 from harness.models import resolve_model
 from harness.runner import RunSpec
@@ -70,20 +70,37 @@ def build_spec(cfg: DictConfig, inputs: CellInputs | None = None) -> RunSpec:
         results_dir=Path(cfg.run.results_dir), save_outputs=bool(cfg.run.save_outputs), labels=labels(cfg),
         hardware_spec=_container(cfg.hardware.spec) if cfg.hardware.get("spec") else None,
         workload_cfg=inputs.workload_cfg, replicas=_replicas(cfg.engine.get("replicas", 1)),
+        quality=quality_settings(cfg),
     )
 
 
-def layered_knobs(cfg: DictConfig) -> dict[str, Any]:
+def quality_settings(cfg: DictConfig) -> dict[str, Any]:
+    """``harness.quality``'s settings: the ``quality`` config, and the reference config's knobs (the
+    engine's defaults on this hardware and model: the general knob layers only)."""
+    settings = _container(cfg.get("quality") or {}) or {}
+    reference = settings.get("reference")
+    if reference not in (None, "default"):
+        raise TroughputError(f"quality.reference={reference!r}: use default (the engine's default config) or null")
+    if reference:
+        settings["reference_knobs"] = layered_knobs(cfg, general_only=True)
+    return {k: v for k, v in settings.items() if v is not None}
+
+
+def layered_knobs(cfg: DictConfig, general_only: bool = False) -> dict[str, Any]:
     """The engine's native knobs: hardware, then model (general), then engine native and canonical."""
     engine = cfg.engine.name
     layers = [(cfg.hardware.get("knobs") or {}).get(engine), (cfg.model.get("knobs") or {}).get(engine),
               cfg.engine.knobs, cfg.engine.get("canonical")]
+    if general_only:
+        layers[2:] = [None, None]
     general: dict[str, Any] = {}
     knobs: dict[str, Any] = {}
     for index, layer in enumerate(layers):
         values = OmegaConf.to_container(layer, resolve=True) if layer is not None else {}
-        target = general if index < 2 else knobs  # hardware and model are the general layers
-        target.update({name: value for name, value in values.items() if value is not None})
+        if index < 2:  # hardware and model are the general layers: native names, merged leaf by leaf
+            general.update(flatten(values))
+        else:
+            knobs.update({name: value for name, value in values.items() if value is not None})
     return to_native(engine, knobs, base=general)
 
 

@@ -71,6 +71,9 @@ class TextTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text))
 
+    def decode(self, token_ids: list[int]) -> str:
+        return self._tok.decode(token_ids, skip_special_tokens=True)
+
     def encode_chat(self, messages: list[dict]) -> list[int]:
         if not getattr(self._tok, "chat_template", None):
             raise TroughputError("the model's tokenizer has no chat template, needed for chat requests")

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from engines.decoding import check_constraint
 from harness.errors import TroughputError
 from harness.tokens import TextTokenizer, Vocabulary
 from harness.workloads.base import Workload
@@ -19,15 +21,29 @@ def build_workload(cfg: Mapping[str, Any], model: Mapping[str, Any], image_dir: 
     Args:
         cfg: the ``workload`` config; ``generator`` is a name in ``GENERATORS`` or ``file``;
             an optional ``sample: {fraction, seed}`` keeps that seeded share of the requests
-            (``Workload.sample``; the tuner's low-fidelity runs, reproducible from their command).
+            (``Workload.sample``; the tuner's low-fidelity runs, reproducible from their command);
+            an optional ``constraint: {kind, value}`` (``engines.decoding.check_constraint``)
+            constrains every request that has none of its own: a structured-output job.
         model: the resolved ``model`` config (``local_dir`` holds its tokenizer).
         image_dir: where generated images are stored.
     """
     sample = cfg.get("sample")
     workload = _build(cfg, model, image_dir)
+    if cfg.get("constraint"):
+        workload = constrained(workload, cfg["constraint"])
     if sample:
         return workload.sample(float(sample["fraction"]), seed=int(sample.get("seed", 0)))
     return workload
+
+
+def constrained(workload: Workload, constraint: Mapping[str, Any]) -> Workload:
+    """``workload`` with ``constraint`` on every request that has none of its own."""
+    try:
+        checked = check_constraint(dict(constraint))
+    except ValueError as e:
+        raise TroughputError(f"workload {workload.name!r}: constraint: {e}") from None
+    requests = [r if r.constraint else replace(r, constraint=checked) for r in workload.requests]
+    return Workload(workload.name, requests, workload.groups, dict(workload.info), dict(workload.expected))
 
 
 def _build(cfg: Mapping[str, Any], model: Mapping[str, Any], image_dir: Path) -> Workload:

@@ -23,12 +23,14 @@ class Workload:
         requests: in generation order; ids unique.
         groups: per request, the prefix group it was generated in (``None`` if unknown).
         info: facts computed at build time (e.g. ``ideal_prefix_hit_tokens``), copied into rows.
+        expected: request id -> the answer a user's file expects (``harness.quality.expected``).
     """
 
     name: str
     requests: list[Request]
     groups: list[str | None] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
+    expected: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         ids = [r.id for r in self.requests]
@@ -51,7 +53,9 @@ class Workload:
             raise TroughputError(f"a workload sample needs a fraction in (0, 1], got {fraction!r}")
         count = max(1, round(fraction * len(self.requests)))
         keep = sorted(random.Random(seed).sample(range(len(self.requests)), count))
-        return Workload(self.name, [self.requests[i] for i in keep], [self.groups[i] for i in keep])
+        kept = [self.requests[i] for i in keep]
+        return Workload(self.name, kept, [self.groups[i] for i in keep],
+                        expected={r.id: self.expected[r.id] for r in kept if r.id in self.expected})
 
     def summary(self) -> dict[str, Any]:
         """Counts that go into every results row, with the prefix statistics of ``harness.prefix_tree``.
@@ -76,6 +80,8 @@ class Workload:
             "output_tokens_requested": sum(r.max_tokens for r in self.requests),
             "images": len(images),
             "unique_images": len(set(images)),
+            "constrained_requests": sum(1 for r in self.requests if r.constraint),
+            "sampled_requests": sum(1 for r in self.requests if r.sampling),
             **tree.stats(block_sizes=(1, 16, 32)),
             **self.info,
         }

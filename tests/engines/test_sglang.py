@@ -153,6 +153,23 @@ def test_engine_kwargs_from_canonical_and_native_knobs():
                                     "load_format": "dummy"}
 
 
+def test_own_sampling_and_constraints_become_recorded_sampling_keys(fake_sglang):
+    from engines.worker import workload_limits
+
+    requests = [Request("j", [1], 8, constraint={"kind": "json", "value": {"type": "object"}}),
+                Request("c", [1], 8, sampling={"top_p": 0.9, "seed": 3}, constraint={"kind": "choice", "value": ["a.b", "c"]}),
+                Request("r", [1], 8, constraint={"kind": "regex", "value": "[0-9]+"}),
+                Request("o", [1], 8, constraint={"kind": "json_object", "value": None})]
+    engine = SglangEngine({**MODEL, **workload_limits(requests)}, {})
+    engine.start()
+    assert engine.llm.kwargs["skip_tokenizer_init"] is False, "a grammar needs the tokenizer"
+    engine.generate(requests)   # the stand-in checks every key against the recorded SamplingParams
+    params = engine.llm.calls[0]["sampling_params"]
+    assert params[0]["json_schema"] == '{"type": "object"}' and params[0]["ignore_eos"] is False
+    assert params[1]["regex"] == r"(a\.b|c)" and (params[1]["top_p"], params[1]["sampling_seed"]) == (0.9, 3)
+    assert params[2]["regex"] == "[0-9]+" and params[3]["json_schema"] == '{"type": "object"}'
+
+
 def test_to_completion_reads_meta_info():
     request = Request("r1", [1, 2, 3, 4], 3)
     completion = to_completion(request, output([5, 6, 7], 4, cached=2, latency=1.25), submitted_at=10.0)

@@ -36,7 +36,8 @@ def request_output(prompt_ids, token_ids, reused_blocks=None, last_token_s=None)
             SNAPSHOT, "RequestPerfMetrics",
             kv_cache_metrics=RecordedObject(SNAPSHOT, "KvCacheMetrics", num_reused_blocks=reused_blocks),
             timing_metrics=RecordedObject(SNAPSHOT, "TimingMetrics", last_token_time=timedelta(seconds=last_token_s)))
-    sequence = RecordedObject(SNAPSHOT, "CompletionOutput", token_ids=token_ids, request_perf_metrics=metrics)
+    sequence = RecordedObject(SNAPSHOT, "CompletionOutput", token_ids=token_ids, request_perf_metrics=metrics,
+                              finish_reason="length", text="")
     return RecordedObject(SNAPSHOT, "RequestOutput", methods={"result": lambda self, timeout=None: self},
                           prompt_token_ids=prompt_ids, outputs=[sequence])
 
@@ -91,11 +92,22 @@ class FakeSamplingParams:
         self.__dict__.update(kwargs)
 
 
+class FakeGuidedDecodingParams(FakeSamplingParams):
+    """``GuidedDecodingParams(**kwargs)``: a dataclass; unknown fields raise ``TypeError``."""
+
+    def __init__(self, **kwargs):
+        check_fields(SNAPSHOT, "GuidedDecodingParams", kwargs)
+        self.__dict__.update(kwargs)
+
+
 @pytest.fixture
 def fake_trtllm(monkeypatch):
     module = types.ModuleType("tensorrt_llm")
     module.LLM, module.__version__ = FakeLLM, "1.2.1-fake"
     module.SamplingParams = FakeSamplingParams
+    llmapi = types.ModuleType("tensorrt_llm.llmapi")
+    llmapi.GuidedDecodingParams = FakeGuidedDecodingParams
+    monkeypatch.setitem(sys.modules, "tensorrt_llm.llmapi", llmapi)
     engine_module = types.ModuleType("tensorrt_llm._tensorrt_engine")
     engine_module.LLM = FakeTrtLLM
     monkeypatch.setitem(sys.modules, "tensorrt_llm", module)
@@ -298,6 +310,26 @@ def test_generate_stats_reset_and_stop_through_a_stand_in_llm(fake_trtllm):
     assert llm.shut and not engine.started
 
 
+def test_own_sampling_and_constraints_reach_the_recorded_sampling_params(fake_trtllm):
+    requests = [Request("j", [1, 2], 8, constraint={"kind": "json", "value": {"type": "object"}}),
+                Request("c", [1, 2], 8, sampling={"temperature": 0.5, "seed": 7, "stop": ["\n"]},
+                        constraint={"kind": "choice", "value": ["yes", "no"]}),
+                Request("o", [1, 2], 8, constraint={"kind": "json_object", "value": None})]
+    from engines.worker import workload_limits
+
+    engine = TrtllmEngine({**MODEL, **workload_limits(requests)}, {})
+    engine.start()
+    assert engine.llm.kwargs["guided_decoding_backend"] == "xgrammar", "a constrained workload needs a grammar backend"
+    completions = engine.generate(requests)
+    params = [p for _, p, _ in engine.llm.submitted]
+    assert vars(params[0].guided_decoding) == {"json": {"type": "object"}}
+    assert vars(params[1].guided_decoding) == {"regex": "(yes|no)"}
+    assert (params[1].temperature, params[1].seed, params[1].stop, params[1].ignore_eos) == (0.5, 7, ["\n"], False)
+    assert vars(params[2].guided_decoding) == {"json_object": True}
+    assert [p.detokenize for p in params] == [False, True, False], "only stop strings need the engine's text"
+    assert completions[0].finish_reason == "length"
+
+
 def test_the_h100_space_never_proposes_a_budget_below_the_prompts_without_chunked_prefill():
     yaml = pytest.importorskip("yaml")
     from sweeps.space import SearchSpace
@@ -316,5 +348,6 @@ def test_the_worker_passes_the_longest_prompt_and_sequence_in_the_model_dict():
     from engines.worker import workload_limits
 
     requests = [Request("a", [1] * 300, 20), Request("b", [1] * 100, 500)]
-    assert workload_limits(requests) == {"workload_max_prompt_tokens": 300, "workload_max_seq_tokens": 600}
+    assert workload_limits(requests) == {"workload_max_prompt_tokens": 300, "workload_max_seq_tokens": 600,
+                                         "workload_needs_tokenizer": False, "workload_constrained": False}
     assert workload_limits([]) == {}
