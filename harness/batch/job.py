@@ -147,6 +147,7 @@ class _Runner:
             self.run.startup_s = max(self.run.startup_s or 0.0, event["start"].get("startup_s") or 0.0)
             if len(self.started) == len(pool.alive):
                 self.t_ready = time.monotonic()
+                self.bar.engines_up()
         elif kind == "progress":
             self.bar.worker_progress(worker, int(event.get("done", 0)))
         elif kind == "shard_done":

@@ -19,6 +19,10 @@ class Progress:
         self.output_tokens = 0
         self.t0 = time.monotonic()
 
+    def engines_up(self) -> None:
+        """Measure the rate from now on (engine start is not generation)."""
+        self.t0 = time.monotonic()
+
     def worker_progress(self, worker: int, done: int) -> None:
         self.partial[worker] = done
         self._show()

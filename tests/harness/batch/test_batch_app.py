@@ -90,8 +90,11 @@ def test_kill_9_mid_run_then_rerun_gives_every_custom_id_once(tmp_path: Path) ->
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    committed = len(list(shards.glob("0*")))
+    done = {int(p.name) for p in shards.glob("0*")}
+    in_flight = {int(p.name[:8]) for p in (out / "work").glob("0*-*")} - done
+    committed = len(done)
     assert 3 <= committed < count // size, "killed mid-run, with shards done and shards left"
+    assert len(in_flight) >= 2, "more than one shard was in flight when it was killed"
     assert not (out / "output.jsonl").exists()
     rerun = troughput_batch(tmp_path, *args)
     assert rerun.returncode == 0, rerun.stderr
