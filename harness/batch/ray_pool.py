@@ -13,30 +13,10 @@ import os
 from pathlib import Path
 from typing import Any
 
-from engines.base import Request
-from engines.batch_worker import read_requests, run_shard, start_engine, write_whole
+from engines.batch_worker import ShardActor, read_requests, write_whole
 from engines.common import PROJECT_ROOT
 from harness.batch.plan import Plan
 from harness.errors import TroughputError
-
-
-class ShardActor:
-    """Runs shards on one engine; a Ray actor class (``ray.remote`` is applied at start)."""
-
-    def __init__(self, job: dict[str, Any]):
-        self.job = job
-        self.engine: Any = None
-
-    def start(self) -> dict[str, Any]:
-        self.engine, start = start_engine(self.job)
-        return start
-
-    def run(self, requests: list[dict[str, Any]], index: int) -> dict[str, Any]:
-        return run_shard(self.engine, [Request.from_dict(r) for r in requests], index)
-
-    def stop(self) -> None:
-        if self.engine is not None and self.engine.started:
-            self.engine.stop()
 
 
 class RayPool:
