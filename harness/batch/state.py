@@ -37,9 +37,12 @@ class JobState:
         self.work_dir = self.root / "work"
 
     def adopt(self, plan: Plan) -> None:
-        """Record ``plan`` in a new folder, or check that it is the folder's job (same input, split and config)."""
+        """Record ``plan`` in a new folder, or check that it is the folder's job (same input, split and config).
+
+        A folder with no committed shard takes any plan: there is nothing to mix with.
+        """
         path = self.root / "plan.json"
-        if path.exists():
+        if path.exists() and self.committed():
             before = Plan.from_json(path.read_text()).identity()
             changed = [k for k, v in plan.identity().items() if before.get(k) != v]
             if changed:

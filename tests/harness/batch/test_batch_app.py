@@ -105,6 +105,20 @@ def test_kill_9_mid_run_then_rerun_gives_every_custom_id_once(tmp_path: Path) ->
     assert row["shards_before"] >= committed and row["shards_run"] == count // size - row["shards_before"]
 
 
+def test_engines_that_fail_leave_the_job_incomplete_and_a_fixed_rerun_finishes_it(tmp_path: Path) -> None:
+    path = numbered(tmp_path / "batch.jsonl", 4)
+    out = tmp_path / "out"
+    args = [FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}", "batch.shard_size=2"]
+    failed = troughput_batch(tmp_path, *args, "+engine.knobs.fail_in=start")
+    assert failed.returncode == 1 and "incomplete" in failed.stdout
+    assert "0 of 2 shards committed; rerun the same command" in failed.stdout
+    assert "scripted failure in start" in failed.stdout
+    fixed = troughput_batch(tmp_path, *args)
+    assert fixed.returncode == 0 and len(read_jsonl(out / "output.jsonl")) == 4
+    rows = read_rows(tmp_path / "results", "batch")
+    assert [r["status"] for r in sorted(rows, key=lambda r: r["timestamp"])] == ["incomplete", "ok"]
+
+
 def test_slurm_array_through_submitit_local(tmp_path: Path) -> None:
     path = numbered(tmp_path / "batch.jsonl", 10)
     out = tmp_path / "out"
