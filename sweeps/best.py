@@ -23,6 +23,14 @@ def best_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
     return order if len(study.directions) > 1 else order[:1]
 
 
+def rejected_faster(study: optuna.Study, best: optuna.trial.FrozenTrial) -> list[optuna.trial.FrozenTrial]:
+    """Completed trials that beat ``best`` on the first objective but broke a constraint, best first."""
+    sign = 1 if study.directions[0] == optuna.study.StudyDirection.MAXIMIZE else -1
+    done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+    faster = [t for t in done if t.user_attrs.get("infeasible") and sign * (t.values[0] - best.values[0]) > 0]
+    return sorted(faster, key=lambda t: -sign * t.values[0])
+
+
 def leaders(study: optuna.Study, count: int) -> list[optuna.trial.FrozenTrial]:
     """The ``count`` best feasible trials of a single-objective study, best first (the front's first otherwise)."""
     return ranked(study)[:1 if len(study.directions) > 1 else count]
@@ -65,7 +73,10 @@ def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objecti
             OmegaConf.update(run_cfg, "run.labels", {**cfg.run.labels, "study": study_name, "confirm": which,
                                                      "command": run_command(cfg, values_of[which])}, force_add=True)
             row = execute(make_spec(run_cfg), progress=False)
-            if row["status"] == "ok":
+            broken = objective.broken(row) if row["status"] == "ok" and which != "default" else []
+            if broken:
+                outcome = f"{objective.name}={objective.values(row)[0]:,.1f}, not counted: {'; '.join(broken)}"
+            elif row["status"] == "ok":
                 measured[which].append(objective.values(row)[0])
                 outcome = f"{objective.name}={measured[which][-1]:,.1f}"
             else:

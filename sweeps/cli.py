@@ -13,7 +13,7 @@ from engines.base import KnobError
 from engines.common import PROJECT_ROOT
 from harness.errors import TroughputError
 from harness.spec import build_inputs, build_spec
-from sweeps.best import best_trials, confirm, leaders, write_engine_file
+from sweeps.best import best_trials, confirm, leaders, rejected_faster, write_engine_file
 from sweeps.objective import Objective
 from sweeps.seeds import enqueue_seeds
 from sweeps.space import SearchSpace
@@ -27,6 +27,8 @@ def tune(cfg: DictConfig) -> dict:
     """Run (or resume) the study, then write and confirm its best config. Returns a summary."""
     cfg = with_default_space(cfg)
     objective = Objective(OmegaConf.to_container(cfg.tune, resolve=True))
+    if objective.needs_reference and not cfg.quality.reference:
+        cfg.quality.reference = "default"   # the quality guard compares every trial with the default config
     space = SearchSpace(OmegaConf.to_container(cfg.tune.space, resolve=True))
     study = open_study(cfg, objective)
     base = OmegaConf.to_container(cfg, resolve=True)
@@ -46,6 +48,10 @@ def tune(cfg: DictConfig) -> dict:
     for trial in best:
         print(f"best trial {trial.number}: values {trial.values}, params {trial.params or 'engine defaults'}, "
               f"run {trial.user_attrs.get('run_id')}")
+    for trial in rejected_faster(study, best[0]):
+        gain = trial.values[0] / best[0].values[0] if best[0].values[0] else float("nan")
+        print(f"rejected trial {trial.number}: {gain:.3f}x the best's {objective.name}, but "
+              f"{trial.user_attrs['infeasible']}; params {trial.params}")
     chosen, confirmed = best[0], None
     candidates = [t for t in leaders(study, int(cfg.tune.confirm_top)) if t.params]  # the default runs anyway
     if not candidates:

@@ -234,8 +234,11 @@ def _run_one(cfg, study, trial, space, objective, base, make_spec) -> None:
         return _fail(study, trial, f"{row['status']}: {(row['error'] or '').splitlines()[0][:300]}")
     for name, value in objective.constraint_values(row).items():
         trial.set_constraint(name, value)
+    broken = objective.broken(row)
+    if broken:
+        trial.set_user_attr("infeasible", "; ".join(broken))
     study.tell(trial, objective.values(row))
-    log.info("%s: %s", label, objective.describe(row))
+    log.info("%s: %s%s", label, objective.describe(row), f" -- infeasible: {'; '.join(broken)}" if broken else "")
 
 
 def _fail(study, trial, reason: str) -> None:

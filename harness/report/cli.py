@@ -12,6 +12,7 @@ from pathlib import Path
 from harness.errors import TroughputError
 from harness.report import WRITERS, Filters, PlannerInputs, ReportOptions, build_report, write_report
 from harness.report.document import fmt, fmt_interval
+from harness.report.quality import QualityGuard
 
 log = logging.getLogger("troughput.report")
 
@@ -45,6 +46,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: 2000)")
     s.add_argument("--confidence", type=float, default=0.95, help="interval level (default: 0.95)")
     s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    s.add_argument("--min-agreement", type=float, default=0.99,
+                   help="quality guard: a config whose token agreement with the engine's default config is below "
+                        "this is never chosen (default: 0.99; only where measured, quality.reference=default)")
+    s.add_argument("--min-parse-rate", type=float, default=None,
+                   help="quality guard for structured workloads: the share of outputs that parse (default: off)")
     s.add_argument("--no-record", action="store_true",
                    help="do not append decisions to <results-dir>/decisions/ (e.g. for a read-only copy)")
     p.add_argument("--format", default=",".join(WRITERS),
@@ -69,7 +75,8 @@ def options_from(args: argparse.Namespace) -> tuple[Filters, ReportOptions]:
     planner = PlannerInputs(backlog_requests=args.backlog_requests, backlog_tokens=args.backlog_tokens,
                             window_h=args.window_hours, usd_per_gpu_hour=args.gpu_hour_usd)
     return filters, ReportOptions(resamples=args.resamples, level=args.confidence, seed=args.seed,
-                                  planner=planner, record=not args.no_record)
+                                  planner=planner, record=not args.no_record,
+                                  guard=QualityGuard(args.min_agreement, args.min_parse_rate))
 
 
 def report_name(args: argparse.Namespace) -> str:

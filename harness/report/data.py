@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from harness.errors import TroughputError
+from harness.report.quality import COLUMNS as QUALITY_COLUMNS
 from harness.report.stats import interval, representative, spread
 from harness.results import read_rows
 
@@ -238,6 +239,8 @@ def _measurements(ok: pd.DataFrame, samples: list[float], n_boot: int, level: fl
     for column in ("preemptions", "prefix_cache_hit_rate", "startup_s", "compile_s", "input_tokens",
                    "output_tokens", "requests_done", "sol_fraction"):
         measured[column] = _median(ok, column)
+    for column, row_column in QUALITY_COLUMNS.items():
+        measured[column] = _median(ok, row_column)
     return measured
 
 

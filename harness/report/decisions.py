@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from harness.report.data import CELL, METRIC, cells
+from harness.report.quality import QualityGuard
 from harness.report.stats import STATISTIC, ratio_interval
 from harness.results import DECISIONS_DIR, prefixed, new_run_id, read_rows, write_row
 
@@ -44,14 +45,21 @@ SIDE_FIELDS = ("engine", "engine_version", "ordering", "config_id", "label", MET
 
 
 def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level: float = 0.95,
-           seed: int = 0) -> list[dict[str, Any]]:
-    """One decision per cell of ``configs`` (as built by ``group_configs`` from ``frame``)."""
+           seed: int = 0, guard: QualityGuard = QualityGuard()) -> list[dict[str, Any]]:
+    """One decision per cell of ``configs`` (as built by ``group_configs`` from ``frame``).
+
+    Configs that fail the quality ``guard`` are never chosen nor the runner-up; those that
+    measured faster than the chosen one are named in ``rejected_for_quality`` with their gain.
+    """
     decisions = []
     for key, group in cells(configs):
         rows = frame
         for column, value in zip(CELL, key):
             rows = rows[rows[column] == value]
         measured = group[group["n_passes"] > 0]
+        failing = {cid: guard.failing(c) for cid, c in zip(measured["config_id"], measured.to_dict("records"))}
+        rejected = measured[[failing[cid] is not None for cid in measured["config_id"]]]
+        measured = measured[[failing[cid] is None for cid in measured["config_id"]]]
         winner = measured.iloc[0] if len(measured) else None
         runner_up, relation = _runner_up(measured)
         decision: dict[str, Any] = dict(zip(CELL, key)) | {
@@ -66,9 +74,27 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         if runner_up is not None:
             decision |= _side("runner_up", runner_up) | {"runner_up.relation": relation}
         decision |= _verdict(winner, runner_up, len(rows), n_boot, level, seed)
+        decision |= _rejections(rejected, winner, failing)
         decision["basis"] = _basis(decision)
         decisions.append(decision)
     return decisions
+
+
+def _rejections(rejected: pd.DataFrame, winner: pd.Series | None,
+                failing: dict[str, str | None]) -> dict[str, Any]:
+    """The faster configs the quality guard passed over: ``rejected_for_quality`` and ``quality_note``."""
+    best = None if winner is None else winner[METRIC]
+    faster = [c for c in rejected.to_dict("records") if best is None or c[METRIC] > best]
+    if not faster:
+        return {}
+    entries = [{"engine": c["engine"], "label": c["label"], "config_id": c["config_id"],
+                "why": failing[c["config_id"]], "gain": None if not best else c[METRIC] / best - 1} for c in faster]
+    told = "; ".join(f"{e['engine']}: {e['label']} ({_gain(e['gain'])}{e['why']})" for e in entries)
+    return {"rejected_for_quality": entries, "quality_note": f"faster but rejected for output quality: {told}"}
+
+
+def _gain(gain: float | None) -> str:
+    return "" if gain is None else f"{gain:+.1%} output tok/s over the chosen config, "
 
 
 def _runner_up(measured: pd.DataFrame) -> tuple[pd.Series | None, str | None]:

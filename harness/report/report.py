@@ -17,6 +17,7 @@ from harness.report import decisions as decisions_mod
 from harness.report import sections
 from harness.report.data import Filters, group_configs, load_runs
 from harness.report.planner import PlannerInputs, plan
+from harness.report.quality import QualityGuard
 from harness.report.plots import Plot, all_plots
 
 
@@ -29,6 +30,7 @@ class ReportOptions:
     seed: int = 0
     planner: PlannerInputs = field(default_factory=PlannerInputs)
     record: bool = True   # append new decisions to <results_dir>/decisions/
+    guard: QualityGuard = field(default_factory=QualityGuard)   # configs too far from the reference are never chosen
 
 
 @dataclass
@@ -69,7 +71,8 @@ def build_report(results_dir: str | Path, name: str, filters: Filters = Filters(
     results_dir = Path(results_dir)
     frame = load_runs(results_dir, filters)
     configs = group_configs(frame, n_boot=options.resamples, level=options.level, seed=options.seed)
-    computed = decisions_mod.decide(frame, configs, n_boot=options.resamples, level=options.level, seed=options.seed)
+    computed = decisions_mod.decide(frame, configs, n_boot=options.resamples, level=options.level, seed=options.seed,
+                                    guard=options.guard)
     if options.record:
         latest = decisions_mod.record(results_dir, computed, extra={"filters": filters.describe() or None,
                                                                     "created_by": "troughput-report"})

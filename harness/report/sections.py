@@ -59,8 +59,9 @@ def recommendation(report) -> Section:
         recorded = [RowLink(d["decision_id"], "decisions")] if d.get("decision_id") else []
         recorded.append(f" {d['recorded']}" + (f", {count - 1} earlier kept" if count > 1 else ""))
         verdict = d["verdict"] + (f" ({', '.join(d['flags'])})" if d.get("flags") else "")
+        why = " ".join(filter(None, [d.get("reason", ""), d.get("quality_note") and f"Also {d['quality_note']}."]))
         rows.append([d["cell_label"], d["model"], d["hardware"], chosen, runner, margin, ci, verdict,
-                     d.get("reason", ""), basis or "–", recorded])
+                     why, basis or "–", recorded])
     table = Table(["workload", "model", "hardware", "use", "runner-up", "margin", f"{report.options.level:.0%} CI",
                    "verdict", "why", "rests on", "decision"], rows, id="decisions")
     clear = sum(d["verdict"] == CLEAR for d in report.decisions)
@@ -96,18 +97,21 @@ def headline(report) -> Section:
                           ).strip() if decision.get("margin") is not None else "–"
             elif config["config_id"] == runner_id:
                 role = "runner-up" + (" (same engine)" if config["engine"] == decision.get("chosen.engine") else "")
+            elif report.options.guard.failing(config):
+                role = f"rejected: {report.options.guard.failing(config)}"
             rows.append([config["cell_label"], config["engine"], config["label"], role, fmt(config[METRIC]),
                          fmt_interval(config["ci_low"], config["ci_high"]), runs_cell(config),
                          _cv(config), _over_baseline(config, baseline),
                          fmt(config.get("total_tok_s")), fmt(config.get("req_s")),
                          fmt(config.get("preemptions"), "int"), fmt(config.get("prefix_cache_hit_rate"), "share"),
                          fmt(config.get("ideal_prefix_hit_rate"), "share"), fmt(config.get("sol_fraction"), "share"),
-                         fmt(config.get("startup_s"), "s"), fmt(config.get("compile_s"), "s"), margin, verdict])
+                         fmt(config.get("startup_s"), "s"), fmt(config.get("compile_s"), "s"),
+                         *quality_cells(config), margin, verdict])
             ids.append(f"headline-{config['config_id']}")
     table = Table(["workload", "engine", "config", "role", "output tok/s", "95% interval", "runs × passes",
                    "CV across runs", f"× {BASELINE_ENGINE}", "total tok/s", "req/s", "preemptions",
                    "prefix-cache hit", "ideal hit (ceiling)", "of speed of light", "startup s", "compile s",
-                   "margin [CI]", "verdict"],
+                   *QUALITY_HEADERS, "margin [CI]", "verdict"],
                   rows, id="headline", row_ids=ids)
     lead = ("Per workload, the best measured config of each engine side by side (and the runner-up when it is a "
             "second config of the winner's engine). Numbers are the low median of the config's independent runs "
@@ -116,10 +120,23 @@ def headline(report) -> Section:
             "((max − min) ÷ median). 'ideal hit (ceiling)' is the share of prompt tokens an unbounded prefix "
             f"cache could serve (token grain), beside the measured hit rate; '× {BASELINE_ENGINE}' is the "
             f"config's output tok/s over the best {BASELINE_ENGINE} baseline config of the same workload, "
-            "model and hardware, where baseline rows exist.")
+            "model and hardware, where baseline rows exist. 'agreement' is the share of the engine default "
+            "config's greedy output tokens the config reproduced (quality.reference=default; '–' where not "
+            "measured); 'parsed / valid / truncated' are shares of constrained outputs (structured workloads). "
+            f"A config below {report.options.guard.min_agreement} agreement"
+            + (f" or {report.options.guard.min_parse_rate} parse rate" if report.options.guard.min_parse_rate else "")
+            + " is marked rejected and never chosen.")
     if not rows:
         return Section("Headline", "headline-section", [Paragraph(["No successful run to compare."]), table])
     return Section("Headline", "headline-section", [Paragraph([lead]), table])
+
+
+QUALITY_HEADERS = ("agreement", "parsed", "valid", "truncated")
+
+
+def quality_cells(config: dict[str, Any]) -> list[str]:
+    """The quality columns of one config: agreement with the default config, structured-output shares."""
+    return [fmt(config.get(column), "share") for column in ("agreement", "parsed_rate", "valid_rate", "truncated_rate")]
 
 
 def runs_cell(config: dict[str, Any]) -> str:
@@ -234,10 +251,12 @@ def all_configs(report) -> Section:
                          fmt_interval(c["ci_low"], c["ci_high"]), runs_cell(c), _cv(c),
                          ", ".join(fmt(p) for p in c["run_values"]) or "–",
                          ", ".join(fmt(p) for p in c["passes"]) or "–", f"{c['n_ok']} ok / {c['n_failed']} failed",
+                         *quality_cells(c), report.options.guard.failing(c) or "–",
                          " ".join(f"{k}={v}" for k, v in c["knobs"].items()), c["ordering"]])
     return Section("All configs", "configs", [Table(["workload", "engine", "config", "output tok/s", "95% interval",
                                                      "runs × passes", "CV across runs", "per run (tok/s)",
-                                                     "passes (tok/s)", "runs", "knobs", "ordering"], rows,
+                                                     "passes (tok/s)", "runs", *QUALITY_HEADERS, "quality guard",
+                                                     "knobs", "ordering"], rows,
                                                     id="all-configs", code_columns=("knobs",))])
 
 

@@ -30,4 +30,9 @@ def test_bad_objectives_fail_clearly():
     with pytest.raises(TroughputError, match="unknown objective"):
         Objective({"objective": "latency"})
     with pytest.raises(TroughputError, match="backlog_tokens"):
-        Objective({"objective": "job_time"})
+        Objective({"objective": "job_time", "backlog_tokens": -1})
+
+
+def test_job_time_without_a_backlog_is_the_measured_job():
+    row = {**ROW, "input_tokens": 6_000, "output_tokens": 2_000}
+    assert Objective({"objective": "job_time"}).values(row) == [30.0 + 8_000 / 2000.0]
