@@ -18,7 +18,6 @@ ENGINES: dict[str, str] = {
     "trtllm": "engines.trtllm",
     "hf": "engines.hf",
     "sim": "engines.sim",
-    "ray": "engines.ray_data",
 }
 
 

@@ -30,6 +30,7 @@ from harness.errors import TroughputError
 from harness.runner import execute
 from sweeps.command import run_command
 from sweeps.objective import Objective
+from sweeps.samplers import with_start
 from sweeps.space import SearchSpace
 
 log = logging.getLogger(__name__)
@@ -73,15 +74,19 @@ def make_pruner(cfg: DictConfig, objective: Objective) -> optuna.pruners.BasePru
 def make_sampler(cfg: DictConfig) -> optuna.samplers.BaseSampler:
     """TPE (default), random, or grid over the space.
 
-    TPE draws its first ``tune.n_startup_trials`` trials at random (seed trials count among
-    them, as every completed trial does) and then models the rest; ``tune.multivariate``
-    models the params jointly. ``benchmarks/search_efficiency.py`` measures the choices.
+    TPE's first ``tune.n_startup_trials`` trials come from ``tune.startup``: ``random``
+    (default, Optuna's own; seed trials count among them, as every completed trial does) or
+    ``sobol`` (a scrambled Sobol sequence, ``sweeps.samplers.SobolStart``, which needs SciPy;
+    seed trials apart). ``tune.multivariate`` models the params jointly.
+    ``benchmarks/search_efficiency.py`` measures the choices (README, "Does the search pay?").
     """
     name, seed = cfg.tune.sampler, cfg.tune.seed
     if name == "tpe":
         startup = cfg.tune.get("n_startup_trials")
-        return optuna.samplers.TPESampler(seed=seed, n_startup_trials=TPE_STARTUP if startup is None else int(startup),
-                                          multivariate=bool(cfg.tune.get("multivariate") or False))
+        startup = TPE_STARTUP if startup is None else int(startup)
+        tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup,
+                                         multivariate=bool(cfg.tune.get("multivariate") or False))
+        return with_start(tpe, cfg.tune.get("startup") or "random", startup, seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
