@@ -1,7 +1,7 @@
 """Accuracy against expected answers: a user's file that says what each request should return.
 
 Expected answers come from a plain-JSONL ``expected`` field (``Workload.expected``) or from a
-reference output file in OpenAI Batch output format (``workload.expected_outputs``: one line
+reference output file in OpenAI Batch output format (``quality.expected_outputs``: one line
 per request, ``custom_id`` and ``response.body`` with ``choices[0].message.content`` or
 ``choices[0].text``). ``quality.exact_match`` is the share of answered requests whose output,
 stripped, equals the expected text; where both parse as JSON objects,

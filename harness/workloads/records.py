@@ -7,6 +7,8 @@ with nothing to ask, a ShareGPT record without a human turn) or raises ``RecordE
 
 from __future__ import annotations
 
+import json
+
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -64,6 +66,7 @@ class FileRecord:
     images: list[str] = field(default_factory=list)
     url: str | None = None
     model: str | None = None
+    expected: str | None = None   # the answer a plain record expects (``harness.quality.expected``)
 
     def request(self, rid: str) -> Request:
         return Request(rid, self.prompt_token_ids, self.max_tokens, list(self.images), self.sampling, self.constraint)
@@ -165,12 +168,17 @@ def _sharegpt_turn(turn: Any, at: str) -> tuple[str, str]:
 
 
 def _plain(record: dict, tok: TextTokenizerLike, options: Options) -> FileRecord:
-    """``{"prompt": str, "max_tokens"?: int, "id"?: str}`` plus the fields of ``harness.workloads.requested``."""
+    """``{"prompt": str, "max_tokens"?: int, "id"?: str, "expected"?: str | object}`` plus the fields of
+    ``harness.workloads.requested``; an ``expected`` object is kept as its JSON text."""
     prompt = nonempty(get(record, "prompt", str), "prompt")
     sampling, constraint = own_decoding(record, "", options.sampling)
+    expected = None
+    if record.get("expected") is not None:
+        answer = get(record, "expected", (str, dict))
+        expected = answer if isinstance(answer, str) else json.dumps(answer)
     return FileRecord(_record_id(record), tok.encode(prompt), max_tokens(record, ("max_tokens",),
                                                                          options.default_max_tokens),
-                      sampling, constraint)
+                      sampling, constraint, expected=expected)
 
 
 def _record_id(record: dict) -> str | None:

@@ -43,3 +43,41 @@ def test_agreement_with_the_default_config_is_computed_once_and_reused(tmp_path)
     assert 0 < other["quality.token_agreement"] < 1
     references = [r for r in read_rows(tmp_path) if r.get("quality_role") == "reference"]
     assert len(references) == 1, "one reference run for both"
+
+
+def test_an_openai_batch_file_with_response_format_runs_constrained(tmp_path):
+    import json
+
+    schema = {"type": "object", "properties": {"label": {"type": "string", "enum": ["spam", "ham"]}},
+              "required": ["label"], "additionalProperties": False}
+    body = {"messages": [{"role": "user", "content": "Classify: win a prize now"}], "max_tokens": 32,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "label", "schema": schema}}}
+    path = tmp_path / "batch.jsonl"
+    path.write_text("".join(json.dumps({"custom_id": f"req-{i}", "method": "POST", "url": "/v1/chat/completions",
+                                        "body": body}) + "\n" for i in range(4)))
+    row = run(tmp_path, "workload=file", f"workload.path={path}", "engine.canonical.grammar_backend=xgrammar",
+              "engine.canonical.json_any_whitespace=false")
+    assert row["status"] == "ok", row["error"]
+    assert row["workload_info.constrained_requests"] == 4 and row["quality.constraint_kind"] == "json"
+    assert row["quality.structured_requests"] == 4 and row["quality.valid"] == 4, "compact JSON, closed by the grammar"
+
+
+def test_expected_answers_in_a_plain_jsonl_file_give_exact_match_accuracy(tmp_path):
+    import json
+
+    labels = ["yes", "no"]
+    path = tmp_path / "labelled.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Is {i} even?", "max_tokens": 4,
+                                        "structured_outputs": {"choice": labels}, "expected": labels[i % 2]}) + "\n"
+                            for i in range(6)))
+    row = run(tmp_path, "workload=file", f"workload.path={path}", "run.save_outputs=true")
+    assert row["status"] == "ok", row["error"]
+    assert row["quality.expected_compared"] == 6 and row["quality.valid"] == 6
+    from pathlib import Path
+
+    from harness.tokens import TextTokenizer
+
+    tokenizer = TextTokenizer(Path(row["model_path"]))
+    outputs = [json.loads(line) for line in open(tmp_path / "outputs" / f"{row['run_id']}.jsonl")]
+    right = sum(tokenizer.decode(o["output_token_ids"]) == labels[int(o["id"][1:]) % 2] for o in outputs)
+    assert row["quality.exact_match"] == pytest.approx(right / 6)
