@@ -18,6 +18,7 @@ ENGINES: dict[str, str] = {
     "trtllm": "engines.trtllm",
     "hf": "engines.hf",
     "sim": "engines.sim",
+    "ray": "engines.ray_data",
 }
 
 

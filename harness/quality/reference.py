@@ -43,7 +43,10 @@ def compute(spec: RunSpec, for_run: str) -> tuple[dict[str, list[int]] | None, s
 
     reference_spec = replace(
         spec, knobs=dict(spec.quality.get("reference_knobs") or {}), replicas=1, ordering={"name": "as_given"},
-        save_outputs=True, quality={}, labels={**spec.labels, "quality_role": "reference", "quality_for": for_run})
+        save_outputs=True, quality={},
+        labels={**spec.labels, "quality_role": "reference", "quality_for": for_run,
+                "command": f"(the quality reference of run {for_run}: its command without the engine's own "
+                           f"knobs, one replica, ordering=as_given) {spec.labels.get('command', '')}"})
     row = execute(reference_spec, progress=False)
     if row["status"] != "ok":
         return None, f"reference run {row['run_id']} {row['status']}: {row['error'].splitlines()[0] if row['error'] else ''}"

@@ -35,10 +35,11 @@ def from_file(cfg: Mapping[str, Any], tokenizer: TextTokenizerLike) -> Workload:
         options = Options(_config_int(cfg, "default_max_tokens"), str(cfg.get("sampling") or "benchmark"))
     except ValueError as e:
         raise TroughputError(f"workload {name!r}: {e}") from None
-    requests, skipped = _collect(path, fmt, tokenizer, options, _config_int(cfg, "max_requests"))
+    requests, skipped, expected = _collect(path, fmt, tokenizer, options, _config_int(cfg, "max_requests"))
     if not requests:
         raise TroughputError(f"workload {name!r}: {path} holds no usable requests ({skipped} records skipped)")
-    return Workload(name, requests, info={"source_file": str(path), "source_format": fmt, "skipped_records": skipped})
+    return Workload(name, requests, info={"source_file": str(path), "source_format": fmt, "skipped_records": skipped},
+                    expected=expected)
 
 
 def source(cfg: Mapping[str, Any]) -> tuple[Path, str]:
@@ -74,10 +75,11 @@ def _detect(path: Path) -> str:
 
 
 def _collect(path: Path, fmt: str, tok: TextTokenizerLike, options: Options,
-             limit: int | None) -> tuple[list[Request], int]:
-    """Convert records until ``limit`` requests; return them and the number of skipped records."""
+             limit: int | None) -> tuple[list[Request], int, dict[str, str]]:
+    """Convert records until ``limit`` requests; return them, the number of skipped records and the expected answers."""
     ids = RequestIds(fmt)
     requests: list[Request] = []
+    expected: dict[str, str] = {}
     skipped = 0
     for where, n, record in read_records(path, fmt):
         try:
@@ -88,11 +90,13 @@ def _collect(path: Path, fmt: str, tok: TextTokenizerLike, options: Options,
                 skipped += 1
                 continue
             requests.append(converted.request(ids.assign(converted, n, where)))
+            if converted.expected is not None:
+                expected[requests[-1].id] = converted.expected
         except RecordError as e:
             raise TroughputError(f"{path}, {where}: {e}") from None
         if limit is not None and len(requests) >= limit:
             break
-    return requests, skipped
+    return requests, skipped, expected
 
 
 class RequestIds:

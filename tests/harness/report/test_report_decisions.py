@@ -110,3 +110,26 @@ def test_decisions_are_appended_only_when_their_rows_change_and_old_ones_are_kep
     stored = json.loads((directory / "decisions" / f"{first['decision_id']}.json").read_text())
     assert stored["chosen.knob.max_num_seqs"] == 64, "the older decision is kept as it was"
     assert set(stored["rests_on"]) <= {p.stem for p in (directory / "runs").glob("*.json")}
+
+
+def test_a_faster_config_below_the_agreement_floor_is_passed_over_and_named(results, row, tmp_path):
+    from harness.report import ReportOptions, build_report
+    from harness.report.quality import QualityGuard
+
+    fast = [row(knobs={"dtype": "float32"}, passes=(m - 1, m, m + 1), **{"quality.token_agreement": 0.82})
+            for m in (300, 305, 310)]
+    kept = [row(knobs={"dtype": "bfloat16"}, passes=(m - 1, m, m + 1), **{"quality.token_agreement": 1.0})
+            for m in (100, 105, 110)]
+    unchecked = [row(knobs={"max_num_seqs": 4}, passes=(m - 1, m, m + 1)) for m in (50, 55, 60)]
+    directory = results(*fast, *kept, *unchecked)
+    [d] = decisions_for(directory)
+    assert chosen_knobs(d) == {"dtype": "bfloat16"}, "the fastest config fails the 0.99 guard"
+    assert chosen_knobs(d, "runner_up") == {"max_num_seqs": 4}, "a config without agreement is not checked"
+    [rejected] = d["rejected_for_quality"]
+    assert rejected["gain"] == pytest.approx(305 / 105 - 1) and "0.820 < 0.99" in rejected["why"]
+    assert "faster but rejected for output quality" in d["quality_note"] and "+190.5%" in d["quality_note"]
+    [loose] = decide(load_runs(directory), group_configs(load_runs(directory)), guard=QualityGuard(min_agreement=0.8))
+    assert chosen_knobs(loose) == {"dtype": "float32"} and "rejected_for_quality" not in loose
+    report = build_report(directory, "q", options=ReportOptions(record=False))
+    text = str([getattr(block, "rows", None) for section in report.sections for block in section.blocks])
+    assert "rejected: token agreement with the default config 0.820 < 0.99" in text

@@ -1,0 +1,191 @@
+"""engine=ray: Ray Data LLM's vLLM processor on the CPU build with the tiny model.
+
+Knob checks run without Ray. Two real Ray Data jobs: one against a Ray head started here as
+its own process on the loopback address (joined by address, then stopped), one on a local
+Ray the adapter starts itself, whose engine replica is killed mid-job.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from engines import unit
+from engines.base import KnobError, Request
+from engines.ray_data import RayDataEngine, _item
+from harness.models import resolve_model
+from harness.runner import execute
+from harness.spec import build_spec, layered_knobs
+from tests.conftest import compose
+
+RAY = Path(sys.executable).with_name("ray")
+FIXED = ["workload=unique", "workload.num_requests=16", "workload.input_len=48",
+         "workload.output_len=8", "run.warmup_requests=0", "run.progress=false", "run.time_limit_s=300"]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = compose("engine=ray")
+    return resolve_model(dict(cfg.model), sys.executable), layered_knobs(cfg)
+
+
+def engine(tiny, **knobs) -> RayDataEngine:
+    model, base = tiny
+    return RayDataEngine(model, {**base, **knobs, "engine_kwargs": {**base["engine_kwargs"], **knobs.pop("engine_kwargs", {})}})
+
+
+def test_knobs_are_checked_against_ray_and_vllm_before_anything_starts(tiny):
+    with pytest.raises(KnobError, match=r"unknown Ray Data LLM knob.*batch_sise.*batch_size\?"):
+        engine(tiny, batch_sise=8).validate()
+    with pytest.raises(KnobError, match=r"engine_kwargs knob.*max_num_seqz -> max_num_seqs"):
+        engine(tiny, engine_kwargs={"max_num_seqz": 8}).validate()
+    with pytest.raises(KnobError, match="set by troughput itself"):
+        engine(tiny, tokenize_stage=True).validate()
+    with pytest.raises(KnobError, match="min > max"):
+        engine(tiny, concurrency=[2, 1]).validate()
+    with pytest.raises(KnobError, match="vLLM rejects"):
+        engine(tiny, engine_kwargs={"max_num_seqs": 64, "max_num_batched_tokens": 16}).validate()
+    with pytest.raises(KnobError, match="num_cpus sizes a local Ray"):
+        engine(tiny, address="127.0.0.1:1", num_cpus=4).validate()
+    engine(tiny, concurrency=[1, 2], batch_size=8, max_concurrent_batches=2).validate()
+
+
+def test_canonical_knobs_land_in_engine_kwargs_and_replicas_count_as_devices():
+    cfg = compose("engine=ray", "engine.canonical.max_seqs=8", "engine.knobs.concurrency=[1,3]")
+    knobs = layered_knobs(cfg)
+    assert knobs["engine_kwargs"]["max_num_seqs"] == 8 and knobs["concurrency"] == [1, 3]
+    assert knobs["engine_kwargs"]["kv_cache_memory_bytes"] == cfg.hardware.knobs.vllm.kv_cache_memory_bytes
+    ray = unit("ray")
+    assert ray.devices(knobs) == 3 and ray.devices({**knobs, **ray.knobs["tensor_parallel"].to_native(2)}) == 6
+
+
+def test_every_row_of_the_dataset_has_the_same_sampling_keys():
+    plain = _item(0, Request("a", [1, 2], 4))
+    json = _item(1, Request("b", [1, 2], 4, sampling={"temperature": 0.5, "seed": 3},
+                            constraint={"kind": "json", "value": {"type": "object"}}))
+    assert set(plain["sampling_params"]) == set(json["sampling_params"])
+    assert plain["sampling_params"]["ignore_eos"] and plain["sampling_params"]["structured_outputs"] is None
+    assert json["sampling_params"]["structured_outputs"]["json"] == '{"type": "object"}', "a schema travels as text"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def ray_head():
+    """``ray start --head`` as its own process group with its own temp dir (so no other ``ray.init`` on this
+    host finds it), joined as 127.0.0.1:<port> (Ray maps a loopback address to this node's IP); killed afterwards."""
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix="trh", dir="/tmp")   # short: Ray's socket paths live under it
+    log = open(Path(temp) / "head.log", "w")
+    token = Path(temp) / "token"   # the head's own auth token (ray 2.60 heads use token auth), given to the driver
+    token.write_text(secrets.token_hex(32))
+    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
+    head = subprocess.Popen(
+        [str(RAY), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
+         "--num-gpus=0", f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats",
+         f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **auth})
+    deadline = time.monotonic() + 120
+    while "Ray runtime started" not in (Path(temp) / "head.log").read_text():
+        assert head.poll() is None and time.monotonic() < deadline, (Path(temp) / "head.log").read_text()[-3000:]
+        time.sleep(0.5)
+    yield f"127.0.0.1:{port}", str(token)
+    os.killpg(head.pid, signal.SIGTERM)
+    try:
+        head.wait(timeout=5)
+    except subprocess.TimeoutExpired:   # it drains for up to 30 s first
+        pass
+    _kill_group(head.pid)
+    assert not _group_alive(head.pid), "the Ray head left processes behind"
+
+
+def _kill_group(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    time.sleep(1)
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return any(os.getpgid(int(p.name)) == pgid for p in Path("/proc").iterdir() if p.name.isdigit()
+               and _state(p) not in ("Z", None))
+
+
+def _state(proc: Path) -> str | None:
+    try:
+        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+@pytest.mark.engine
+def test_a_run_joins_a_separately_started_ray_head_by_address(tmp_path, ray_head):
+    address, token = ray_head
+    cfg = compose("engine=ray", *FIXED, f"engine.address={address}", "engine.knobs.batch_size=4",
+                  f"+engine.env.RAY_AUTH_TOKEN_PATH={token}", f"run.results_dir={tmp_path}")
+    row = execute(build_spec(cfg), progress=False)
+    assert row["status"] == "ok", row["error"]
+    assert row["knob.address"] == row["engine_info.ray_address"] == address
+    assert row["engine_info.ray_auth"] == "token", "the driver used the head's token"
+    assert (row["engine_info.ray_nodes"], row["engine_info.ray_cpus"], row["engine_info.ray_gpus"]) == (1, 4.0, 0.0)
+    assert row["requests_done"] == 16 and row["output_tokens"] == 16 * 8 and row["input_tokens"] == 16 * 48
+    assert row["preemptions"] == 0 and row["prefix_cache_hits"] is None, "Ray's rows carry no prefix-cache hits"
+    parts = [row[f"stat.ray_{k}_s"] for k in ("replica_start", "engine_span", "drain")]
+    assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(row["stat.ray_pipeline_s"], rel=1e-6)
+    assert row["stat.ray_jobs"] == 1 and row["stat.ray_actor_restarts"] == 0
+    assert len({row["completion_p50_s"], row["completion_p99_s"]}) == 2, "finish times come from the engine"
+
+
+def _engine_actor_pids() -> list[int]:
+    import ray
+    from ray._private.state import actors
+
+    job = ray.JobID.from_hex(ray.get_runtime_context().get_job_id())
+    return [a["Pid"] for a in actors(job_id=job).values()
+            if "MapWorker" in a["ActorClassName"] and a["State"] == "ALIVE" and a["Pid"]]
+
+
+@pytest.mark.engine
+def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(tiny):
+    ray_engine = engine(tiny, batch_size=4, max_concurrent_batches=1, num_cpus=4)
+    requests = [Request(f"r{i}", [5 + i, 6, 7, 8] * 8, 8) for i in range(40)]
+    ray_engine.validate()
+    ray_engine.start()
+    killed: list[int] = []
+    try:
+        def kill_after_first_batch(n: int) -> None:
+            if not killed:
+                killed.extend(_engine_actor_pids())
+                for pid in killed:
+                    os.kill(pid, signal.SIGKILL)
+
+        before = ray_engine.stats()
+        completions = ray_engine.generate(requests, on_finish=kill_after_first_batch)
+        stats = ray_engine.stats().minus(before)
+        with pytest.raises(RuntimeError, match="Ray did not recover"):   # a bad row fails the job: no retry helps
+            ray_engine.generate([Request("long", [5] * 4096, 4)])
+    finally:
+        ray_engine.stop()
+    assert len(killed) == 1, "one replica was running and was killed"
+    assert [c.id for c in completions] == [r.id for r in requests]
+    assert all(len(c.output_token_ids) == 8 for c in completions), "every request once, none lost or doubled"
+    assert stats.extra["ray_actor_restarts"] >= 1, "the row says Ray restarted the replica"
+    assert stats.extra["ray_jobs"] == 1 and stats.preemptions == 0
