@@ -34,6 +34,11 @@ class Decoding:
     constraint_kind: str | None = None
     constraint_value: Any = None
 
+    def extras(self, seed_key: str = "seed") -> dict[str, Any]:
+        """``top_p``, the seed (under the engine's name for it) and ``stop``, where the request sets them."""
+        given = {"top_p": self.top_p, seed_key: self.seed, "stop": list(self.stop) or None}
+        return {key: value for key, value in given.items() if value is not None}
+
 
 def decoding_of(request: Any) -> Decoding:
     """The ``Decoding`` of an ``engines.base.Request``."""

@@ -151,12 +151,7 @@ def sampling_params(request: Request) -> dict[str, Any]:
     """One request's sampling dict: a benchmark request is greedy and exactly ``max_tokens`` long."""
     d = decoding_of(request)
     params: dict[str, Any] = {"max_new_tokens": d.max_tokens, "ignore_eos": d.ignore_eos, "temperature": d.temperature}
-    if d.top_p is not None:
-        params["top_p"] = d.top_p
-    if d.seed is not None:
-        params["sampling_seed"] = d.seed
-    if d.stop:
-        params["stop"] = list(d.stop)
+    params.update(d.extras(seed_key="sampling_seed"))
     if d.constraint_kind in ("json", "json_object"):
         schema = d.constraint_value if d.constraint_kind == "json" else {"type": "object"}
         params["json_schema"] = json.dumps(schema)

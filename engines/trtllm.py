@@ -216,12 +216,7 @@ def sampling_kwargs(request: Request) -> dict[str, Any]:
         kwargs["top_k"] = 1
     else:
         kwargs["temperature"] = d.temperature
-    if d.top_p is not None:
-        kwargs["top_p"] = d.top_p
-    if d.seed is not None:
-        kwargs["seed"] = d.seed
-    if d.stop:
-        kwargs["stop"] = list(d.stop)
+    kwargs.update(d.extras())
     if d.constraint_kind == "json":
         kwargs["guided_decoding"] = {"json": d.constraint_value}
     elif d.constraint_kind == "json_object":

@@ -122,12 +122,7 @@ def sampling_kwargs(request: Request) -> dict[str, Any]:
     d = decoding_of(request)
     kwargs: dict[str, Any] = {"max_tokens": d.max_tokens, "ignore_eos": d.ignore_eos, "temperature": d.temperature,
                               "detokenize": bool(d.stop)}
-    if d.top_p is not None:
-        kwargs["top_p"] = d.top_p
-    if d.seed is not None:
-        kwargs["seed"] = d.seed
-    if d.stop:
-        kwargs["stop"] = list(d.stop)
+    kwargs.update(d.extras())
     if d.constraint_kind is not None:
         kwargs["structured_outputs"] = ({"json_object": True} if d.constraint_kind == "json_object"
                                         else {d.constraint_kind: d.constraint_value})

@@ -47,3 +47,16 @@ def test_fingerprint_sees_constraint_but_keeps_benchmark_hashes():
     constrained = [Request("a", [1, 2], 4, constraint={"kind": "choice", "value": ["x"]})]
     assert fingerprint(plain) != fingerprint(constrained)
     assert fingerprint(plain) == fingerprint([Request("a", [1, 2], 4)])
+
+
+def test_vllm_sampling_keywords_for_benchmark_sampled_and_constrained_requests():
+    from engines.vllm import sampling_kwargs
+
+    assert sampling_kwargs(Request("a", [1], 8)) == {"max_tokens": 8, "ignore_eos": True, "temperature": 0.0,
+                                                     "detokenize": False}
+    sampled = sampling_kwargs(Request("b", [1], 8, sampling={"temperature": 0.7, "seed": 2, "stop": ["\n"]},
+                                      constraint={"kind": "json_object", "value": None}))
+    assert sampled == {"max_tokens": 8, "ignore_eos": False, "temperature": 0.7, "detokenize": True, "seed": 2,
+                       "stop": ["\n"], "structured_outputs": {"json_object": True}}
+    choice = sampling_kwargs(Request("c", [1], 8, constraint={"kind": "choice", "value": ["x", "y"]}))
+    assert choice["structured_outputs"] == {"choice": ["x", "y"]} and choice["ignore_eos"] is False
