@@ -109,8 +109,11 @@ def test_an_output_folder_holds_one_job(tmp_path: Path) -> None:
     state.adopt(plan)
     state.adopt(Plan.from_json(plan.to_json()))
     write_jsonl(path, [completion("a", "changed")])
+    changed = Plan(**{**json.loads(plan.to_json()), "input_digest": ""})
+    state.adopt(changed)  # nothing committed yet: nothing to mix with
+    state.commit(0, [], [], {"index": 0})
     with pytest.raises(TroughputError, match="different input_digest"):
-        state.adopt(Plan(**{**json.loads(plan.to_json()), "input_digest": ""}))
+        state.adopt(plan)
 
 
 def test_images_from_data_urls_local_paths_and_remote_only_when_allowed(tmp_path: Path) -> None:
