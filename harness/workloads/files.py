@@ -124,19 +124,25 @@ def read_records(path: Path, fmt: str) -> Records:
 
 
 def _json_lines(path: Path) -> Records:
-    """Each non-blank line parsed as JSON, with its 1-based line number, read one line at a time.
+    """Each non-blank line parsed as JSON, with its 1-based line number, read one line at a time."""
+    for n, line in raw_lines(path):
+        yield f"line {n}", n, line if isinstance(line, RecordError) else parse_line(line)
 
-    Lines are split on ``\\n`` and decoded one by one, so a line that is not UTF-8 is named exactly.
+
+def raw_lines(path: Path) -> Iterator[tuple[int, str | RecordError]]:
+    """``(line number, text)`` for each non-blank line, split on newlines and decoded one by one.
+
+    A line that is not UTF-8 comes as a ``RecordError`` in place of its text, named exactly.
     """
     with path.open("rb") as f:
         for n, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
             except UnicodeDecodeError as e:
-                yield f"line {n}", n, RecordError(f"not UTF-8 text ({e.reason} at byte {e.start})")
+                yield n, RecordError(f"not UTF-8 text ({e.reason} at byte {e.start})")
                 continue
             if line.strip():
-                yield f"line {n}", n, parse_line(line)
+                yield n, line
 
 
 def parse_line(line: str) -> Any:
