@@ -50,6 +50,9 @@ def catch_up(sizes: list[int], ray: list[float], vllm: list[float]) -> str:
     (ray_fixed, ray_per), (vllm_fixed, vllm_per) = fit(sizes, ray), fit(sizes, vllm)
     line = (f"fitted job time: Ray {ray_fixed:.1f} s + {ray_per * 1000:.1f} ms/request, "
             f"vLLM {vllm_fixed:.1f} s + {vllm_per * 1000:.1f} ms/request")
+    if ray_per <= 0 or vllm_per <= 0:
+        return (f"Ray stays behind at every size measured; {line}: a slope that is not positive is noise, "
+                "so no crossing is extrapolated (measure on a quieter host or with more rounds)")
     if ray_per >= vllm_per:
         return f"Ray stays behind at every size measured, and its per-request time is not lower: {line}"
     crossing = (ray_fixed - vllm_fixed) / (vllm_per - ray_per)
