@@ -24,7 +24,7 @@ from typing import Any
 from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request, StartInfo
 from engines.common import check_names, require_module
 from engines.knobs import NativeMapping
-from engines.ray_cluster import Cluster, actor_restarts, connect
+from engines.ray_cluster import actor_restarts, connect
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 from engines.vllm import UNIT as VLLM_UNIT
 from engines.vllm import check_engine_args, sampling_kwargs
