@@ -75,11 +75,11 @@ CELLS = {
                  "engine.canonical.chunked_prefill": True}, grid_points=5),
 }
 SAMPLERS = {  # tune overrides per sampler setting tried
-    "tpe": {"sampler": "tpe"},  # the tuner's default: 4 random startup trials, then TPE (sweeps.study.make_sampler)
-    "tpe-sobol": {"sampler": "tpe", "startup": "sobol"},  # those 4 from a scrambled Sobol sequence
-    "tpe-sobol8": {"sampler": "tpe", "startup": "sobol", "n_startup_trials": 8},
-    "tpe-startup10": {"sampler": "tpe", "n_startup_trials": 10},  # Optuna's own default
-    "tpe-multivariate": {"sampler": "tpe", "multivariate": True},
+    "tpe": {"sampler": "tpe"},  # the default: multivariate TPE after 4 random trials (sweeps.study.make_sampler)
+    "tpe-independent": {"sampler": "tpe", "multivariate": False},  # each param modelled on its own
+    "tpe-sobol": {"sampler": "tpe", "startup": "sobol", "multivariate": False},  # 4 Sobol points first
+    "tpe-sobol8": {"sampler": "tpe", "startup": "sobol", "n_startup_trials": 8, "multivariate": False},
+    "tpe-startup10": {"sampler": "tpe", "n_startup_trials": 10, "multivariate": False},  # Optuna's own default
     "random": {"sampler": "random"},
 }
 

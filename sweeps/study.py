@@ -19,6 +19,7 @@ import math
 import os
 import socket
 import time
+import warnings
 from dataclasses import replace
 from datetime import datetime
 from typing import Any, Callable
@@ -77,15 +78,18 @@ def make_sampler(cfg: DictConfig) -> optuna.samplers.BaseSampler:
     TPE's first ``tune.n_startup_trials`` trials come from ``tune.startup``: ``random``
     (default, Optuna's own; seed trials count among them, as every completed trial does) or
     ``sobol`` (a scrambled Sobol sequence, ``sweeps.samplers.SobolStart``, which needs SciPy;
-    seed trials apart). ``tune.multivariate`` models the params jointly.
+    seed trials apart). ``tune.multivariate`` (default) models the params jointly.
     ``benchmarks/search_efficiency.py`` measures the choices (README, "Does the search pay?").
     """
     name, seed = cfg.tune.sampler, cfg.tune.seed
     if name == "tpe":
         startup = cfg.tune.get("n_startup_trials")
         startup = TPE_STARTUP if startup is None else int(startup)
-        tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup,
-                                         multivariate=bool(cfg.tune.get("multivariate") or False))
+        multivariate = cfg.tune.get("multivariate")
+        with warnings.catch_warnings():  # Optuna marks multivariate TPE experimental
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            tpe = optuna.samplers.TPESampler(seed=seed, n_startup_trials=startup,
+                                             multivariate=True if multivariate is None else bool(multivariate))
         return with_start(tpe, cfg.tune.get("startup") or "random", startup, seed)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)

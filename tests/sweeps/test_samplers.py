@@ -1,6 +1,7 @@
 """SobolStart: a quasi-random start (balanced, resumable, seed trials not counted), then the sampler it wraps."""
 
 import math
+from pathlib import Path
 
 import optuna
 import pytest
@@ -63,7 +64,7 @@ def test_from_unit_covers_each_distribution_in_its_own_scale():
     assert from_unit(0.7, QUARTERS) == 2
 
 
-def test_the_tuner_default_is_tpe_after_four_random_trials_and_sobol_is_offered():
+def test_the_tuner_default_is_multivariate_tpe_after_four_random_trials_and_sobol_is_offered():
     from omegaconf import OmegaConf
 
     from sweeps.study import make_sampler
@@ -71,6 +72,9 @@ def test_the_tuner_default_is_tpe_after_four_random_trials_and_sobol_is_offered(
     tune = {"sampler": "tpe", "seed": 0, "n_startup_trials": None, "startup": None}
     default = make_sampler(OmegaConf.create({"tune": tune}))
     assert isinstance(default, optuna.samplers.TPESampler) and default._n_startup_trials == 4
+    assert default._multivariate
+    shipped = OmegaConf.load(Path(__file__).resolve().parents[2] / "conf" / "tuning.yaml").tune
+    assert shipped.multivariate is True and shipped.startup == "random" and shipped.n_startup_trials is None
     sobol = make_sampler(OmegaConf.create({"tune": {**tune, "startup": "sobol"}}))
     assert isinstance(sobol, SobolStart) and sobol._n == 4
     assert isinstance(sobol._then, optuna.samplers.TPESampler)
