@@ -97,7 +97,8 @@ def ray_head():
         [str(RAY), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
          "--num-gpus=0", f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats",
          f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **auth})
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **auth},
+        preexec_fn=_die_with_parent)
     deadline = time.monotonic() + 120
     while "Ray runtime started" not in (Path(temp) / "head.log").read_text():
         assert head.poll() is None and time.monotonic() < deadline, (Path(temp) / "head.log").read_text()[-3000:]
@@ -110,6 +111,13 @@ def ray_head():
         pass
     _kill_group(head.pid)
     assert not _group_alive(head.pid), "the Ray head left processes behind"
+
+
+def _die_with_parent() -> None:
+    """SIGTERM to the head when pytest itself is killed (no teardown runs then); it stops its processes."""
+    import ctypes
+
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
 
 
 def _kill_group(pgid: int) -> None:
