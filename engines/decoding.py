@@ -8,7 +8,6 @@ its own engine's parameters. Standard library only: imported on the worker side.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -100,11 +99,6 @@ def check_constraint(constraint: dict[str, Any]) -> dict[str, Any]:
                              or not all(isinstance(c, str) and c for c in value)):
         raise ValueError("a choice constraint needs a non-empty list of non-empty strings")
     return {"kind": kind, "value": value}
-
-
-def constraint_key(constraint: dict[str, Any] | None) -> str:
-    """A stable text form of a constraint, for fingerprints and grouping."""
-    return "" if constraint is None else json.dumps(constraint, sort_keys=True, separators=(",", ":"))
 
 
 def _number(value: Any) -> bool:
