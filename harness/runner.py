@@ -94,7 +94,10 @@ def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
             if spec.save_outputs:
                 _save_outputs(records, results_dir / "outputs" / f"{run_id}.jsonl")
             if quality.wanted(spec):
-                quality_columns = quality.assess(spec, run_id, [_completion(r) for r in records])
+                try:
+                    quality_columns = quality.assess(spec, run_id, [_completion(r) for r in records])
+                except Exception as e:  # noqa: BLE001 - the measured run keeps its row; the row says why
+                    quality_columns = {"quality.error": f"{type(e).__name__}: {e}"}
     finally:
         for job_dir in job_dirs:
             shutil.rmtree(job_dir, ignore_errors=True)

@@ -69,3 +69,15 @@ def test_expected_outputs_read_from_an_openai_batch_output_file(tmp_path):
         expected.read_batch_outputs(path)
     path.write_text(json.dumps(chat) + "\n" + json.dumps(text) + "\n")
     assert expected.read_batch_outputs(path) == {"ü-1": "yes", "2": "no"}
+
+
+def test_a_quality_check_that_fails_leaves_the_row_with_its_reason(tmp_path):
+    from harness.runner import RunSpec, execute
+    from harness.workloads.base import Workload
+    from tests.conftest import FAKE_ENGINE
+
+    workload = Workload("w", [Request("a", [1, 2], 2), Request("b", [3], 2)])
+    spec = RunSpec(engine=FAKE_ENGINE, model={"path": str(tmp_path), "local_dir": str(tmp_path)}, workload=workload,
+                   results_dir=tmp_path / "results", quality={"expected_outputs": str(tmp_path / "missing.jsonl")})
+    row = execute(spec, progress=False)
+    assert row["status"] == "ok" and "FileNotFoundError" in row["quality.error"]
