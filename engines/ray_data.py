@@ -23,6 +23,7 @@ from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request, StartInfo
 from engines.common import check_names, require_module
+from engines.decoding import CONSTRAINT_KINDS
 from engines.knobs import NativeMapping
 from engines.ray_cluster import actor_restarts, connect
 from engines.unit import EngineUnit, Environment, dummy_weights_args
@@ -33,7 +34,6 @@ OWN = ("address", "num_cpus", "num_blocks")          # troughput's, not the proc
 STAGES_OFF = {"tokenize_stage": False, "detokenize_stage": False, "chat_template_stage": False}
 RESERVED_ENGINE_ARGS = ("model", "task_type")          # Ray sets these from the processor config
 STAGE_CPUS = 0.25  # pre/post-process maps: whole CPUs starve the engine on a small host (shared ENGINE-FACTS)
-CONSTRAINT_KINDS = ("json", "regex", "choice", "json_object")
 
 
 class RayDataEngine(Engine):

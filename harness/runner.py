@@ -89,11 +89,12 @@ def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
             outcome = _supervise(spec, job_dirs, device_env, log_paths, progress)
         result = outcome["result"]
         quality_columns: dict[str, Any] = {}
-        if result.get("status") == "ok" and (spec.save_outputs or quality.wanted(spec)):
+        checks_quality = quality.wanted(spec)
+        if result.get("status") == "ok" and (spec.save_outputs or checks_quality):
             records = _read_completions(job_dirs, spec.workload)
             if spec.save_outputs:
                 _save_outputs(records, results_dir / "outputs" / f"{run_id}.jsonl")
-            if quality.wanted(spec):
+            if checks_quality:
                 try:
                     quality_columns = quality.assess(spec, run_id, [_completion(r) for r in records])
                 except Exception as e:  # noqa: BLE001 - the measured run keeps its row; the row says why

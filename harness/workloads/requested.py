@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engines.decoding import SAMPLING_KEYS, check_constraint, check_sampling
+from engines.decoding import CONSTRAINT_KINDS, SAMPLING_KEYS, check_constraint, check_sampling
 from harness.workloads.fields import RecordError, field, kind, name
 
 SAMPLING_MODES = ("benchmark", "as_given")
@@ -25,7 +25,6 @@ ONE_CHOICE = ("n", "best_of")
 # Fields that would change the output but are not honoured: set to anything but their neutral value, an error.
 UNSUPPORTED = ("presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs",
                "tools", "functions", "echo", "suffix")
-STRUCTURED_KINDS = ("json", "regex", "choice", "json_object")
 
 
 def own_decoding(obj: Mapping[str, Any], at: str, mode: str,
@@ -89,8 +88,8 @@ def _structured_outputs(obj: Mapping[str, Any], at: str) -> dict[str, Any] | Non
         return None
     full = name(at, "structured_outputs")
     spec = field(obj, "structured_outputs", dict, at)
-    given = [k for k in STRUCTURED_KINDS if spec.get(k) not in (None, False)]
-    if len(given) != 1 or set(spec) - set(STRUCTURED_KINDS):
-        raise RecordError(f"field {full!r} must hold exactly one of {', '.join(STRUCTURED_KINDS)}, "
+    given = [k for k in CONSTRAINT_KINDS if spec.get(k) not in (None, False)]
+    if len(given) != 1 or set(spec) - set(CONSTRAINT_KINDS):
+        raise RecordError(f"field {full!r} must hold exactly one of {', '.join(CONSTRAINT_KINDS)}, "
                           f"got {kind(spec)} with keys {sorted(spec)}")
     return {"kind": given[0], "value": None if given[0] == "json_object" else spec[given[0]]}
