@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from engines.knobs import flatten, to_native
 from harness.errors import TroughputError
 from harness.models import resolve_model
+from harness.rounds import wants_rounds
 from harness.runner import RunSpec
 from harness.workloads import Workload, build_workload
 
@@ -111,6 +112,8 @@ def labels(cfg: DictConfig) -> dict[str, Any]:
     out["hardware"] = cfg.hardware.name
     if cfg.run.get("round") is not None:
         out["round"] = cfg.run.round
+    elif wants_rounds(cfg):
+        out["round"] = 1
     if HydraConfig.initialized() and HydraConfig.get().mode.name == "MULTIRUN":
         out.setdefault("sweep_id", HydraConfig.get().sweep.dir)
     return out

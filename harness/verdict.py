@@ -110,12 +110,24 @@ def compare(a: Sequence[float], b: Sequence[float], min_effect: float = MIN_EFFE
 
 def rounds_needed(va: float, vb: float, diff: float, margin: float, alpha: float = ALPHA,
                   start: int = MIN_RUNS) -> int | None:
-    """Smallest runs a side (> ``start``) at which the rule would decide if ``diff`` and the variances held."""
-    for n in range(start + 1, MAX_ROUNDS_SEARCHED + 1):
+    """Smallest runs a side (> ``start``) at which the rule would decide if ``diff`` and the variances held.
+
+    The half-width shrinks as runs are added, so the first deciding count is found by bisection.
+    """
+    def decides(n: int) -> bool:
         half = _half_width(va, vb, n, n, alpha)
-        if (abs(diff) >= margin and half < abs(diff)) or abs(diff) + half <= margin:
-            return n
-    return None
+        return (abs(diff) >= margin and half < abs(diff)) or abs(diff) + half <= margin
+
+    low, high = start, MAX_ROUNDS_SEARCHED
+    if not decides(high):
+        return None
+    while high - low > 1:   # decides(high) holds, decides(low) does not (or low is the start)
+        mid = (low + high) // 2
+        if decides(mid):
+            high = mid
+        else:
+            low = mid
+    return high
 
 
 def _half_width(va: float, vb: float, na: int, nb: int, alpha: float) -> float:
@@ -140,19 +152,31 @@ def t_cdf(t: float, df: float) -> float:
 
 
 def t_quantile(p: float, df: float) -> float:
-    """The ``p`` quantile of Student's t with ``df`` degrees of freedom (bisection on ``t_cdf``)."""
+    """The ``p`` quantile of Student's t with ``df`` degrees of freedom.
+
+    Newton steps on ``t_cdf`` from the Cornish–Fisher start, kept inside a bisection bracket.
+    """
     if not 0 < p < 1:
         raise ValueError(f"p must be in (0, 1), got {p}")
-    low, high = -1e4, 1e4
-    for _ in range(200):
-        mid = (low + high) / 2
-        if t_cdf(mid, df) < p:
-            low = mid
-        else:
-            high = mid
-        if high - low < 1e-10:
+    if p < 0.5:
+        return -t_quantile(1 - p, df)
+    z = statistics.NormalDist().inv_cdf(p)
+    t = z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+    low, high = 0.0, 1e6
+    log_norm = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    for _ in range(100):
+        if not low < t < high:
+            t = (low + high) / 2 if high < 1e6 else max(2 * low, 1.0)
+        error = t_cdf(t, df) - p
+        if abs(error) < 1e-13:
             break
-    return (low + high) / 2
+        if error < 0:
+            low = t
+        else:
+            high = t
+        density = math.exp(log_norm - (df + 1) / 2 * math.log1p(t * t / df))
+        t -= error / density
+    return t
 
 
 def _betainc(a: float, b: float, x: float) -> float:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
 from typing import Any, Callable
 
@@ -11,6 +10,7 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from harness.runner import execute
+from harness.verdict import CLEAR, MIN_EFFECT, Verdict, compare
 from sweeps.command import run_command
 from sweeps.objective import Objective
 from sweeps.ranking import ranked
@@ -57,12 +57,16 @@ def write_engine_file(cfg: DictConfig, trial: optuna.trial.FrozenTrial, out_dir:
 
 
 def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objective: Objective, rounds: int,
-            make_spec: Callable[[DictConfig], Any], study_name: str) -> dict[str, Any]:
+            make_spec: Callable[[DictConfig], Any], study_name: str,
+            min_effect: float = MIN_EFFECT) -> dict[str, Any]:
     """Run the default config and each candidate side by side for ``rounds`` rounds (order rotating).
 
-    Returns the objective values per config (``"default"`` and ``"trial <n>"``), each
-    candidate's gain (median over the default's median, inverted when the objective is
-    minimised, so > 1 is better), and the winner: the candidate with the best gain.
+    Each candidate is judged against the default by ``harness.verdict.compare`` on the
+    objective's per-run values (inverted when it is minimised, so a ratio > 1 is better).
+    Returns the values per config (``"default"`` and ``"trial <n>"``), each candidate's
+    ``verdicts``, and the ``winner``: among candidates the rule calls a clear winner over the
+    default, the one with the best ratio; None when none is (the default is kept), with
+    ``ratio``/``verdict`` of the best-estimated candidate either way.
     """
     names = ["default", *(f"trial {t.number}" for t in candidates)]
     values_of = {"default": {}, **{f"trial {t.number}": dict(t.params) for t in candidates}}
@@ -83,14 +87,19 @@ def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objecti
                 outcome = (row["error"] or "").splitlines()[0][:200]
             print(f"  confirm round {i + 1} {which:>9}: {row['status']} {outcome}", flush=True)
     maximise = objective.directions[0] == "maximize"
-    gains: dict[str, float | None] = {}
+    verdicts: dict[str, Verdict | None] = {}
     for name in names[1:]:
-        if measured["default"] and measured[name]:
-            best, default = statistics.median(measured[name]), statistics.median(measured["default"])
-            gains[name] = best / default if maximise else default / best
+        ours, default = measured[name], measured["default"]
+        if ours and default:
+            verdicts[name] = compare(ours, default, min_effect) if maximise else compare(default, ours, min_effect)
         else:
-            gains[name] = None
-    ranked = sorted((g, n) for n, g in gains.items() if g is not None)
-    winner = ranked[-1][1] if ranked else None
-    return {"measured": measured, "gains": gains, "ratio": None if winner is None else gains[winner],
+            verdicts[name] = None
+    judged = sorted(((v.ratio, n) for n, v in verdicts.items() if v is not None and v.ratio is not None))
+    best = judged[-1][1] if judged else None
+    beating = [n for _, n in judged if verdicts[n].verdict == CLEAR and verdicts[n].winner == "a"]
+    winner = beating[-1] if beating else None
+    shown = winner or best
+    return {"measured": measured, "verdicts": verdicts, "best": shown,
+            "ratio": None if shown is None else verdicts[shown].ratio,
+            "verdict": None if shown is None else verdicts[shown],
             "winner": None if winner is None else candidates[names.index(winner) - 1]}

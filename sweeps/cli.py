@@ -55,22 +55,35 @@ def tune(cfg: DictConfig) -> dict:
     chosen, confirmed = best[0], None
     candidates = [t for t in leaders(study, int(cfg.tune.confirm_top)) if t.params]  # the default runs anyway
     if not candidates:
-        print("the engine's default config measured best: nothing to gain on this cell")
-    elif int(cfg.tune.confirm_rounds) > 0:
+        print("the engine's default config measured best: nothing to gain on this cell; keeping the default, "
+              "no tuned config written")
+        return summary | {"chosen": None}
+    if int(cfg.tune.confirm_rounds) > 0:
         print(f"confirming: the default config vs trials {', '.join(str(t.number) for t in candidates)}, "
               f"{cfg.tune.confirm_rounds} rounds side by side")
         result = confirm(cfg, candidates, objective, int(cfg.tune.confirm_rounds), make_spec,
-                         study.study_name)
+                         study.study_name, min_effect=float(cfg.tune.min_effect))
         summary["confirm"] = result
-        if result["winner"] is not None:
-            chosen = result["winner"]
-            runs = len(result["measured"][f"trial {chosen.number}"]), len(result["measured"]["default"])
-            confirmed = f"{result['ratio']:.3f}x the default's {objective.name} (median of {runs[0]} vs {runs[1]} runs)"
-            print(f"measured gain of the best config (trial {chosen.number}) over the default: {confirmed}")
-            if result["ratio"] <= 1:
-                print("no candidate beat the default config side by side: keep the default on this cell")
+        verdict = result["verdict"]
+        if verdict is None:
+            print("no candidate and default both measured in the confirmation: keeping the default, no tuned "
+                  "config written")
+            return summary | {"chosen": None}
+        runs = len(result["measured"][result["best"]]), len(result["measured"]["default"])
+        confirmed = (f"{result['best']} ÷ default {objective.name}: {verdict.interval_text()} "
+                     f"({runs[0]} vs {runs[1]} runs): {verdict.verdict}")
+        if result["winner"] is None:
+            print(f"no candidate beat the default config by the rule (docs/verdicts.md): {confirmed}; "
+                  f"{verdict.reason}. Keeping the default on this cell: no tuned config written")
+            return summary | {"chosen": None}
+        chosen = result["winner"]
+        print(f"measured gain of the best config (trial {chosen.number}) over the default: {confirmed}")
+    else:
+        print("tune.confirm_rounds=0: the best trial is written unconfirmed (no side-by-side runs against the "
+              "default, so no verdict)")
     summary["chosen"] = chosen
-    path = write_engine_file(cfg, chosen, PROJECT_ROOT / cfg.tune.output_dir, study.study_name, confirmed)
+    path = write_engine_file(cfg, chosen, PROJECT_ROOT / cfg.tune.output_dir, study.study_name,
+                             confirmed or "no (tune.confirm_rounds=0)")
     print(f"best config written to {path}")
     return summary
 

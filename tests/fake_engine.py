@@ -6,7 +6,9 @@ out-of-memory error, ``kill_self`` SIGKILLs the worker mid-generate,
 batch of ``max_num_seqs`` requests (so throughput grows with it), and
 ``oom_above`` fails for memory when ``max_num_seqs`` exceeds it, and
 ``hold_mb`` holds that many MiB resident while generating, and ``fail_replica``
-fails generate in that replica (1-based) of a data-parallel run. It echoes the prompt's last
+fails generate in that replica (1-based) of a data-parallel run, and ``sleep_cycle_s`` (a list) with
+``cycle_file`` sleeps the next value of the list in each generate call, counting calls across
+runs in that file (a scripted run-to-run spread). It echoes the prompt's last
 token ``max_tokens`` times, so token counts are exact.
 """
 
@@ -19,7 +21,7 @@ import time
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 
 KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs",
-         "fail_replica"}
+         "fail_replica", "sleep_cycle_s", "cycle_file"}
 
 
 class FakeEngine(Engine):
@@ -39,6 +41,15 @@ class FakeEngine(Engine):
         return StartInfo(startup_s=0.01, engine_version="fake-1",
                          extra={"cores": cores, "replica": os.environ.get("TROUGHPUT_REPLICA", "1/1")})
 
+    def _cycle_sleep(self) -> float:
+        cycle, path = self.knobs.get("sleep_cycle_s"), self.knobs.get("cycle_file")
+        if not cycle or not path:
+            return 0.0
+        count = int(open(path).read() or 0) if os.path.exists(path) else 0
+        with open(path, "w") as f:
+            f.write(str(count + 1))
+        return float(cycle[count % len(cycle)])
+
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
         self.require_started()
         seqs = int(self.knobs.get("max_num_seqs", 8))
@@ -51,7 +62,7 @@ class FakeEngine(Engine):
             raise RuntimeError("scripted failure in generate")
         held = bytearray(int(self.knobs.get("hold_mb", 0)) << 20)
         held[::4096] = b"x" * len(held[::4096])  # touch every page so it is resident
-        time.sleep(float(self.knobs.get("sleep_s", 0)))
+        time.sleep(float(self.knobs.get("sleep_s", 0)) + self._cycle_sleep())
         time.sleep(float(self.knobs.get("step_s", 0)) * -(-len(requests) // seqs))
         out = []
         for r in requests:

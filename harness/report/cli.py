@@ -13,6 +13,7 @@ from harness.errors import TroughputError
 from harness.report import WRITERS, Filters, PlannerInputs, ReportOptions, build_report, write_report
 from harness.report.document import fmt, fmt_interval
 from harness.report.quality import QualityGuard
+from harness.verdict import MIN_EFFECT
 
 log = logging.getLogger("troughput.report")
 
@@ -51,6 +52,9 @@ def parser() -> argparse.ArgumentParser:
                         "this is never chosen (default: 0.99; only where measured, quality.reference=default)")
     s.add_argument("--min-parse-rate", type=float, default=None,
                    help="quality guard for structured workloads: the share of outputs that parse (default: off)")
+    s.add_argument("--min-effect", type=float, default=MIN_EFFECT,
+                   help=f"smallest ratio that matters: a clear winner's estimate must clear it, and 'equivalent' "
+                        f"means the interval lies within ± it (default: {MIN_EFFECT}; docs/verdicts.md)")
     s.add_argument("--no-record", action="store_true",
                    help="do not append decisions to <results-dir>/decisions/ (e.g. for a read-only copy)")
     p.add_argument("--format", default=",".join(WRITERS),
@@ -64,7 +68,8 @@ def options_from(args: argparse.Namespace) -> tuple[Filters, ReportOptions]:
                                    ("--gpu-hour-usd", args.gpu_hour_usd, -1e-12, None),
                                    ("--confidence", args.confidence, 0, 1), ("--resamples", args.resamples, 99, None),
                                    ("--backlog-requests", args.backlog_requests, 0, None),
-                                   ("--backlog-tokens", args.backlog_tokens or 1, 0, None)):
+                                   ("--backlog-tokens", args.backlog_tokens or 1, 0, None),
+                                  ("--min-effect", args.min_effect + 1e-12, 0, 1)):
         if value <= low or (high is not None and value >= high):
             bound = f"between {low} and {high}" if high is not None else f"above {low:g}"
             raise TroughputError(f"{name} must be {bound}, got {value}")
@@ -76,7 +81,8 @@ def options_from(args: argparse.Namespace) -> tuple[Filters, ReportOptions]:
                             window_h=args.window_hours, usd_per_gpu_hour=args.gpu_hour_usd)
     return filters, ReportOptions(resamples=args.resamples, level=args.confidence, seed=args.seed,
                                   planner=planner, record=not args.no_record,
-                                  guard=QualityGuard(args.min_agreement, args.min_parse_rate))
+                                  guard=QualityGuard(args.min_agreement, args.min_parse_rate),
+                                  min_effect=args.min_effect)
 
 
 def report_name(args: argparse.Namespace) -> str:
@@ -104,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         ci = fmt_interval(d.get("margin_ci_low"), d.get("margin_ci_high"), "pct")
         print(f"{d['cell_label']:<24} {d['model']:<12} {d['hardware']:<8} {chosen:<36} {margin:>8} {ci:<20} "
               f"{d['verdict']}")
+        print(f"  {d.get('reason', '')}")
     print(f"{len(report.frame)} row(s), {len(report.failed)} failed; report: "
           + ", ".join(str(p.resolve()) for p in written))
     return 0

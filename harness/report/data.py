@@ -28,7 +28,8 @@ from harness.report.quality import COLUMNS as QUALITY_COLUMNS
 from harness.report.stats import interval, representative, spread
 from harness.results import read_rows
 
-CELL = ["workload", "workload_fingerprint", "model", "hardware"]
+CELL = ["workload", "workload_fingerprint", "model", "hardware", "host_id"]
+UNRECORDED_HOST = "unrecorded"
 IDENTITY = ["engine", *CELL, "ordering"]
 METRIC = "output_tok_s"
 MIN_RUNS_FOR_RUN_STATISTICS = 2    # from this many runs on, a config's samples are its runs, not its passes
@@ -78,6 +79,11 @@ def normalise(frame: pd.DataFrame) -> pd.DataFrame:
         if column not in frame:
             frame[column] = None
     frame["ordering"] = frame["ordering"].fillna("as_given")
+    for column in ("env.host_id", "env.host", "env.cpu"):
+        if column not in frame:
+            frame[column] = None
+    frame["host_id"] = frame["env.host_id"].fillna(UNRECORDED_HOST)
+    frame["host"] = frame["env.host"].fillna(frame["env.cpu"]).fillna("not recorded")
     for column in ("engine", "model", "workload", "hardware"):
         frame[column] = frame[column].fillna("unknown")
     frame["workload_fingerprint"] = frame["workload_fingerprint"].fillna("")
@@ -88,9 +94,11 @@ def normalise(frame: pd.DataFrame) -> pd.DataFrame:
     frame["config_id"] = [config_id(row) for row in frame.to_dict("records")]
     labels = workload_labels(frame)
     frame["workload_label"] = [labels[(w, f)] for w, f in zip(frame["workload"], frame["workload_fingerprint"])]
-    setups = frame.groupby("workload_label")[["model", "hardware"]].apply(lambda g: len(g.drop_duplicates()))
-    frame["cell_label"] = [f"{w} ({m}, {h})" if setups[w] > 1 else w
-                           for w, m, h in zip(frame["workload_label"], frame["model"], frame["hardware"])]
+    setups = frame.groupby("workload_label")[["model", "hardware", "host_id"]].apply(lambda g: len(g.drop_duplicates()))
+    hosts = frame.groupby("workload_label")["host_id"].nunique()
+    frame["cell_label"] = [(f"{w} ({m}, {h}" + (f", host {i}" if hosts[w] > 1 else "") + ")") if setups[w] > 1 else w
+                           for w, m, h, i in zip(frame["workload_label"], frame["model"], frame["hardware"],
+                                                 frame["host_id"])]
     return frame.sort_values(["_time", "run_id"], kind="stable").reset_index(drop=True)
 
 

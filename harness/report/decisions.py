@@ -1,18 +1,18 @@
 """Engine-choice decisions: computed from rows, recorded append-only, never edited.
 
-For each cell (workload fingerprint, model, hardware) the best config (highest
+For each cell (workload fingerprint, model, hardware, host id) the best config (highest
 low-median output tok/s over its samples: its independent runs from two runs on, else
 the passes of its one run) is chosen; the runner-up is the best config of another
-engine, or, with one engine only, its second-best config. The margin is
-winner / runner-up - 1 with a bootstrap interval; the verdict is
+engine, or, with one engine only, its second-best config. Rows from different hosts
+(``env.host_id``) are different cells, so configs are never compared across hosts.
 
-- ``insufficient data``: no runner-up, no successful run, fewer than 2 samples on
-  either side (flagged ``single run``: one pass gives no interval to compare), or
-  separated intervals resting on fewer than ``MIN_RUNS`` independent runs on a side
-  (flagged ``too few runs``: passes inside one engine process are correlated, and two
-  runs are a thin basis); the reason says how many runs each side has and how to add them;
-- ``too close to call``: the two configs' bootstrap intervals overlap;
-- ``clear winner``: they do not, with at least ``MIN_RUNS`` runs on each side.
+The verdict is the one rule of ``harness.verdict`` applied to the two configs' per-run
+rates (each run's median pass): ``clear winner``, ``equivalent`` or ``too close to
+call``, with the ratio's interval as the margin; or ``insufficient data`` (no runner-up,
+no successful run, or fewer than ``MIN_RUNS`` independent runs on a side, flagged
+``single run`` or ``too few runs`` with the command that adds rounds). Where the rule's
+estimate (ratio of geometric means) ranks the two the other way round than their low
+medians, the rule's order wins: the chosen config is the faster by the rule.
 
 Decisions live in ``<results_dir>/decisions/<decision_id>.json``, written like runs
 (atomic, never overwritten). A decision is only appended when its basis (the rows it
@@ -33,20 +33,25 @@ import pandas as pd
 
 from harness.report.data import CELL, METRIC, cells
 from harness.report.quality import QualityGuard
-from harness.report.stats import STATISTIC, ratio_interval
+from harness.report.stats import STATISTIC
 from harness.results import DECISIONS_DIR, prefixed, new_run_id, read_rows, write_row
+from harness.verdict import (CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, METHOD, MIN_EFFECT, MIN_RUNS, VERDICTS,
+                             compare)
 
-CLEAR, CLOSE, INSUFFICIENT = "clear winner", "too close to call", "insufficient data"
-MIN_RUNS = 3   # independent runs per side that a clear winner needs
-VERDICTS = (CLEAR, CLOSE, INSUFFICIENT)
+__all__ = ["CLEAR", "CLOSE", "EQUIVALENT", "INSUFFICIENT", "METHOD", "MIN_RUNS", "VERDICTS", "decide", "record",
+           "history"]
 SIDE_FIELDS = ("engine", "engine_version", "ordering", "config_id", "label", METRIC, "ci_low", "ci_high",
-               "n_passes", "n_runs", "sample_kind", "cv_runs", "runs_disagree", "run_ids", "commands",
+               "n_passes", "n_runs", "run_values", "sample_kind", "cv_runs", "runs_disagree", "run_ids", "commands",
                "total_tok_s", "req_s")
 
 
 def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level: float = 0.95,
-           seed: int = 0, guard: QualityGuard = QualityGuard()) -> list[dict[str, Any]]:
+           seed: int = 0, guard: QualityGuard = QualityGuard(), min_effect: float = MIN_EFFECT
+           ) -> list[dict[str, Any]]:
     """One decision per cell of ``configs`` (as built by ``group_configs`` from ``frame``).
+
+    ``level`` and the bootstrap settings are for the per-config intervals shown beside the
+    decision; the verdict is ``harness.verdict.compare`` at its α = 0.05 and ``min_effect``.
 
     Configs that fail the quality ``guard`` are never chosen nor the runner-up; those that
     measured faster than the chosen one are named in ``rejected_for_quality`` with their gain.
@@ -62,9 +67,11 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         measured = measured[[failing[cid] is None for cid in measured["config_id"]]]
         winner = measured.iloc[0] if len(measured) else None
         runner_up, relation = _runner_up(measured)
+        if runner_up is not None and _rule_prefers(runner_up, winner, min_effect):
+            winner, runner_up = runner_up, winner
         decision: dict[str, Any] = dict(zip(CELL, key)) | {
             "kind": "engine_choice", "metric": METRIC, "statistic": STATISTIC, "min_runs_for_clear": MIN_RUNS,
-            "ci_level": level,
+            "method": METHOD, "min_effect": min_effect, "ci_level": level,
             "bootstrap_resamples": n_boot, "bootstrap_seed": seed,
             "rests_on": sorted(rows.loc[rows["status"] == "ok", "run_id"]),
             "failed_runs": sorted(rows.loc[rows["status"] != "ok", "run_id"]),
@@ -73,7 +80,7 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
             decision |= _side("chosen", winner)
         if runner_up is not None:
             decision |= _side("runner_up", runner_up) | {"runner_up.relation": relation}
-        decision |= _verdict(winner, runner_up, len(rows), n_boot, level, seed)
+        decision |= _verdict(winner, runner_up, len(rows), min_effect)
         decision |= _rejections(rejected, winner, failing)
         decision["basis"] = _basis(decision)
         decisions.append(decision)
@@ -112,8 +119,16 @@ def _side(prefix: str, config: pd.Series) -> dict[str, Any]:
     return prefixed(prefix, side) | prefixed(f"{prefix}.knob", dict(config["knobs"]))
 
 
-def _verdict(winner, runner_up, n_rows: int, n_boot: int, level: float, seed: int) -> dict[str, Any]:
-    out: dict[str, Any] = {"margin": None, "margin_ci_low": None, "margin_ci_high": None, "flags": []}
+def _rule_prefers(b: pd.Series, a: pd.Series, min_effect: float) -> bool:
+    """Whether the rule's estimate puts ``b`` ahead of ``a`` (both with enough runs)."""
+    if min(len(a["run_values"]), len(b["run_values"])) < MIN_RUNS:
+        return False
+    return compare(a["run_values"], b["run_values"], min_effect).ratio < 1
+
+
+def _verdict(winner, runner_up, n_rows: int, min_effect: float) -> dict[str, Any]:
+    out: dict[str, Any] = {"margin": None, "margin_ci_low": None, "margin_ci_high": None, "flags": [],
+                           "rounds_needed": None, "spread_log": None}
     if winner is None:
         return out | {"verdict": INSUFFICIENT, "flags": ["no successful run"],
                       "reason": f"all {n_rows} run(s) of this cell failed"}
@@ -122,26 +137,17 @@ def _verdict(winner, runner_up, n_rows: int, n_boot: int, level: float, seed: in
                       "reason": "only one config was measured here: nothing to compare it with"}
     out["margin"] = winner[METRIC] / runner_up[METRIC] - 1
     sides = (("winner", winner), ("runner-up", runner_up))
-    short = [name for name, side in sides if side["n_samples"] < 2]
-    if short:
-        return out | {"verdict": INSUFFICIENT, "flags": ["single run"],
-                      "reason": f"one pass of one run for the {' and the '.join(short)}: no interval to compare; "
-                                f"{_add_runs()}"}
-    low, high = ratio_interval(winner["samples"], runner_up["samples"], n_boot=n_boot, level=level,
-                               seed=(seed, winner["config_id"], runner_up["config_id"]))
-    out["margin_ci_low"], out["margin_ci_high"] = low - 1, high - 1
-    pct = f"{level:.0%}"
     basis = "; ".join(f"{name}: {_basis_of(side)}" for name, side in sides)
-    spans = (f"winner [{winner['ci_low']:,.0f}, {winner['ci_high']:,.0f}] vs runner-up "
-             f"[{runner_up['ci_low']:,.0f}, {runner_up['ci_high']:,.0f}] tok/s ({basis})")
-    if winner["ci_low"] <= runner_up["ci_high"]:
-        return out | {"verdict": CLOSE, "reason": f"the {pct} intervals overlap: {spans}"}
     few = [f"the {name} has {side['n_runs']}" for name, side in sides if side["n_runs"] < MIN_RUNS]
     if few:
-        return out | {"verdict": INSUFFICIENT, "flags": ["too few runs"],
-                      "reason": f"the {pct} intervals do not overlap: {spans}; but a clear winner needs "
-                                f"{MIN_RUNS} independent runs per side and {' and '.join(few)}: {_add_runs()}"}
-    return out | {"verdict": CLEAR, "reason": f"the {pct} intervals do not overlap: {spans}"}
+        flag = "single run" if any(side["n_runs"] < 2 for _, side in sides) else "too few runs"
+        return out | {"verdict": INSUFFICIENT, "flags": [flag], "rounds_needed": MIN_RUNS,
+                      "reason": f"the rule needs {MIN_RUNS} independent runs per side and {' and '.join(few)} "
+                                f"({basis}): {_add_runs()}"}
+    verdict = compare(winner["run_values"], runner_up["run_values"], min_effect)
+    return out | {"verdict": verdict.verdict, "margin": verdict.ratio - 1, "margin_ci_low": verdict.low - 1,
+                  "margin_ci_high": verdict.high - 1, "rounds_needed": verdict.rounds_needed,
+                  "spread_log": verdict.spread, "reason": f"winner ÷ runner-up {verdict.reason} ({basis})"}
 
 
 def _basis_of(side) -> str:
@@ -151,13 +157,14 @@ def _basis_of(side) -> str:
 
 
 def _add_runs() -> str:
-    return (f"measure {MIN_RUNS} independent runs per config, interleaved, with a round dimension first in "
-            f"the multirun: troughput-run -m run.round=1,2,3 <the configs compared>")
+    return (f"measure {MIN_RUNS} or more independent runs per config, interleaved, with a round dimension first "
+            f"in the multirun (troughput-run -m run.round=1,2,3 <the configs compared>), or let troughput-run "
+            f"add rounds until the rule decides (troughput-run -m run.rounds=auto <the configs compared>)")
 
 
 def _basis(decision: dict[str, Any]) -> str:
-    keys = [*CELL, "metric", "statistic", "min_runs_for_clear", "ci_level", "bootstrap_resamples", "bootstrap_seed", "rests_on",
-            "failed_runs"]
+    keys = [*CELL, "metric", "statistic", "min_runs_for_clear", "method", "min_effect", "ci_level",
+            "bootstrap_resamples", "bootstrap_seed", "rests_on", "failed_runs"]
     return hashlib.sha256(json.dumps({k: decision[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
 
 

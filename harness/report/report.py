@@ -15,10 +15,11 @@ import pandas as pd
 
 from harness.report import decisions as decisions_mod
 from harness.report import sections
-from harness.report.data import Filters, group_configs, load_runs
+from harness.report.data import CELL, Filters, group_configs, load_runs
 from harness.report.planner import PlannerInputs, plan
 from harness.report.quality import QualityGuard
 from harness.report.plots import Plot, all_plots
+from harness.verdict import MIN_EFFECT
 
 
 @dataclass(frozen=True)
@@ -31,6 +32,7 @@ class ReportOptions:
     planner: PlannerInputs = field(default_factory=PlannerInputs)
     record: bool = True   # append new decisions to <results_dir>/decisions/
     guard: QualityGuard = field(default_factory=QualityGuard)   # configs too far from the reference are never chosen
+    min_effect: float = MIN_EFFECT   # harness.verdict: a smaller ratio is never a clear winner
 
 
 @dataclass
@@ -72,18 +74,16 @@ def build_report(results_dir: str | Path, name: str, filters: Filters = Filters(
     frame = load_runs(results_dir, filters)
     configs = group_configs(frame, n_boot=options.resamples, level=options.level, seed=options.seed)
     computed = decisions_mod.decide(frame, configs, n_boot=options.resamples, level=options.level, seed=options.seed,
-                                    guard=options.guard)
+                                    guard=options.guard, min_effect=options.min_effect)
     if options.record:
         latest = decisions_mod.record(results_dir, computed, extra={"filters": filters.describe() or None,
                                                                     "created_by": "troughput-report"})
     else:
         latest = [d | {"recorded": "not recorded (--no-record)"} for d in computed]
     history = {cell: len(items) for cell, items in decisions_mod.history(results_dir).items()}
-    labels = dict(zip(configs["workload_fingerprint"] + "|" + configs["model"] + "|" + configs["hardware"],
-                      configs["cell_label"]))
+    labels = {tuple(c[k] for k in CELL): c["cell_label"] for c in configs.to_dict("records")}
     for decision in latest:
-        decision["cell_label"] = labels.get(f"{decision['workload_fingerprint']}|{decision['model']}|"
-                                            f"{decision['hardware']}", decision["workload"])
+        decision["cell_label"] = labels.get(tuple(decision.get(k) for k in CELL), decision["workload"])
     report = Report(name=name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     results_dir=results_dir, filters=filters, options=options, frame=frame, configs=configs,
                     decisions=latest, history=history, plan=plan(frame, configs, options.planner),

@@ -7,8 +7,9 @@ from typing import Any
 
 import pandas as pd
 
-from harness.report.data import METRIC, RUNS_DISAGREE, cells
-from harness.report.decisions import CLEAR, MIN_RUNS
+from harness.report.data import CELL, METRIC, RUNS_DISAGREE, cells
+from harness.report.decisions import CLEAR, METHOD, MIN_RUNS
+from harness.verdict import ALPHA
 from harness.report.document import Details, Figure, Paragraph, RowLink, Section, Table, first_line, fmt, fmt_interval
 from harness.report.stats import STATISTIC
 
@@ -34,15 +35,22 @@ def overview(report) -> Section:
     by_runs = int((configs["sample_kind"] == "runs").sum())
     runs = sorted(set(configs["n_runs"])) if len(configs) else [0]
     counts = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}–{runs[-1]}"
-    how = (f"A config is one engine with one set of knobs (and ordering) on one workload fingerprint, model and "
-           f"hardware; each of its rows is one independent run (its own engine process). Throughput is the "
-           f"{STATISTIC}; intervals are {report.options.level:.0%} percentile bootstrap intervals over those "
-           f"samples ({report.options.resamples} resamples, seed {report.options.seed}). Here {by_runs} of "
-           f"{len(configs)} measured config(s) rest on independent runs ({counts} run(s) per config). A winner is "
-           f"'clear' only when its interval and the runner-up's do not overlap and each side has at least "
-           f"{MIN_RUNS} independent runs; measure them interleaved with a round dimension first in the multirun "
-           f"(troughput-run -m run.round=1,2,3 ...).")
-    return Section("Summary", "summary", [Paragraph([text]), Paragraph([how])])
+    how = (f"A config is one engine with one set of knobs (and ordering) on one workload fingerprint, model, "
+           f"hardware config and host; each of its rows is one independent run (its own engine process). Throughput "
+           f"is the {STATISTIC}; per-config intervals are {report.options.level:.0%} percentile bootstrap intervals "
+           f"over those samples ({report.options.resamples} resamples, seed {report.options.seed}). Here {by_runs} of "
+           f"{len(configs)} measured config(s) rest on independent runs ({counts} run(s) per config). Verdicts: "
+           f"{METHOD} (minimum effect {report.options.min_effect:.0%}), on at least {MIN_RUNS} independent runs a "
+           f"side; the margin is the ratio of geometric means − 1 with that interval. Measure runs interleaved with "
+           f"a round dimension first in the multirun (troughput-run -m run.round=1,2,3 ...), or let "
+           f"troughput-run -m run.rounds=auto ... add rounds until the rule decides.")
+    hosts = frame.drop_duplicates("host_id")
+    blocks = [Paragraph([text]), Paragraph([how])]
+    if len(hosts) > 1:
+        blocks.append(Paragraph([f"These rows come from {len(hosts)} different hosts: "
+                                 + "; ".join(f"{h['host_id']}: {h['host']}" for h in hosts.to_dict("records"))
+                                 + ". Configs are grouped per host and never compared across hosts."]))
+    return Section("Summary", "summary", blocks)
 
 
 def recommendation(report) -> Section:
@@ -54,20 +62,20 @@ def recommendation(report) -> Section:
         margin = fmt(d.get("margin"), "pct")
         ci = fmt_interval(d.get("margin_ci_low"), d.get("margin_ci_high"), "pct")
         basis = _links("winner", d.get("chosen.run_ids")) + _links("runner-up", d.get("runner_up.run_ids"))
-        cell = (d["workload_fingerprint"], d["model"], d["hardware"])
-        count = report.history.get((d["workload"], *cell), 0)
+        count = report.history.get(tuple(d.get(c) for c in CELL), 0)
         recorded = [RowLink(d["decision_id"], "decisions")] if d.get("decision_id") else []
         recorded.append(f" {d['recorded']}" + (f", {count - 1} earlier kept" if count > 1 else ""))
         verdict = d["verdict"] + (f" ({', '.join(d['flags'])})" if d.get("flags") else "")
         why = " ".join(filter(None, [d.get("reason", ""), d.get("quality_note") and f"Also {d['quality_note']}."]))
-        rows.append([d["cell_label"], d["model"], d["hardware"], chosen, runner, margin, ci, verdict,
-                     why, basis or "–", recorded])
-    table = Table(["workload", "model", "hardware", "use", "runner-up", "margin", f"{report.options.level:.0%} CI",
+        rows.append([d["cell_label"], d["model"], f"{d['hardware']} (host {d.get('host_id')})", chosen, runner, margin,
+                     ci, verdict, why, basis or "–", recorded])
+    table = Table(["workload", "model", "hardware", "use", "runner-up", "margin", f"{1 - ALPHA:.0%} CI",
                    "verdict", "why", "rests on", "decision"], rows, id="decisions")
     clear = sum(d["verdict"] == CLEAR for d in report.decisions)
     lead = (f"{clear} of {len(report.decisions)} cell(s) have a clear winner. The latest decision per cell, "
             f"recomputed from the rows (results/decisions/, append-only: a decision is added only when the rows "
-            f"behind it change). Margin = winner ÷ runner-up − 1 on output tok/s.")
+            f"behind it change). Margin = winner ÷ runner-up − 1 on output tok/s (ratio of the geometric means of "
+            f"their per-run rates).")
     blocks: list[Any] = [Paragraph([lead]), table]
     for d in report.decisions:
         everything = [RowLink(r) for r in d.get("rests_on", [])] + [RowLink(r) for r in d.get("failed_runs", [])]
@@ -78,7 +86,7 @@ def recommendation(report) -> Section:
 
 
 def headline(report) -> Section:
-    by_cell = {(d["workload"], d["workload_fingerprint"], d["model"], d["hardware"]): d for d in report.decisions}
+    by_cell = {tuple(d.get(c) for c in CELL): d for d in report.decisions}
     rows, ids = [], []
     for key, group in cells(report.configs):
         decision = by_cell.get(key, {})
@@ -224,8 +232,8 @@ def failures(report) -> Section:
 def provenance(report) -> Section:
     frame = report.frame
     blocks: list[Any] = [Paragraph(["Engines"]), _count_table(frame, ["engine", "engine_version", "engine_python"])]
-    hardware = [c for c in ["hardware", "env.cpu", "env.cpu_count", "env.gpu", "env.gpu_count", "env.gpu_driver",
-                            "env.hostname"] if c in frame]
+    hardware = [c for c in ["hardware", "host_id", "env.cpu", "env.cpu_count", "env.cpu_flags", "env.gpu",
+                            "env.gpu_count", "env.gpu_driver", "env.hostname"] if c in frame]
     blocks += [Paragraph(["Hardware"]), _count_table(frame, hardware)]
     blocks += [Paragraph(["Harness commits"]), _count_table(frame, ["git_commit"], code=("git_commit",))]
     workload = [c for c in ["workload", "workload_fingerprint", "workload_info.requests",

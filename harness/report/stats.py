@@ -2,8 +2,9 @@
 
 A sample is one independent run (its median pass, the ``output_tok_s`` its row reports)
 once a config has two or more runs; with one run the samples are its passes, which
-share one engine process and cache state (the verdict then cannot be "clear"). The
-statistic is the low median of the samples, so intervals bracket the headline numbers.
+share one engine process and cache state. The statistic is the low median of the samples,
+so intervals bracket the headline numbers. These intervals describe one config; verdicts
+between two configs come from ``harness.verdict`` alone.
 """
 
 from __future__ import annotations
@@ -59,15 +60,4 @@ def interval(passes: Sequence[float], n_boot: int = 2000, level: float = 0.95,
     replicates = resample(passes, n_boot, rng(seed))
     tail = (1 - level) / 2 * 100
     low, high = np.percentile(replicates, [tail, 100 - tail])
-    return float(low), float(high)
-
-
-def ratio_interval(winner: Sequence[float], runner_up: Sequence[float], n_boot: int = 2000,
-                   level: float = 0.95, seed: int | tuple = 0) -> tuple[float, float]:
-    """Percentile bootstrap interval of winner / runner-up, resampling each side's passes independently."""
-    generator = rng(seed)
-    a = resample(winner, n_boot, generator)
-    b = resample(runner_up, n_boot, generator)
-    tail = (1 - level) / 2 * 100
-    low, high = np.percentile(a / b, [tail, 100 - tail])
     return float(low), float(high)

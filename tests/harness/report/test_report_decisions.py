@@ -3,7 +3,8 @@ import json
 import pytest
 
 from harness.report.data import group_configs, load_runs
-from harness.report.decisions import CLEAR, CLOSE, INSUFFICIENT, chosen_knobs, decide, history, record
+from harness.report.decisions import CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, chosen_knobs, decide, history, record
+from harness.verdict import compare
 
 
 def decisions_for(directory, **kwargs):
@@ -20,8 +21,10 @@ def test_separated_independent_runs_are_a_clear_winner_with_its_margin(results, 
     directory = results(*runs(row, {"max_num_seqs": 64}, 200, 205, 210), *runs(row, {"max_num_seqs": 8}, 100, 105, 110))
     [d] = decisions_for(directory)
     assert d["verdict"] == CLEAR and chosen_knobs(d) == {"max_num_seqs": 64}
-    assert d["margin"] == pytest.approx(205 / 105 - 1), "the low median of the runs' median passes"
+    rule = compare([200, 205, 210], [100, 105, 110])
+    assert d["margin"] == pytest.approx(rule.ratio - 1), "the ratio of geometric means of the runs' median passes"
     assert 0 < d["margin_ci_low"] <= d["margin"] <= d["margin_ci_high"]
+    assert d["margin_ci_low"] == pytest.approx(rule.low - 1) and d["chosen.run_values"] == [200, 205, 210]
     assert d["runner_up.relation"].startswith("second-best config of the same engine")
     assert (d["chosen.n_runs"], d["chosen.sample_kind"]) == (3, "runs")
     assert "3 independent runs" in d["reason"]
@@ -31,8 +34,9 @@ def test_separated_passes_of_one_run_are_not_a_clear_winner_and_say_what_is_miss
     directory = results(row(knobs={"max_num_seqs": 64}, passes=(200, 205, 210)),
                         row(knobs={"max_num_seqs": 8}, passes=(100, 105, 110)))
     [d] = decisions_for(directory)
-    assert d["verdict"] == INSUFFICIENT and d["flags"] == ["too few runs"]
+    assert d["verdict"] == INSUFFICIENT and d["flags"] == ["single run"]
     assert "the winner has 1 and the runner-up has 1" in d["reason"] and "run.round=1,2,3" in d["reason"]
+    assert "run.rounds=auto" in d["reason"]
     assert d["chosen.sample_kind"] == "passes" and "not independent" in d["reason"]
 
 
@@ -40,6 +44,7 @@ def test_two_runs_per_side_are_still_too_few_for_a_clear_winner(results, row):
     directory = results(*runs(row, {"max_num_seqs": 64}, 200, 210), *runs(row, {"max_num_seqs": 8}, 100, 105, 110))
     [d] = decisions_for(directory)
     assert d["verdict"] == INSUFFICIENT and "the winner has 2" in d["reason"] and "runner-up has" not in d["reason"]
+    assert d["flags"] == ["too few runs"]
 
 
 def test_runs_that_disagree_decide_even_when_each_runs_passes_are_tight(results, row):
@@ -50,13 +55,56 @@ def test_runs_that_disagree_decide_even_when_each_runs_passes_are_tight(results,
     assert d["chosen.runs_disagree"] is True and d["chosen.cv_runs"] == pytest.approx(0.25)
 
 
-def test_overlapping_repeat_intervals_are_too_close_to_call_not_a_win(results, row):
-    directory = results(row(knobs={"max_num_seqs": 64}, passes=(100, 130, 160)),
-                        row(knobs={"max_num_seqs": 8}, passes=(110, 120, 150)))
+def test_overlapping_runs_are_too_close_to_call_with_the_rounds_that_would_decide(results, row):
+    directory = results(*runs(row, {"max_num_seqs": 64}, 100, 130, 160), *runs(row, {"max_num_seqs": 8}, 110, 120, 150))
     [d] = decisions_for(directory)
-    assert d["verdict"] == CLOSE, "130 beats 120 on the median, but the intervals overlap"
-    assert d["chosen.ci_low"] <= d["runner_up.ci_high"]
+    assert d["verdict"] == CLOSE, "130 beats 120 on the median, but the ratio's interval includes 1"
     assert d["margin_ci_low"] < 0 < d["margin_ci_high"]
+    assert d["rounds_needed"] is None or d["rounds_needed"] > 3
+    assert "runs a side would" in d["reason"] and "3 vs 3 runs" in d["reason"]
+
+
+def test_every_run_of_one_side_beating_every_run_of_the_other_is_not_enough_at_3_runs(results, row):
+    # the old rule (bootstrap intervals of 3 runs do not overlap) called this a clear winner; with no real
+    # difference such an ordering happens 1 time in 10
+    directory = results(*runs(row, {"max_num_seqs": 64}, 104, 110, 140), *runs(row, {"max_num_seqs": 8}, 80, 95, 103))
+    [d] = decisions_for(directory)
+    assert d["verdict"] == CLOSE and d["margin_ci_low"] < 0
+
+
+def test_a_real_but_small_difference_is_equivalent_not_a_winner(results, row):
+    directory = results(*runs(row, {"max_num_seqs": 64}, 100.5, 100.6, 100.7),
+                        *runs(row, {"max_num_seqs": 8}, 100.0, 100.1, 100.2))
+    [d] = decisions_for(directory)
+    assert d["margin_ci_low"] > 0, "the interval excludes 1 ..."
+    assert d["verdict"] == EQUIVALENT, "... but 0.5% is under the 2% minimum effect"
+    frame = load_runs(directory)
+    [strict] = decide(frame, group_configs(frame), min_effect=0.001)
+    assert strict["verdict"] == CLEAR and strict["min_effect"] == 0.001
+
+
+def test_the_rule_orders_the_sides_when_the_low_median_would_not(results, row):
+    # low medians 101 vs 100, but the 8-sequence config's runs are much faster on the geometric mean
+    directory = results(*runs(row, {"max_num_seqs": 64}, 60, 101, 102), *runs(row, {"max_num_seqs": 8}, 100, 100, 130))
+    [d] = decisions_for(directory)
+    assert chosen_knobs(d) == {"max_num_seqs": 8} and d["margin"] > 0
+
+
+def test_rows_from_different_hosts_are_separate_cells_never_compared(results, row):
+    fast = runs(row, {"max_num_seqs": 64}, 700, 705, 710)
+    slow = runs(row, {"max_num_seqs": 8}, 100, 105, 110)
+    for r in fast:
+        r.update({"env.host_id": "amx-host", "env.host": "Xeon, 2 cores, amx_bf16"})
+    for r in slow:
+        r.update({"env.host_id": "avx2-host", "env.host": "EPYC, 2 cores, avx2"})
+    directory = results(*fast, *slow)
+    by_host = {d["host_id"]: d for d in decisions_for(directory)}
+    assert set(by_host) == {"amx-host", "avx2-host"}
+    assert all(d["verdict"] == INSUFFICIENT and d["flags"] == ["no runner-up"] for d in by_host.values())
+    from harness.report import ReportOptions, build_report
+    report = build_report(directory, "hosts", options=ReportOptions(record=False))
+    summary = str([b.parts for b in report.sections[0].blocks])
+    assert "2 different hosts" in summary and "never compared across hosts" in summary
 
 
 def test_a_single_pass_is_flagged_and_not_called(results, row):

@@ -1,0 +1,147 @@
+"""``run.rounds=auto``: add interleaved rounds to a multirun until the rule decides, or a cap.
+
+    troughput-run -m run.rounds=auto ordering=as_given,prefix_grouped workload=prefix_heavy
+
+Hydra runs each config once (round 1, or the rounds given with ``run.round=...``); then
+``RoundsCallback`` (a Hydra callback in ``conf/config.yaml``) reads this multirun's rows,
+applies ``harness.verdict`` per cell through the report's own ``decide`` (min effect
+``run.min_effect``), and, while a cell is undecided (``too close to call`` or
+``insufficient data``) and ``run.max_rounds`` is not reached, runs one more round of
+every config of that cell: each a fresh, independent run (its own engine process), in an
+order that rotates each round so drift on a shared host lands on every side alike. It
+ends by printing, per cell, whether the rule decided (and after how many rounds) or the
+cap was reached, with the ratio and its interval.
+
+The configs are the jobs Hydra ran in this process (``on_job_end``), so this needs a
+launcher that runs jobs in the driver process (the default, basic one); with another
+launcher (submitit) it says so and adds nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Callable
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+AUTO = "auto"
+ROUND = "run.round="
+
+
+def wants_rounds(cfg: DictConfig) -> bool:
+    """Whether ``cfg`` asks for rounds until decided; any value but null and ``auto`` is an error."""
+    value = cfg.run.get("rounds")
+    if value is None:
+        return False
+    if value != AUTO:
+        from harness.errors import TroughputError
+        raise TroughputError(f"run.rounds={value!r}: use auto (add rounds until the verdict is decided) or null; "
+                             f"for a fixed count use -m run.round=1,2,3")
+    return True
+
+
+class Job:
+    """One config of the multirun: its composed config and the overrides that name it (without the round)."""
+
+    def __init__(self, cfg: DictConfig, overrides: list[str]):
+        self.cfg = cfg
+        self.overrides = [o for o in overrides if not o.startswith(ROUND)]
+        self.round = int(cfg.run.round) if cfg.run.get("round") is not None else 1
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        return tuple(self.overrides)
+
+    @property
+    def command(self) -> str:
+        """The command its rows carry, without the round."""
+        return " ".join(["troughput-run", *self.overrides])
+
+    def config_for(self, round_index: int, sweep_id: str) -> DictConfig:
+        cfg = copy.deepcopy(self.cfg)
+        OmegaConf.update(cfg, "run.round", round_index, force_add=True)
+        command = " ".join(["troughput-run", *self.overrides, f"{ROUND}{round_index}"])
+        OmegaConf.update(cfg, "run.labels", {**cfg.run.labels, "command": command, "sweep_id": sweep_id},
+                         force_add=True)
+        return cfg
+
+
+def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds: int, min_effect: float,
+                  run_one: Callable[[DictConfig], Any], say: Callable[[str], None] = print) -> dict[tuple, dict]:
+    """Run more rounds of the undecided cells' configs; return the final decision per cell.
+
+    ``run_one(cfg)`` runs one config (the runner's ``execute(build_spec(cfg))``).
+    """
+    unique: dict[tuple, Job] = {}
+    for job in jobs:
+        unique.setdefault(job.key, job)
+    done_round = max((job.round for job in jobs), default=0)
+    decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect)
+    while True:
+        open_cells = {cell for cell, d in decisions.items() if d["verdict"] not in _decided()}
+        if not open_cells or done_round >= max_rounds:
+            break
+        done_round += 1
+        todo = [job for job in unique.values() if cell_of_command.get(job.command) in open_cells | {None}]
+        shift = (done_round - 1) % len(todo) if todo else 0  # round 1 ran in the given order
+        say(f"rounds: round {done_round} of at most {max_rounds}: {len(todo)} config(s) of "
+            f"{len(open_cells)} undecided cell(s)")
+        for job in todo[shift:] + todo[:shift]:
+            run_one(job.config_for(done_round, sweep_id))
+        decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect)
+    for d in decisions.values():
+        state = (f"decided after {done_round} round(s)" if d["verdict"] in _decided()
+                 else f"cap of {max_rounds} rounds reached, undecided")
+        say(f"rounds: {d['workload']} ({d['model']}, {d['hardware']}, host {d['host_id']}): {state}: "
+            f"{d['verdict']}; {d.get('reason', '')}")
+    return decisions
+
+
+def _decided() -> tuple[str, ...]:
+    from harness.verdict import DECIDED
+    return DECIDED
+
+
+def _decisions(results_dir: Path, sweep_id: str, min_effect: float) -> tuple[dict[tuple, dict], dict[str, tuple]]:
+    """This multirun's decision per cell by the report's rule (nothing recorded), and each command's cell."""
+    from harness.errors import TroughputError
+    from harness.report.data import CELL, Filters, group_configs, load_runs
+    from harness.report.decisions import cell_of, decide
+
+    try:
+        frame = load_runs(results_dir, Filters(sweep_id=sweep_id))
+    except TroughputError:
+        return {}, {}
+    cells = {_without_round(str(row["command"])): tuple(row[c] for c in CELL) for row in frame.to_dict("records")}
+    return {cell_of(d): d for d in decide(frame, group_configs(frame, n_boot=200), min_effect=min_effect)}, cells
+
+
+def _without_round(command: str) -> str:
+    return " ".join(part for part in command.split() if not part.startswith(ROUND))
+
+
+class RoundsCallback(Callback):
+    """Collects the multirun's jobs; at its end adds rounds while ``run.rounds=auto`` (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+
+    def on_job_end(self, config: DictConfig, job_return: Any, **kwargs: Any) -> None:
+        if config.run.get("rounds") == AUTO:
+            self.jobs.append(Job(copy.deepcopy(config), list(job_return.overrides or [])))
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        if not wants_rounds(config):
+            return
+        if not self.jobs:
+            print("rounds: run.rounds=auto needs a launcher that runs jobs in this process (the default one); "
+                  "no rounds added", flush=True)
+            return
+        from harness.runner import execute
+        from harness.spec import build_spec
+
+        until_decided(self.jobs, Path(config.run.results_dir), str(config.hydra.sweep.dir),
+                      int(config.run.max_rounds), float(config.run.min_effect),
+                      lambda cfg: execute(build_spec(cfg), progress=bool(cfg.run.progress)))
