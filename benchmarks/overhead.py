@@ -8,7 +8,19 @@ order, one troughput run (``harness.runner.execute``: its own worker process, wa
 pass) and one ``vllm bench throughput`` in a fresh subprocess of the engine's interpreter, with
 the same environment variables (``spec.env``) and the same engine knobs (``spec.knobs``, passed as
 ``--kebab-case`` flags and checked against the parsed arguments). Each round prints both output
-tok/s and troughput/vLLM; the end prints the median ratio and its range. Always exits 0.
+tok/s and troughput/vLLM; the end prints the verdict of ``harness.verdict`` on the two sides'
+per-round rates (ratio and interval; "equivalent" means the harness costs less than the
+minimum effect). Exits 1 when a check below failed in any round (that round is not counted).
+
+Checks, per round, on what actually ran (``check_greedy``, ``check_same_tokens``):
+- greedy: the child records every request vLLM's engine received (a wrapper on
+  ``llm.llm_engine.add_request``, below the bench and below the greedy patch) with its
+  sampling type and temperature; the timed pass must have sent exactly the workload's
+  requests, all ``GREEDY`` at temperature 0. A vLLM whose bench builds its parameters
+  elsewhere, or a patch that stops applying, fails here.
+- same outputs: troughput's run saves its generated token ids (``run.save_outputs``) and
+  the child saves those of vLLM's timed pass (its ``RequestOutput``s, in request order);
+  every request must have the same token ids on both sides.
 
 Like for like: both sides send the same requests (token ids, output lengths, order), warm up on
 the same first ``run.warmup_requests`` requests and reset the prefix cache after warm-up, and
@@ -79,7 +91,7 @@ def run_vllm_bench(spec: Any, requests: list[Any], work: Path, tag: str) -> tupl
             "--num-warmups", str(spec.warmup_requests), "--disable-detokenize", "--output-json", str(output_json),
             *(["--load-format", "dummy"] if spec.model.get("dummy_weights") else []), *_knob_flags(spec.knobs)]
     job = work / f"{tag}.job.json"
-    job.write_text(json.dumps({"argv": argv, "knobs": spec.knobs,
+    job.write_text(json.dumps({"argv": argv, "knobs": spec.knobs, "record": str(work / f"{tag}.ran.jsonl"),
                                "requests": [[r.prompt_token_ids, r.max_tokens] for r in requests]}))
     env = {**os.environ, **{k: str(v) for k, v in spec.env.items()}}
     try:
@@ -96,15 +108,55 @@ def run_vllm_bench(spec: Any, requests: list[Any], work: Path, tag: str) -> tupl
     return output_tokens / json.loads(output_json.read_text())["elapsed_time"], output_tokens, ""
 
 
-def run_troughput(spec: Any, round_index: int) -> tuple[float | None, int, str]:
-    """One harness run (worker process, warm-up, timed pass); (output tok/s or None, output tokens, note)."""
+def run_troughput(spec: Any, round_index: int) -> tuple[float | None, int, str, dict[str, list[int]]]:
+    """One harness run (worker process, warm-up, timed pass, outputs saved); (output tok/s or None, output
+    tokens, note, token ids per request id)."""
     from harness.runner import execute
 
     spec.labels["overhead_round"] = round_index
+    spec.save_outputs = True
     row = execute(spec, progress=False)
     if row["status"] != "ok":
-        return None, 0, f"{row['status']}: {row['error']} (log {row['log_path']})"
-    return float(row["output_tok_s"]), int(row["output_tokens"]), ""
+        return None, 0, f"{row['status']}: {row['error']} (log {row['log_path']})", {}
+    saved = Path(spec.results_dir) / "outputs" / f"{row['run_id']}.jsonl"
+    tokens = {r["id"]: r["output_token_ids"] for r in map(json.loads, saved.read_text().splitlines())}
+    return float(row["output_tok_s"]), int(row["output_tokens"]), "", tokens
+
+
+def read_ran(path: Path) -> list[dict[str, Any]]:
+    """The passes the child recorded: per ``_run_vllm_requests`` call, the engine's requests and the outputs."""
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def check_greedy(passes: list[dict[str, Any]], expected: int) -> list[str]:
+    """Problems with what vLLM's engine received: any request of any pass (warm-up too) not greedy, or a
+    timed (last) pass that is not the workload's request count."""
+    if not passes:
+        return ["vllm bench recorded no pass: the recording wrapper did not run"]
+    timed = passes[-1]["engine_requests"]
+    problems = [] if len(timed) == expected else [f"vllm's engine received {len(timed)} requests in the timed "
+                                                  f"pass, the workload has {expected}"]
+    ran = [r for p in passes for r in p["engine_requests"]]
+    hot = [r for r in ran if r["sampling_type"] != "GREEDY" or r["temperature"] != 0.0]
+    if hot:
+        problems.append(f"{len(hot)} of {len(ran)} requests vllm's engine ran were not greedy, e.g. {hot[0]}")
+    return problems
+
+
+def check_same_tokens(ours: dict[str, list[int]], theirs: list[list[int]], request_ids: list[str]) -> list[str]:
+    """Problems where troughput's and vLLM's token ids differ; ``theirs`` is in ``request_ids`` order."""
+    if len(theirs) != len(request_ids):
+        return [f"vllm bench returned {len(theirs)} outputs for {len(request_ids)} requests"]
+    missing = [rid for rid in request_ids if rid not in ours]
+    differ = [rid for rid, ids in zip(request_ids, theirs) if rid in ours and ours[rid] != ids]
+    problems = [f"troughput saved no output for {len(missing)} request(s), e.g. {missing[0]}"] if missing else []
+    if differ:
+        first = differ[0]
+        where = next((i for i, (x, y) in enumerate(zip(ours[first], theirs[request_ids.index(first)])) if x != y),
+                     min(len(ours[first]), len(theirs[request_ids.index(first)])))
+        problems.append(f"{len(differ)} of {len(request_ids)} requests have different token ids, e.g. {first} "
+                        f"from token {where}")
+    return problems
 
 
 def greedy_generate(llm: Any) -> None:
@@ -129,6 +181,22 @@ def greedy_generate(llm: Any) -> None:
 
     llm.generate = generate_greedily
     llm._troughput_greedy = True
+
+
+def record_engine_requests(llm: Any, into: list[dict[str, Any]]) -> None:
+    """Append each request ``llm``'s engine receives (its sampling type and temperature) to ``into``."""
+    engine = llm.llm_engine
+    if getattr(engine, "_troughput_recorded", False):
+        return
+    add_request = engine.add_request
+
+    def recorded(request_id: Any, prompt: Any, params: Any, *args: Any, **kwargs: Any) -> Any:
+        into.append({"id": str(request_id), "sampling_type": getattr(params.sampling_type, "name", "?"),
+                     "temperature": params.temperature})
+        return add_request(request_id, prompt, params, *args, **kwargs)
+
+    engine.add_request = recorded
+    engine._troughput_recorded = True
 
 
 def _child(job_path: str) -> None:
@@ -160,11 +228,18 @@ def _child(job_path: str) -> None:
         return samples[: args.num_prompts]
 
     run_requests = bench._run_vllm_requests
+    received: list[dict[str, Any]] = []
 
     def run_then_reset(llm: Any, *args: Any, **kwargs: Any) -> Any:
         greedy_generate(llm)
+        record_engine_requests(llm, received)
+        received.clear()
         result = run_requests(llm, *args, **kwargs)
         llm.reset_prefix_cache()
+        outputs = result[1] if isinstance(result, tuple) and len(result) > 1 and result[1] else []
+        with open(job["record"], "a") as f:
+            f.write(json.dumps({"engine_requests": received,
+                                "output_token_ids": [list(o.outputs[0].token_ids) for o in outputs]}) + "\n")
         return result
 
     bench.get_requests = get_requests
@@ -199,28 +274,49 @@ def main() -> None:
           f"{sum(r.max_tokens for r in requests)} output tokens), warm-up {spec.warmup_requests}, "
           f"knobs {spec.knobs}, env {spec.env}; rows and logs in {spec.results_dir}", flush=True)
 
-    ratios: list[float] = []
+    from harness.verdict import compare
+
+    rates: dict[str, list[float]] = {"troughput": [], "vllm": []}
+    failed_checks = 0
     bench_dir = Path(spec.results_dir) / "vllm_bench"  # its jobs, logs and JSON, beside troughput's logs
     bench_dir.mkdir(parents=True, exist_ok=True)
+    request_ids = [r.id for r in requests]
     for i in range(args.rounds):
         order = ["troughput", "vllm"] if i % 2 == 0 else ["vllm", "troughput"]
-        got: dict[str, tuple[float | None, int, str]] = {}
+        ours, our_tokens, our_note, our_ids = None, 0, "", {}
+        theirs, their_tokens, their_note = None, 0, ""
         for side in order:
-            got[side] = (run_troughput(spec, i + 1) if side == "troughput"
-                         else run_vllm_bench(spec, requests, bench_dir, f"round{i + 1}"))
-        (ours, our_tokens, our_note), (theirs, their_tokens, their_note) = got["troughput"], got["vllm"]
+            if side == "troughput":
+                ours, our_tokens, our_note, our_ids = run_troughput(spec, i + 1)
+            else:
+                theirs, their_tokens, their_note = run_vllm_bench(spec, requests, bench_dir, f"round{i + 1}")
         line = f"round {i + 1}/{args.rounds} ({order[0]} first): "
         if ours is None or theirs is None:
             print(line + "FAILED " + "; ".join(filter(None, [our_note, their_note])), flush=True)
             continue
-        ratios.append(ours / theirs)
+        ran = read_ran(bench_dir / f"round{i + 1}.ran.jsonl")
+        problems = check_greedy(ran, len(requests))
+        problems += check_same_tokens(our_ids, ran[-1]["output_token_ids"] if ran else [], request_ids)
+        if problems:
+            failed_checks += 1
+            print(line + "CHECK FAILED (round not counted): " + "; ".join(problems), flush=True)
+            continue
+        rates["troughput"].append(ours)
+        rates["vllm"].append(theirs)
         print(line + f"troughput {ours:8.1f} tok/s ({our_tokens} tok)  vllm bench {theirs:8.1f} tok/s "
-                     f"({their_tokens} tok)  ratio {ratios[-1]:.3f}", flush=True)
-    if ratios:
+                     f"({their_tokens} tok)  ratio {ours / theirs:.3f}; greedy and identical token ids "
+                     f"for all {len(request_ids)} requests", flush=True)
+    if rates["troughput"]:
+        ratios = [a / b for a, b in zip(rates["troughput"], rates["vllm"])]
+        verdict = compare(rates["troughput"], rates["vllm"])
         print(f"median ratio troughput/vllm-bench {statistics.median(ratios):.3f} "
               f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} rounds)")
+        print(f"verdict (docs/verdicts.md), troughput ÷ vllm bench: {verdict.verdict}: {verdict.reason}")
     else:
         print("no round completed on both sides")
+    if failed_checks:
+        print(f"{failed_checks} round(s) failed a check: the two sides did not run the same greedy work")
+        sys.exit(1)
 
 
 if __name__ == "__main__":

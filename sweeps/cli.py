@@ -71,7 +71,7 @@ def tune(cfg: DictConfig) -> dict:
             return summary | {"chosen": None}
         runs = len(result["measured"][result["best"]]), len(result["measured"]["default"])
         confirmed = (f"{result['best']} ÷ default {objective.name}: {verdict.interval_text()} "
-                     f"({runs[0]} vs {runs[1]} runs): {verdict.verdict}")
+                     f"({runs[0]} vs {runs[1]} runs): {verdict.verdict}{' for the default' * (verdict.winner == 'b')}")
         if result["winner"] is None:
             print(f"no candidate beat the default config by the rule (docs/verdicts.md): {confirmed}; "
                   f"{verdict.reason}. Keeping the default on this cell: no tuned config written")

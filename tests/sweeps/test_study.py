@@ -51,7 +51,7 @@ def run_tune(tmp_path: Path, *args: str) -> subprocess.Popen:
 def test_every_trial_is_a_row_and_memory_failures_cap_later_proposals(tmp_path, capsys):
     from sweeps.cli import tune
 
-    summary = tune(compose(*settings(tmp_path, 10, **{"tune.confirm_rounds": 1}), config_name="tuning"))
+    summary = tune(compose(*settings(tmp_path, 10, **{"tune.confirm_rounds": 3}), config_name="tuning"))
     study = load(tmp_path)
     trials = study.get_trials()
     assert len(trials) == 10 and summary["finished"] == 10
@@ -74,15 +74,42 @@ def test_every_trial_is_a_row_and_memory_failures_cap_later_proposals(tmp_path, 
     assert summary["best"][0].state == optuna.trial.TrialState.COMPLETE
     tuned = (tmp_path / "results" / "tuned" / "engine" / f"{study.study_name}.yaml").read_text()
     assert "max_num_seqs" in tuned and f"trial {summary['chosen'].number}," in tuned
-    assert "# confirmed side by side: " in tuned, "the confirmation winner's file says its measured gain"
+    assert "# confirmed side by side: " in tuned and "clear winner" in tuned, "the file says its verdict"
     confirmed = summary["confirm"]
-    assert confirmed["ratio"] is not None and summary["chosen"] is confirmed["winner"]
+    assert confirmed["ratio"] > 1 and summary["chosen"] is confirmed["winner"]
+    assert confirmed["verdicts"][f"trial {summary['chosen'].number}"].verdict == "clear winner"
     completed = sorted((t for t in trials if t.state == optuna.trial.TrialState.COMPLETE and t.params),
                        key=lambda t: -t.values[0])
     assert set(confirmed["measured"]) == {"default"} | {f"trial {t.number}" for t in completed[:2]}, "the top 2"
-    assert all(len(v) == 1 for v in confirmed["measured"].values()), "one round: each config once"
+    assert all(len(v) == 3 for v in confirmed["measured"].values()), "three rounds: each config thrice"
     assert f"measured gain of the best config (trial {summary['chosen'].number}) over the default" in \
         capsys.readouterr().out
+
+
+# Every config runs one step of step_s on 4 requests: no knob value here changes the speed.
+FLAT_SPACE = """
+space:
+  params:
+    engine.knobs.max_num_seqs: {type: categorical, choices: [16, 32]}
+seeds: []
+"""
+
+
+def test_when_no_trial_beats_the_default_the_default_is_kept_and_the_interval_printed(tmp_path, capsys):
+    from sweeps.cli import tune
+
+    (tmp_path / "searchpath" / "tune").mkdir(parents=True)
+    (tmp_path / "searchpath" / "tune" / "flat.yaml").write_text(FLAT_SPACE)
+    overrides = [o.replace("tune=fake", "tune=flat").replace("workload.num_requests=16", "workload.num_requests=4")
+                 for o in settings(tmp_path, 2, step_s=0.1, **{"tune.confirm_rounds": 3, "tune.sampler": "grid"})]
+    summary = tune(compose(*overrides, config_name="tuning"))
+    out = capsys.readouterr().out
+    assert summary["chosen"] is None and summary["confirm"]["winner"] is None
+    verdict = summary["confirm"]["verdict"]
+    assert verdict.verdict != "clear winner" and verdict.n_a == verdict.n_b == 3
+    assert "no candidate beat the default config by the rule" in out and verdict.interval_text() in out
+    assert "no tuned config written" in out
+    assert not (tmp_path / "results" / "tuned").exists()
 
 
 def test_low_fidelity_first_prunes_clearly_worse_trials(tmp_path):

@@ -1,0 +1,80 @@
+"""benchmarks/overhead.py can fail: its checks on what vLLM's engine received and on both sides' token ids."""
+
+import json
+
+import pytest
+
+from benchmarks.overhead import check_greedy, check_same_tokens, greedy_generate, read_ran, record_engine_requests
+
+GREEDY = {"id": "0", "sampling_type": "GREEDY", "temperature": 0.0}
+
+
+def test_greedy_check_passes_on_greedy_requests_and_fails_otherwise():
+    assert check_greedy([{"engine_requests": [GREEDY, GREEDY], "output_token_ids": []}], 2) == []
+    hot = {"id": "1", "sampling_type": "RANDOM", "temperature": 1.0}
+    [problem] = check_greedy([{"engine_requests": [GREEDY, hot], "output_token_ids": []}], 2)
+    assert "1 of 2 requests" in problem and "not greedy" in problem
+    assert "received 1 requests" in check_greedy([{"engine_requests": [GREEDY], "output_token_ids": []}], 2)[0]
+    assert "no pass" in check_greedy([], 2)[0], "nothing recorded means the wrapper never ran: a failure"
+    warmup_then_timed = [{"engine_requests": [GREEDY], "output_token_ids": []},
+                         {"engine_requests": [GREEDY] * 3, "output_token_ids": []}]
+    assert check_greedy(warmup_then_timed, 3) == [], "the count is the timed (last) pass's"
+    hot_warmup = [{"engine_requests": [hot], "output_token_ids": []}, *warmup_then_timed[1:]]
+    assert "1 of 4 requests" in check_greedy(hot_warmup, 3)[0], "a hot warm-up is caught too"
+
+
+def test_token_check_compares_every_request_in_order():
+    ours = {"a": [1, 2, 3], "b": [4, 5]}
+    assert check_same_tokens(ours, [[1, 2, 3], [4, 5]], ["a", "b"]) == []
+    [problem] = check_same_tokens(ours, [[1, 2, 3], [4, 6]], ["a", "b"])
+    assert "1 of 2 requests have different token ids, e.g. b from token 1" in problem
+    [swapped] = check_same_tokens(ours, [[4, 5], [1, 2, 3]], ["a", "b"])
+    assert "2 of 2" in swapped, "outputs are matched by position in the request order"
+    assert "saved no output" in check_same_tokens({"a": [1, 2, 3]}, [[1, 2, 3], [4, 5]], ["a", "b"])[0]
+    assert "returned 1 outputs" in check_same_tokens(ours, [[1, 2, 3]], ["a", "b"])[0]
+
+
+class FakeEngine:
+    def __init__(self):
+        self.added = []
+
+    def add_request(self, request_id, prompt, params, **kwargs):
+        self.added.append(params)
+
+
+class FakeLLM:
+    """vLLM's ``LLM.generate`` shape: every prompt's params go to ``llm_engine.add_request``."""
+
+    def __init__(self):
+        self.llm_engine = FakeEngine()
+
+    def generate(self, prompts, sampling_params=None, **kwargs):
+        many = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
+        for i, (prompt, params) in enumerate(zip(prompts, many)):
+            self.llm_engine.add_request(str(i), prompt, params)
+        return []
+
+
+def test_the_greedy_patch_is_seen_by_the_engine_and_its_absence_is_caught():
+    sampling = pytest.importorskip("vllm.sampling_params")
+    bench_params = [sampling.SamplingParams(n=1, temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=8)
+                    for _ in range(3)]   # what vllm bench throughput builds
+
+    unpatched, seen = FakeLLM(), []
+    record_engine_requests(unpatched, seen)
+    unpatched.generate(["p"] * 3, bench_params)
+    assert "3 of 3 requests" in check_greedy([{"engine_requests": seen}], 3)[0]
+
+    patched, seen = FakeLLM(), []
+    greedy_generate(patched)
+    record_engine_requests(patched, seen)
+    patched.generate(["p"] * 3, bench_params)
+    assert check_greedy([{"engine_requests": seen}], 3) == []
+    assert all(p.temperature == 0.0 and p.max_tokens == 8 and p.ignore_eos for p in patched.llm_engine.added)
+
+
+def test_recorded_passes_read_back(tmp_path):
+    path = tmp_path / "round1.ran.jsonl"
+    assert read_ran(path) == []
+    path.write_text(json.dumps({"engine_requests": [GREEDY], "output_token_ids": [[1]]}) + "\n")
+    assert read_ran(path)[0]["output_token_ids"] == [[1]]
