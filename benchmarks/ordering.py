@@ -131,9 +131,14 @@ def print_table(policies: list[str], baselines: list[str], runs: dict[str, list[
               f"{statistics.median(s['hit_rate'] for s in ok):9.3f} {ok[0]['ideal']:7.3f} "
               f"{statistics.median(s['preemptions'] or 0 for s in ok):8.0f} "
               f"{statistics.median(s['tok_s'] for s in ok):10.1f}{cells}")
+    from harness.verdict import compare
+
     for (name, base), values in ratios.items():
         if values and name != base:
             print(f"{name}/{base} per round: " + " ".join(f"{v:.3f}" for v in values))
+            ours, theirs = ([s["tok_s"] for s in runs[n] if s["ok"]] for n in (name, base))
+            verdict = compare(ours, theirs)
+            print(f"  verdict (docs/verdicts.md), {name} ÷ {base}: {verdict.verdict}: {verdict.reason}")
 
 
 if __name__ == "__main__":
