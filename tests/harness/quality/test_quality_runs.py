@@ -7,7 +7,7 @@ from harness.runner import execute
 from harness.spec import build_spec
 from tests.conftest import compose
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 
 def run(tmp_path, *overrides):
