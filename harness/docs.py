@@ -39,8 +39,9 @@ def embed_knob_table(page: str, source: str = "docs/knobs.md") -> str:
 def missing_references(path: Path, root: Path = ROOT) -> list[str]:
     """``file:line: what`` for each repository path or relative link in ``path`` that does not exist.
 
-    Links are resolved from the file's folder; links to a web address or to an anchor of the same
-    page are left to MkDocs (which also checks every link between pages of ``docs/``).
+    Links are resolved from the file's folder, with their anchor where they name a Markdown page;
+    links to a web address or to an anchor of the same page are left to MkDocs (which also checks
+    every link between pages of ``docs/``).
     """
     problems = []
     for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
@@ -54,7 +55,20 @@ def missing_references(path: Path, root: Path = ROOT) -> list[str]:
                 continue
             if not (path.parent / target).exists():
                 problems.append(f"{path.relative_to(root)}:{number}: links to {target}, which does not exist")
+            elif "#" in match.group(1) and target.endswith(".md"):
+                anchor = match.group(1).split("#", 1)[1]
+                if anchor not in heading_anchors(path.parent / target):
+                    problems.append(f"{path.relative_to(root)}:{number}: links to {target}#{anchor}, "
+                                    f"a heading that does not exist")
     return problems
+
+
+def heading_anchors(page: Path) -> set[str]:
+    """The anchors MkDocs gives the headings of ``page`` (Python-Markdown's ``toc`` slugs)."""
+    from markdown.extensions.toc import slugify  # MkDocs' own dependency: the test extra installs it
+
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    return {slugify(re.sub(r"[`*]", "", m.group(1)), "-") for m in re.finditer(r"^#{1,6} +(.+?) *$", text, re.M)}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -52,13 +52,15 @@ def test_pages_and_the_readme_name_only_files_that_exist():
 def test_missing_references_names_the_file_and_line(tmp_path):
     (tmp_path / "harness").mkdir()
     (tmp_path / "harness" / "real.py").write_text("")
-    (tmp_path / "there.md").write_text("")
+    (tmp_path / "there.md").write_text("# There\n\n## A `code` heading\n")
     page = tmp_path / "page.md"
-    page.write_text("`harness/real.py` and [ok](there.md), vllm's `vllm/benchmarks/gone.py`\n"
-                    "`harness/gone.py` and [bad](missing.md#x), [web](https://example.com), `engines/<name>.py`\n")
+    page.write_text("`harness/real.py` and [ok](there.md#a-code-heading), vllm's `vllm/benchmarks/gone.py`\n"
+                    "`harness/gone.py` and [bad](missing.md#x), [web](https://example.com), `engines/<name>.py`\n"
+                    "[no such heading](there.md#elsewhere)\n")
     assert missing_references(page, root=tmp_path) == [
         "page.md:2: names harness/gone.py, which does not exist",
-        "page.md:2: links to missing.md, which does not exist"]
+        "page.md:2: links to missing.md, which does not exist",
+        "page.md:3: links to there.md#elsewhere, a heading that does not exist"]
 
 
 def test_the_readme_stays_short():
