@@ -6,7 +6,7 @@ where it lands in one engine's arguments (vLLM ``max_num_seqs``, SGLang
 engine's unit (``UNIT.knobs`` in its adapter module, see ``engines.unit``).
 ``to_native`` maps a knob set that mixes canonical and native names into the engine's
 own (nested) arguments, ``canonical_view`` reads them back for the results row, and
-``knob_table_markdown`` renders the table, one column per registered engine, for the README.
+``knob_table_markdown`` renders the table, one column per registered engine, for docs/knobs.md.
 
 Standard library only: the worker side imports this module too.
 """
@@ -29,7 +29,7 @@ class NativeMapping:
     Args:
         targets: dotted native names written (``kv_cache_config.free_gpu_memory_fraction``);
             the first one is read back by ``canonical_view``.
-        note: how the value is transformed, for the README table.
+        note: how the value is transformed, for the knob table in docs/knobs.md.
         forward: canonical value -> ``{dotted native name: value}``; default: the value under every target.
         backward: flat native knobs -> canonical value or ``UNSET``; default: the first target's value
             (a mapping when it was given as one).
@@ -273,7 +273,7 @@ def canonical_view(engine: str, native: dict[str, Any]) -> dict[str, Any]:
 
 
 def knob_table_markdown() -> str:
-    """The canonical knob table as Markdown, one row per knob and one column per engine unit (README)."""
+    """The canonical knob table as Markdown, one row per knob and one column per engine unit (docs/knobs.md)."""
     from engines import units
 
     engines = units()

@@ -79,7 +79,7 @@ def make_sampler(cfg: DictConfig) -> optuna.samplers.BaseSampler:
     (default, Optuna's own; seed trials count among them, as every completed trial does) or
     ``sobol`` (a scrambled Sobol sequence, ``sweeps.samplers.SobolStart``, which needs SciPy;
     seed trials apart). ``tune.multivariate`` (default) models the params jointly.
-    ``benchmarks/search_efficiency.py`` measures the choices (README, "Does the search pay?").
+    ``benchmarks/search_efficiency.py`` measures the choices (docs/benchmarks.md, "Does the search pay?").
     """
     name, seed = cfg.tune.sampler, cfg.tune.seed
     if name == "tpe":

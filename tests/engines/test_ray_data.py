@@ -8,14 +8,8 @@ Ray the adapter starts itself, whose engine replica is killed mid-job.
 from __future__ import annotations
 
 import os
-import secrets
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
-import time
-from pathlib import Path
 
 import pytest
 
@@ -27,7 +21,6 @@ from harness.runner import execute
 from harness.spec import build_spec, layered_knobs
 from tests.conftest import compose
 
-RAY = Path(sys.executable).with_name("ray")
 FIXED = ["workload=unique", "workload.num_requests=16", "workload.input_len=48",
          "workload.output_len=8", "run.warmup_requests=0", "run.progress=false", "run.time_limit_s=300"]
 
@@ -43,6 +36,8 @@ def engine(tiny, **knobs) -> RayDataEngine:
     return RayDataEngine(model, {**base, **knobs, "engine_kwargs": {**base["engine_kwargs"], **knobs.pop("engine_kwargs", {})}})
 
 
+@pytest.mark.engine   # checks the knobs against the installed Ray and vLLM: imports both here
+@pytest.mark.xdist_group("ray")
 def test_knobs_are_checked_against_ray_and_vllm_before_anything_starts(tiny):
     with pytest.raises(KnobError, match=r"unknown Ray Data LLM knob.*batch_sise.*batch_size\?"):
         engine(tiny, batch_sise=8).validate()
@@ -77,76 +72,10 @@ def test_every_row_of_the_dataset_has_the_same_sampling_keys():
     assert json["sampling_params"]["structured_outputs"]["json"] == '{"type": "object"}', "a schema travels as text"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def ray_head():
-    """``ray start --head`` as its own process group with its own temp dir (so no other ``ray.init`` on this
-    host finds it), joined as 127.0.0.1:<port> (Ray maps a loopback address to this node's IP); killed afterwards."""
-    port = _free_port()
-    temp = tempfile.mkdtemp(prefix="trh", dir="/tmp")   # short: Ray's socket paths live under it
-    log = open(Path(temp) / "head.log", "w")
-    token = Path(temp) / "token"   # the head's own auth token (ray 2.60 heads use token auth), given to the driver
-    token.write_text(secrets.token_hex(32))
-    auth = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)}
-    head = subprocess.Popen(
-        [str(RAY), "start", "--head", "--block", f"--port={port}", "--num-cpus=4",
-         "--num-gpus=0", f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats",
-         f"--ray-client-server-port={_free_port()}", f"--dashboard-agent-listen-port={_free_port()}"],
-        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **auth},
-        preexec_fn=_die_with_parent)
-    deadline = time.monotonic() + 120
-    while "Ray runtime started" not in (Path(temp) / "head.log").read_text():
-        assert head.poll() is None and time.monotonic() < deadline, (Path(temp) / "head.log").read_text()[-3000:]
-        time.sleep(0.5)
-    yield f"127.0.0.1:{port}", str(token)
-    os.killpg(head.pid, signal.SIGTERM)
-    try:
-        head.wait(timeout=5)
-    except subprocess.TimeoutExpired:   # it drains for up to 30 s first
-        pass
-    _kill_group(head.pid)
-    assert not _group_alive(head.pid), "the Ray head left processes behind"
-
-
-def _die_with_parent() -> None:
-    """SIGTERM to the head when pytest itself is killed (no teardown runs then); it stops its processes."""
-    import ctypes
-
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-
-
-def _kill_group(pgid: int) -> None:
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    time.sleep(1)
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    return any(os.getpgid(int(p.name)) == pgid for p in Path("/proc").iterdir() if p.name.isdigit()
-               and _state(p) not in ("Z", None))
-
-
-def _state(proc: Path) -> str | None:
-    try:
-        return (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
 @pytest.mark.engine
+@pytest.mark.xdist_group("ray")
 def test_a_run_joins_a_separately_started_ray_head_by_address(tmp_path, ray_head):
-    address, token = ray_head
+    address, token = ray_head.address, ray_head.token_path
     cfg = compose("engine=ray", *FIXED, f"engine.address={address}", "engine.knobs.batch_size=4",
                   f"+engine.env.RAY_AUTH_TOKEN_PATH={token}", f"run.results_dir={tmp_path}")
     row = execute(build_spec(cfg), progress=False)
@@ -172,8 +101,11 @@ def _engine_actor_pids() -> list[int]:
 
 
 @pytest.mark.engine
-def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(tiny):
-    ray_engine = engine(tiny, batch_size=4, max_concurrent_batches=1, num_cpus=4)
+@pytest.mark.xdist_group("ray")
+def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(tiny, ray_head, monkeypatch):
+    for name, value in ray_head.driver_env.items():
+        monkeypatch.setenv(name, value)
+    ray_engine = engine(tiny, batch_size=4, max_concurrent_batches=1, address=ray_head.address)
     requests = [Request(f"r{i}", [5 + i, 6, 7, 8] * 8, 8) for i in range(40)]
     ray_engine.validate()
     ray_engine.start()

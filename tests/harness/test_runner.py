@@ -51,17 +51,16 @@ def test_failures_become_rows_with_their_reason(tmp_path, knobs, status, phase, 
 
 
 def test_time_limit_kills_the_worker_and_says_where(tmp_path):
-    row = run(tmp_path, knobs={"sleep_s": 60}, time_limit_s=8, warmup_requests=0)
+    # The scripted sleep outlasts the test's own timeout: only the runner's kill lets this test finish.
+    row = run(tmp_path, knobs={"sleep_s": 3600}, time_limit_s=4, warmup_requests=0)
     assert row["status"] == "timeout" and row["failed_phase"] == "pass 1"
-    assert "time limit of 8 s exceeded during pass 1" in row["error"]
-    assert row["run_seconds"] < 30
+    assert "time limit of 4 s exceeded during pass 1" in row["error"]
 
 
 def test_memory_limit_kills_the_worker_and_says_oom(tmp_path):
-    row = run(tmp_path, knobs={"hold_mb": 600, "sleep_s": 30}, memory_limit_bytes=400 << 20, warmup_requests=0)
+    row = run(tmp_path, knobs={"hold_mb": 600, "sleep_s": 3600}, memory_limit_bytes=400 << 20, warmup_requests=0)
     assert row["status"] == "oom" and row["failed_phase"] == "pass 1"
     assert "memory limit of 419,430,400 bytes exceeded during pass 1" in row["error"]
-    assert row["run_seconds"] < 25
 
 
 def test_a_roomy_memory_limit_changes_nothing(tmp_path):

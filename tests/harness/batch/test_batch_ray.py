@@ -21,7 +21,8 @@ from tests.harness.batch.conftest import numbered, read_jsonl, troughput_batch
 RAY = Path(sys.executable).with_name("ray")
 # A private test cluster: no token shared through ~/.ray with other clusters on this host.
 ENV = {**os.environ, "PYTHONPATH": str(ROOT), "RAY_AUTH_MODE": "disabled"}
-pytestmark = pytest.mark.skipif(not RAY.exists(), reason="ray is not installed (the ray extra)")
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("ray"),
+              pytest.mark.skipif(not RAY.exists(), reason="ray is not installed (the ray extra)")]
 
 
 def _free_port() -> int:

@@ -7,7 +7,7 @@ from harness.runner import execute
 from harness.spec import build_spec
 from tests.conftest import compose
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
 
 
 def run(tmp_path, *overrides):
@@ -30,6 +30,7 @@ def test_an_engine_without_structured_outputs_gives_an_invalid_row_saying_so(tmp
 
 
 def test_agreement_with_the_default_config_is_computed_once_and_reused(tmp_path):
+    """Also: rows record the dtype vLLM ran, not the one asked for (this test's two rows serve that check)."""
     same = run(tmp_path, "workload=unique", "workload.num_requests=16", "quality.reference=default",
                "engine.canonical.kv_cache_dtype=auto")
     assert same["status"] == "ok", same["error"]
@@ -39,6 +40,8 @@ def test_agreement_with_the_default_config_is_computed_once_and_reused(tmp_path)
                 "+engine.knobs.dtype=float32")
     assert other["status"] == "ok", other["error"]
     assert other["quality.reference"] == same["quality.reference"] and "quality.reference_run" not in other
+    assert same["engine_info.dtype"] == "bfloat16", "dtype=auto downcasts the float32 tiny model on CPU"
+    assert other["engine_info.dtype"] == "float32"
     assert other["quality.compared"] == 16 and other["quality.identical"] < 16, "float32 numerics differ from bf16"
     assert 0 < other["quality.token_agreement"] < 1
     references = [r for r in read_rows(tmp_path) if r.get("quality_role") == "reference"]
