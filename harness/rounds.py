@@ -26,6 +26,9 @@ from typing import Any, Callable
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from harness.errors import TroughputError
+from harness.verdict import DECIDED
+
 AUTO = "auto"
 ROUND = "run.round="
 
@@ -36,7 +39,6 @@ def wants_rounds(cfg: DictConfig) -> bool:
     if value is None:
         return False
     if value != AUTO:
-        from harness.errors import TroughputError
         raise TroughputError(f"run.rounds={value!r}: use auto (add rounds until the verdict is decided) or null; "
                              f"for a fixed count use -m run.round=1,2,3")
     return True
@@ -79,8 +81,11 @@ def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds:
         unique.setdefault(job.key, job)
     done_round = max((job.round for job in jobs), default=0)
     decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect)
+    decided_at: dict[tuple, int] = {}
     while True:
-        open_cells = {cell for cell, d in decisions.items() if d["verdict"] not in _decided()}
+        decided_at |= {cell: done_round for cell, d in decisions.items() if d["verdict"] in DECIDED
+                       and cell not in decided_at}
+        open_cells = {cell for cell, d in decisions.items() if cell not in decided_at and _can_decide(d)}
         if not open_cells or done_round >= max_rounds:
             break
         done_round += 1
@@ -91,22 +96,22 @@ def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds:
         for job in todo[shift:] + todo[:shift]:
             run_one(job.config_for(done_round, sweep_id))
         decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect)
-    for d in decisions.values():
-        state = (f"decided after {done_round} round(s)" if d["verdict"] in _decided()
+    for cell, d in decisions.items():
+        state = (f"decided after {decided_at[cell]} round(s)" if cell in decided_at
+                 else "nothing to compare" if not _can_decide(d)
                  else f"cap of {max_rounds} rounds reached, undecided")
         say(f"rounds: {d['workload']} ({d['model']}, {d['hardware']}, host {d['host_id']}): {state}: "
             f"{d['verdict']}; {d.get('reason', '')}")
     return decisions
 
 
-def _decided() -> tuple[str, ...]:
-    from harness.verdict import DECIDED
-    return DECIDED
+def _can_decide(decision: dict) -> bool:
+    """Whether more rounds could decide this cell (not with one config only)."""
+    return "no runner-up" not in decision.get("flags", [])
 
 
 def _decisions(results_dir: Path, sweep_id: str, min_effect: float) -> tuple[dict[tuple, dict], dict[str, tuple]]:
     """This multirun's decision per cell by the report's rule (nothing recorded), and each command's cell."""
-    from harness.errors import TroughputError
     from harness.report.data import CELL, Filters, group_configs, load_runs
     from harness.report.decisions import cell_of, decide
 

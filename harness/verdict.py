@@ -67,9 +67,11 @@ class Verdict:
         return self.verdict in DECIDED
 
     def interval_text(self) -> str:
-        """``1.127x [1.026, 1.536]`` or ``-`` without an estimate."""
+        """``1.127x [1.026, 1.536]``, ``1.127x (no interval)`` with too few runs, ``-`` without an estimate."""
         if self.ratio is None:
             return "-"
+        if self.low is None or self.high is None:
+            return f"{self.ratio:.3f}x (no interval)"
         return f"{self.ratio:.3f}x [{self.low:.3f}, {self.high:.3f}]"
 
 

@@ -32,7 +32,8 @@ def test_welch_interval_of_the_log_ratio_by_hand():
 
 
 def test_the_four_verdicts():
-    assert compare([100, 101], [100, 100, 100]).verdict == INSUFFICIENT
+    few = compare([100, 101], [100, 100, 100])
+    assert few.verdict == INSUFFICIENT and few.interval_text() == "1.005x (no interval)" and "2 and 3" in few.reason
     assert compare([100, 100.1, 99.9], [100, 100.2, 99.8]).verdict == EQUIVALENT
     close = compare([100, 130, 90], [100, 95, 105])
     assert close.verdict == CLOSE and (close.rounds_needed is None or close.rounds_needed > 3)
