@@ -4,6 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from harness.batch.plan import Plan
+from harness.batch.ray_job import engine_resources, run_ray, settings
+from harness.batch.shards import Index
+from harness.batch.state import JobState
+from harness.errors import TroughputError
 from harness.results import read_rows
 from tests.conftest import FAKE_ENGINE
 from tests.harness.batch.conftest import RAY_ENV, numbered, read_jsonl, troughput_batch
@@ -21,3 +28,29 @@ def test_shards_run_through_a_ray_data_pipeline_of_a_running_cluster(tmp_path: P
     assert row["scale"] == "ray" and row["shards_run"] == 4 and row["requests_ok"] == 8
     metas = [read_jsonl(p)[0] for p in sorted((out / "shards").glob("*/meta.json"))]
     assert metas and all("runtime_resources" in m["code_dir"] for m in metas), "code reaches actors by runtime_env"
+
+
+def _plan(tmp_path: Path, **fields) -> Plan:
+    return Plan(input=str(tmp_path / "in.jsonl"), format="openai_batch", output_dir=str(tmp_path / "out"),
+                shard_size=2, engine="vllm", model={"name": "tiny"}, knobs={}, ordering={}, python="python",
+                input_digest="-", scale="ray", **fields)
+
+
+@pytest.mark.parametrize(("ray", "named"), [({"actors": 0}, "batch.ray.actors"), ({"num_gpus": -1}, "batch.ray.num_gpus"),
+                                             ({"bundles": [{}]}, "batch.ray.bundles")])
+def test_ray_settings_are_checked_before_joining(tmp_path: Path, ray: dict, named: str) -> None:
+    with pytest.raises(TroughputError, match=named):
+        settings(_plan(tmp_path, ray=ray))
+
+
+def test_engine_ray_is_refused_on_the_ray_data_pipeline_with_what_to_use(tmp_path: Path) -> None:
+    plan = _plan(tmp_path, ray={})
+    plan.engine = "ray"
+    with pytest.raises(TroughputError, match="engine=vllm"):
+        run_ray(plan, JobState(plan.output_dir), Index(2, {}), progress=False)
+
+
+def test_bundles_give_each_engine_actor_a_placement_group() -> None:
+    resources = engine_resources({"bundles": [{"GPU": 1, "CPU": 1}] * 2, "num_cpus": 1, "num_gpus": 1})
+    assert (resources["num_cpus"], resources["num_gpus"]) == (0, 0) and callable(resources["ray_remote_args_fn"])
+    assert engine_resources({"num_cpus": 2, "num_gpus": 1}) == {"num_cpus": 2.0, "num_gpus": 1.0}
