@@ -55,9 +55,6 @@ def settings(plan: Plan) -> dict[str, Any]:
 
 def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) -> ShardsRun:
     """Run every uncommitted shard of ``plan`` on Ray Data; what this invocation committed, from the shards."""
-    if plan.engine == "ray":
-        raise TroughputError("batch.scale=ray with engine=ray is not supported yet: the pipeline's engine stage "
-                             "already runs vLLM in Ray Data actors (use engine=vllm), or use batch.scale=local")
     opts = settings(plan)
     before = state.committed()
     todo = [i for i in range(index.shards(plan.shard_size)) if i not in before]
@@ -71,7 +68,7 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) ->
     total = sum(shard_records(index, plan.shard_size, i) for i in range(index.shards(plan.shard_size)))
     bar = Progress(total, total - sum(shard_records(index, plan.shard_size, i) for i in todo), progress)
     try:
-        connect(opts.get("address") or None, None, runtime_env=runtime_env(plan))
+        cluster = connect(opts.get("address") or None, None, runtime_env=runtime_env(plan))
     except (ConnectionError, RuntimeError, ValueError) as e:
         bar.close()
         raise TroughputError(f"cannot join the Ray cluster at {opts.get('address')!r}: {e}") from None
@@ -79,7 +76,7 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) ->
         from ray.data import DataContext
 
         DataContext.get_current().enable_progress_bars = False
-        for row in pipeline(plan, index, todo, opts).iter_rows():
+        for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus}).iter_rows():
             meta = json.loads(row["meta"])
             if not meta.get("dropped"):
                 bar.shard_done(-1, meta["requests"], meta["output_tokens"])
@@ -94,7 +91,10 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) ->
 
 
 def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) -> Any:
-    """read → convert (tasks) → engine (actor pool) → commit (tasks), lazily; nothing runs until iterated."""
+    """read → convert (tasks) → engine (actor pool) → commit (tasks), lazily; nothing runs until iterated.
+
+    With ``engine=ray`` the engine and commit stages are Ray Data LLM's processor and ``ray_llm``'s.
+    """
     import ray
     from ray.data import ActorPoolStrategy
 
@@ -108,12 +108,26 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
                                   num_cpus=SMALL_TASK_CPUS, label_selector=here)
     ds = ds.map_batches(convert, batch_size=1, num_cpus=SMALL_TASK_CPUS,
                         fn_kwargs={"plan_json": plan_json, "duplicates": index.duplicates})
+    if plan.engine == "ray":
+        return _through_ray_llm(ds, plan, opts, here)
     ds = ds.map_batches(EngineStage, batch_size=1, fn_constructor_kwargs={"job": job},
                         compute=ActorPoolStrategy(size=opts["actors"],
                                                   max_concurrent_calls_per_actor=plan.in_flight),
                         **engine_resources(opts))
     return ds.map_batches(commit, batch_size=1, num_cpus=SMALL_TASK_CPUS, label_selector=here,
                           fn_kwargs={"plan_json": plan_json, "job": job_id(plan)})
+
+
+def _through_ray_llm(ds: Any, plan: Plan, opts: dict[str, Any], here: dict[str, str]) -> Any:
+    from ray.data import ActorPoolStrategy
+
+    from harness.batch.ray_llm import ShardAssembler, explode, processor
+
+    ds = ds.map_batches(explode, batch_size=1, num_cpus=SMALL_TASK_CPUS)
+    ds = processor(plan, opts["gpus"], opts["actors"])(ds)
+    return ds.map_batches(ShardAssembler, batch_format="pandas", num_cpus=SMALL_TASK_CPUS, label_selector=here,
+                          compute=ActorPoolStrategy(size=1),
+                          fn_constructor_kwargs={"plan_json": plan.to_json(), "job": job_id(plan)})
 
 
 def engine_resources(opts: dict[str, Any]) -> dict[str, Any]:

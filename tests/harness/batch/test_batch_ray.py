@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.batch.plan import Plan
-from harness.batch.ray_job import engine_resources, run_ray, settings
-from harness.batch.shards import Index
-from harness.batch.state import JobState
+from harness.batch.ray_job import engine_resources, settings
 from harness.errors import TroughputError
 from harness.results import read_rows
 from tests.conftest import FAKE_ENGINE
@@ -41,13 +39,6 @@ def _plan(tmp_path: Path, **fields) -> Plan:
 def test_ray_settings_are_checked_before_joining(tmp_path: Path, ray: dict, named: str) -> None:
     with pytest.raises(TroughputError, match=named):
         settings(_plan(tmp_path, ray=ray))
-
-
-def test_engine_ray_is_refused_on_the_ray_data_pipeline_with_what_to_use(tmp_path: Path) -> None:
-    plan = _plan(tmp_path, ray={})
-    plan.engine = "ray"
-    with pytest.raises(TroughputError, match="engine=vllm"):
-        run_ray(plan, JobState(plan.output_dir), Index(2, {}), progress=False)
 
 
 def test_bundles_give_each_engine_actor_a_placement_group() -> None:

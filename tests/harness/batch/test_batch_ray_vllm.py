@@ -113,3 +113,25 @@ def test_a_killed_driver_leaves_its_shards_and_the_rerun_resumes(tmp_path: Path,
     assert_each_once(out, [f"long-{i}" for i in range(SHARDS * PER_SHARD)])
     [row] = read_rows(tmp_path / "results", "batch")
     assert row["shards_before"] == len(before) and row["shards_run"] == SHARDS - len(before)
+
+
+def test_engine_ray_runs_ray_data_llm_s_processor_as_the_engine_stage(tmp_path: Path, ray_head: str) -> None:
+    path = write_jsonl(tmp_path / "batch.jsonl", [
+        chat("chat-1", "Say hello.", max_tokens=5, temperature=0),
+        completion("completion-1", "Once upon a time", max_tokens=4),
+        chat("image", [{"type": "image_url", "image_url": {"url": png_data_url()}}], max_tokens=4),
+        completion("completion-2", "The capital of France is", max_tokens=3),
+    ])
+    out = tmp_path / "out"
+    proc = troughput_batch(tmp_path, "engine=ray", "model=tiny_vlm", *ray_args(ray_head, path, out), env=RAY_ENV,
+                           timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs = {o["custom_id"]: o for o in read_jsonl(out / "output.jsonl")}
+    assert list(outputs) == ["chat-1", "completion-1", "completion-2"]
+    for cid, cap in (("chat-1", 5), ("completion-1", 4), ("completion-2", 3)):
+        assert 1 <= outputs[cid]["response"]["body"]["usage"]["completion_tokens"] <= cap, cid
+    [error] = read_jsonl(out / "errors.jsonl")
+    assert error["custom_id"] == "image" and "engine=vllm" in error["response"]["body"]["error"]["message"]
+    assert {m.get("engine") for m in committed(out)} == {"ray.data.llm"}
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["status"] == "ok" and (row["requests_ok"], row["requests_failed"]) == (3, 1)
