@@ -37,7 +37,7 @@ def _row(shard: int, rid: str = "", items: bytes = b"", expect: int = 0, error: 
             "__inference_error__": error}
 
 
-def explode(batch: dict[str, np.ndarray]) -> list[dict[str, Any]] | Any:
+def explode(batch: dict[str, np.ndarray]) -> Any:
     """Shard rows (from ``ray_stages.convert``) as a header row and one row per request."""
     import pandas as pd
 
@@ -71,11 +71,11 @@ class ShardAssembler:
     """Collects each shard's rows from the processor; commits a shard when its header and requests are in."""
 
     def __init__(self, plan_json: str, job: str):
-        from harness.batch.ray_stages import _plan, _tokenizer
+        from harness.batch.ray_stages import plan_of, tokenizer_of
         from harness.batch.state import JobState
 
-        self.plan = _plan(plan_json)
-        self.state, self.tok, self.job = JobState(self.plan.output_dir), _tokenizer(self.plan.model["local_dir"]), job
+        self.plan, self.job = plan_of(plan_json), job
+        self.state, self.tok = JobState(self.plan.output_dir), tokenizer_of(self.plan.model["local_dir"])
         self.headers: dict[int, dict[str, Any]] = {}
         self.rows: dict[int, list[dict[str, Any]]] = defaultdict(list)
 

@@ -54,12 +54,12 @@ def shard_source(path: str, fmt: str, size: int, todo: list[int]) -> Any:
 
 
 @functools.lru_cache(maxsize=4)
-def _plan(plan_json: str) -> Plan:
+def plan_of(plan_json: str) -> Plan:
     return Plan.from_json(plan_json)
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenizer(local_dir: str) -> Any:
+def tokenizer_of(local_dir: str) -> Any:
     from harness.tokens import TextTokenizer
 
     return TextTokenizer(Path(local_dir))
@@ -67,13 +67,13 @@ def _tokenizer(local_dir: str) -> Any:
 
 def convert(batch: dict[str, np.ndarray], plan_json: str, duplicates: dict[int, int]) -> dict[str, np.ndarray]:
     """Each shard's records as ``Item``s, its requests in the job's order, and the bytes of their images."""
-    plan = _plan(plan_json)
+    plan = plan_of(plan_json)
     state = JobState(plan.output_dir)
     options = Options(plan.default_max_tokens, plan.sampling, image_resolver(
         plan.model.get("image_token"), state.root / "images", Path(plan.input).parent, plan.allow_remote_images))
     items_col, requests_col, images_col = [], [], []
     for shard, records in zip(batch["shard"], batch["records"]):
-        items = convert_shard(Shard(int(shard), pickle.loads(records)), plan.format, _tokenizer(
+        items = convert_shard(Shard(int(shard), pickle.loads(records)), plan.format, tokenizer_of(
             plan.model["local_dir"]), options, Index(0, duplicates), Path(plan.input), plan.max_model_len)
         requests = apply_ordering([i.request for i in items if i.request is not None], plan.ordering)
         images = {p: Path(p).read_bytes() for r in requests for p in r.images}
@@ -139,8 +139,8 @@ def commit(batch: dict[str, np.ndarray], plan_json: str, job: str) -> dict[str, 
 
     from harness.batch.job import commit_shard
 
-    plan = _plan(plan_json)
-    state, tok = JobState(plan.output_dir), _tokenizer(plan.model["local_dir"])
+    plan = plan_of(plan_json)
+    state, tok = JobState(plan.output_dir), tokenizer_of(plan.model["local_dir"])
     metas = []
     for shard, items, result in zip(batch["shard"], batch["items"], batch["result"]):
         result = pickle.loads(result)

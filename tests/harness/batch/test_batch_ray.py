@@ -34,7 +34,8 @@ def _plan(tmp_path: Path, **fields) -> Plan:
                 input_digest="-", scale="ray", **fields)
 
 
-@pytest.mark.parametrize(("ray", "named"), [({"actors": 0}, "batch.ray.actors"), ({"num_gpus": -1}, "batch.ray.num_gpus"),
+@pytest.mark.parametrize(("ray", "named"), [({"actors": 0}, "batch.ray.actors"),
+                                             ({"num_gpus": -1}, "batch.ray.num_gpus"),
                                              ({"bundles": [{}]}, "batch.ray.bundles")])
 def test_ray_settings_are_checked_before_joining(tmp_path: Path, ray: dict, named: str) -> None:
     with pytest.raises(TroughputError, match=named):
