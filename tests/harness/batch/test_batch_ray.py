@@ -14,6 +14,7 @@ from tests.conftest import FAKE_ENGINE
 from tests.harness.batch.conftest import RAY_ENV, numbered, read_jsonl, troughput_batch
 
 
+@pytest.mark.engine   # starts a Ray head and a Ray Data job (minutes on a loaded 2-core host)
 def test_shards_run_through_a_ray_data_pipeline_of_a_running_cluster(tmp_path: Path, ray_head: str) -> None:
     path = numbered(tmp_path / "batch.jsonl", 8)
     out = tmp_path / "out"
