@@ -38,7 +38,7 @@ import time
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, Request, StartInfo
-from engines.common import RequestCounters, check_names, require_cuda, require_module, shutdown
+from engines.common import RequestCounters, check_names, preflight, shutdown
 from engines.decoding import choice_regex, decoding_of
 from engines.knobs import UNSET, NativeMapping, inverted, prefixed
 from engines.snapshots import load as load_snapshot
@@ -62,9 +62,8 @@ class SglangEngine(Engine):
     supports_constraints = True
 
     def validate(self) -> None:
-        """The package, then a GPU, then knob names and the model's architecture; raise ``KnobError``."""
-        require_module("sglang", LABEL, "sglang")
-        require_cuda(LABEL)
+        """``troughput-env sglang --check``'s checks (``preflight``), then knob names and the architecture."""
+        preflight("sglang")
         self.check_knobs()
 
     def check_knobs(self) -> None:

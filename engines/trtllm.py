@@ -60,7 +60,7 @@ from datetime import timedelta
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
-from engines.common import RequestCounters, check_names, load_images, require_cuda, require_module, shutdown
+from engines.common import RequestCounters, check_names, load_images, preflight, shutdown
 from engines.decoding import choice_regex, decoding_of
 from engines.knobs import NativeMapping
 from engines.snapshots import load as load_snapshot
@@ -89,9 +89,8 @@ class TrtllmEngine(Engine):
         return str(self.knobs.get("backend") or "pytorch")
 
     def validate(self) -> None:
-        """The package, then a GPU, then knob names and the backend; raise ``KnobError``."""
-        require_module("tensorrt_llm", LABEL, "trtllm")
-        require_cuda(LABEL)
+        """``troughput-env trtllm --check``'s checks (``preflight``), then knob names and the backend."""
+        preflight("trtllm")
         self.check_knobs()
 
     def check_knobs(self) -> None:
