@@ -65,7 +65,7 @@ class StatReader:
             if isinstance(parsed, Mapping):
                 return parsed
             value = parsed
-        self.warn(f"{where} is {_kind_of(value)}, not a mapping; its statistics are left empty")
+        self.warn(f"{where} is {_kind_of(value)} ({_short(value)}), expected mapping; its statistics are left empty")
         return None
 
     def read(self, source: Any, *path: str, kind: str = NUMBER, where: str = "", required: bool = True) -> Any:

@@ -17,6 +17,7 @@ from datetime import timedelta
 import pytest
 
 from engines import trtllm as adapter
+from engines import common
 from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
 from engines.snapshots import Snapshot, load
@@ -142,12 +143,13 @@ def test_without_tensorrt_llm_validate_names_the_interpreter_and_the_fix():
 
 
 def test_without_a_gpu_validate_says_so(monkeypatch):
-    monkeypatch.setattr(adapter, "require_module", lambda *a: None)
+    monkeypatch.setattr(common, "require_module", lambda *a: None)
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     # the precise reasons of engines.requirements (here: a CPU torch, no driver), each with its fix
-    with pytest.raises(EngineUnavailable, match=r"TensorRT-LLM cannot run here: \(1\) .*; fix: .*driver >= 580"):
+    with pytest.raises(EngineUnavailable, match=r"TensorRT-LLM cannot run here \(the checks of `troughput-env \w+ "
+                                                r"--check`\): \(1\) .*driver >= 580.*; fix: "):
         TrtllmEngine(MODEL, {}).validate()
 
 
