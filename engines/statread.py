@@ -91,6 +91,10 @@ class StatReader:
                 current = container[name] if name in container else _MISSING
             elif container is None:
                 current = _MISSING
+            elif isinstance(container, (int, float, list, tuple, set)):   # a plain value where a container was due
+                self.warn(f"{walked} is {_kind_of(container)} ({_short(container)}), expected mapping; "
+                          "its statistics are left empty")
+                return None
             else:
                 try:
                     current = getattr(container, name, _MISSING)
