@@ -306,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     base = [f"hardware={hardware}", f"model={model}", "run.progress=false"]
     dummy = kind != "gpu" or model in {p.stem for p in (ROOT / "conf" / "architectures").glob("*.json")}
     if dummy:   # built (by dummy_model_dir) once the host checks pass
-        base += [f"model.path={dummy_model_path(model, kind)}", "model.dummy_weights=true", "model.build=null"]
+        base += [f"model.path={dummy_model_path(model, kind)}", "++model.dummy_weights=true", "++model.build=null"]
     # A dry run shows the whole engine matrix (and the hf fallback this host would take instead).
     runnable = [s for s in statuses if kind in unit(s.engine).tune_spaces]   # on CPU: vLLM only
     cells = plan(kind, runnable, kind) if args.dry_run else plan(mode, installed, kind)

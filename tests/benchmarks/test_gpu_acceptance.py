@@ -139,7 +139,7 @@ def test_vllm_starts_from_the_acceptance_folder_and_serves_token_ids(tmp_path, m
     monkeypatch.setattr(acceptance, "DUMMY_DIR", tmp_path / "models")
     folder = acceptance.dummy_model_dir("tiny", "cpu")
     cfg = compose("workload=unique", "workload.num_requests=4", "workload.output_len=4", "run.warmup_requests=0",
-                  f"model.path={folder}", "model.dummy_weights=true", "model.build=null",
+                  f"model.path={folder}", "++model.dummy_weights=true", "++model.build=null",
                   f"run.results_dir={tmp_path}", "run.progress=false")
     row = execute(build_spec(cfg), progress=False)
     assert row["status"] == "ok", row["error"]
