@@ -173,8 +173,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.engine} environment {python}: {'not ready' if problems else 'ready'}")
         return 1 if problems else 0
     env_dir = args.dir / args.engine
-    base = find_python(spec, args.python)
-    version = python_version(base)
+    if args.dry_run and first_python(spec, args.python) is None:
+        # The plan is for another machine as much as this one: name the missing interpreter, print it all.
+        wanted = args.python or " or ".join(spec.pythons)
+        print(f"# missing here: {wanted} not found on PATH (or it does not run); install it (or pass --python) "
+              f"before running these commands")
+        base, version = args.python or spec.pythons[0], None
+    else:
+        base = find_python(spec, args.python)
+        version = python_version(base)
     if spec.python and version and not requirements.python_matches(version, spec.python):
         message = (f"{base} is Python {version}, outside {unit(args.engine).label}'s supported {spec.python}; "
                    f"pass --python {' or '.join(spec.pythons)}")
