@@ -49,6 +49,7 @@ import yaml  # noqa: E402
 from engines import requirements, unit  # noqa: E402
 from engines.common import env_python, python_variable  # noqa: E402
 from harness.engine_env import describe_host  # noqa: E402
+from harness.report.document import fmt  # noqa: E402
 from harness.results import read_rows  # noqa: E402
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -249,7 +250,8 @@ def published(engine: str, workload: str, hardware: str) -> str:
 def results_table(rows: list[dict], hardware: str) -> list[str]:
     """Markdown: per engine × workload × config, the runs, median output tok/s, spread, GPU memory, published."""
     lines = ["| engine | workload | config | runs ok | output tok/s (median of runs) | CV | peak GPU GiB | "
-             "output ÷ speed of light | published output tok/s (not the same workload) |", "|---|---|---|---|---|---|---|---|---|"]
+             "output ÷ speed of light | J / output token | published output tok/s (not the same workload) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["engine"], r["workload"], r.get("acceptance_config")) for r in rows})
     for engine, workload, config in keys:
         mine = [r for r in rows if (r["engine"], r["workload"], r.get("acceptance_config")) == (engine, workload, config)]
@@ -259,11 +261,18 @@ def results_table(rows: list[dict], hardware: str) -> list[str]:
         cv = statistics.stdev(rates) / statistics.mean(rates) if len(rates) > 1 else None
         gpu = [r["peak_gpu_bytes"] for r in ok if r.get("peak_gpu_bytes")]
         sol = [r["sol_fraction"] for r in ok if r.get("sol_fraction")]
+        joules = [r["j_per_output_token"] for r in ok if r.get("j_per_output_token") is not None]
         lines.append(f"| {engine} | {workload} | {config} | {len(ok)}/{len(mine)} | "
                      f"{f'{median:,.0f}' if median else '—'} | {f'{cv:.1%}' if cv is not None else '—'} | "
                      f"{f'{max(gpu) / 2**30:.1f}' if gpu else '—'} | "
-                     f"{f'{statistics.median(sol):.2f}' if sol else '—'} | {published(engine, workload, hardware)} |")
+                     f"{fmt(statistics.median(sol), 'sol') if sol else '—'} | "
+                     f"{f'{statistics.median(joules):.3g}' if joules else '— (' + _energy_reason(ok) + ')'} | "
+                     f"{published(engine, workload, hardware)} |")
     return lines
+
+
+def _energy_reason(rows: list[dict]) -> str:
+    return next((str(r["energy_reason"]) for r in rows if r.get("energy_reason")), "no runs")[:120]
 
 
 def verified_lines(rows: list[dict], statuses: list[EngineStatus], host: str, date: str) -> list[str]:
