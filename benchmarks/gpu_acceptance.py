@@ -250,7 +250,8 @@ def published(engine: str, workload: str, hardware: str) -> str:
 def results_table(rows: list[dict], hardware: str) -> list[str]:
     """Markdown: per engine × workload × config, the runs, median output tok/s, spread, GPU memory, published."""
     lines = ["| engine | workload | config | runs ok | output tok/s (median of runs) | CV | peak GPU GiB | "
-             "output ÷ speed of light | J / output token | published output tok/s (not the same workload) |",
+             "output ÷ speed of light | J / output token | "
+             "published output tok/s (not the same workload) |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["engine"], r["workload"], r.get("acceptance_config")) for r in rows})
     for engine, workload, config in keys:

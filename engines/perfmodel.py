@@ -292,7 +292,10 @@ def speed_of_light(model: ModelSpec, hardware: HardwareSpec, summary: Mapping[st
     """The fastest a workload could run: total FLOPs ÷ peak vs. total bytes ÷ bandwidth, whichever binds.
 
     Prefill is compute-bound and decode bandwidth-bound; both share one bound because a
-    continuous-batching engine overlaps them. Bytes: the weights once per decode step
+    continuous-batching engine overlaps them. FLOPs: the layers on every token not served from the
+    prefix cache, the LM head only on generated ones (engines compute logits at sampling positions only:
+    counting it on prompt tokens made a large-vocabulary model's bound too low). Bytes: the weights once
+    per decode step
     (steps ≥ output tokens ÷ the most sequences the KV cache holds, and ≥ the output
     length), plus every KV read and write. Prefix-cache hits (``ideal_prefix_hit_tokens``)
     cost no prefill FLOPs.
@@ -317,7 +320,10 @@ def speed_of_light(model: ModelSpec, hardware: HardwareSpec, summary: Mapping[st
     steps = max(outputs / seqs, osl)
     pairs = n * (isl + osl) ** 2 / 2
     kv_tokens = n * (osl * isl + osl * osl / 2) + inputs + outputs
-    compute_s = (cost.token_flops * (inputs - hits + outputs) + cost.pair_flops * pairs) / cost.peak
+    # the LM head runs once per generated token (logits at sampling positions only), the layers on every token
+    head_flops = 2.0 * model.vocab * model.hidden
+    compute_s = ((cost.token_flops - head_flops) * (inputs - hits + outputs) + head_flops * outputs
+                 + cost.pair_flops * pairs) / cost.peak
     weights_s = steps * cost.weight_bytes / (hardware.weight_bandwidth(cost.weight_bytes / precision.devices)
                                              * precision.devices)
     memory_s = weights_s + cost.kv_token_bytes * kv_tokens / cost.bandwidth

@@ -151,7 +151,8 @@ class RecordedObject:
         raise AttributeError(name)
 
 
-def run_worker(tmp_path, engine: str, model: dict[str, Any], requests: list) -> tuple[dict[str, Any], dict[str, Any]]:
+def run_worker(tmp_path, engine: str, model: dict[str, Any], requests: list,
+               knobs: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Run ``engines.worker.run_job`` in this process (the stand-in engine in ``sys.modules`` serves it);
     return the worker's result and the row's measurement columns built from it."""
     from dataclasses import asdict
@@ -161,7 +162,7 @@ def run_worker(tmp_path, engine: str, model: dict[str, Any], requests: list) -> 
 
     job = tmp_path / "job"
     job.mkdir()
-    (job / "job.json").write_text(json.dumps({"engine": engine, "model": model, "knobs": {}, "repeats": 1}))
+    (job / "job.json").write_text(json.dumps({"engine": engine, "model": model, "knobs": knobs or {}, "repeats": 1}))
     (job / "requests.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in requests))
     worker.run_job(job)
     result = json.loads((job / "result.json").read_text())

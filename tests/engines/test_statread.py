@@ -137,3 +137,15 @@ def test_nvml_energy_counts_visible_devices_in_joules(monkeypatch):
     result = meter.stop()
     assert result["energy_source"] == "nvml" and result["energy_j_by_device"] == {"1": 450.0}
     assert energy.nvml_counters()[1] == ""
+
+
+def test_vllm_says_when_the_model_not_the_knobs_stops_it(tmp_path):
+    """A folder vLLM cannot start from is the model's problem (invalid, with the fix), never "rejects the knobs"."""
+    pytest.importorskip("vllm")
+    from engines.base import EngineUnavailable
+    from engines.vllm import check_engine_args
+
+    (tmp_path / "config.json").write_text("{}")   # no architecture, no model_type
+    with pytest.raises(EngineUnavailable, match="vLLM cannot start from model .* even without the knobs") as e:
+        check_engine_args({"model": str(tmp_path), "max_num_seqs": 8}, {"max_num_seqs": 8})
+    assert "rejects the knobs" not in str(e.value)
