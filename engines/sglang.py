@@ -41,7 +41,7 @@ import time
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, Request, StartInfo
-from engines.common import RequestCounters, check_names, preflight, shutdown
+from engines.common import RequestCounters, check_names, preflight, shutdown, token_ids_only
 from engines.decoding import choice_regex, decoding_of
 from engines.knobs import UNSET, NativeMapping, inverted, prefixed
 from engines.snapshots import load as load_snapshot
@@ -84,7 +84,7 @@ class SglangEngine(Engine):
             "model_path": self.model["path"],
             # Token ids in and out; a VLM keeps its tokenizer, which its image processor needs, and so
             # does a workload with grammars or stop strings.
-            "skip_tokenizer_init": not (self.model.get("image_token") or self.model.get("workload_needs_tokenizer")),
+            "skip_tokenizer_init": token_ids_only(self.model),
             **dummy_weights_args(self.model),
         }
         return {**kwargs, **self.knobs}
