@@ -36,7 +36,6 @@ the wheel); the knob check, the model check and the adapter tests' stand-in engi
 from __future__ import annotations
 
 import json
-import sys
 import time
 from typing import Any
 
