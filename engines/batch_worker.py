@@ -6,8 +6,8 @@ generated and ``result.json`` (the timed pass, the completions, the per-request 
 written whole and renamed into place before ``shard_done`` is said. A request the engine
 cannot take (a constraint or sampling it lacks, a prompt it rejects with ``ValueError``) is a
 per-request error; any other failure says ``shard_failed`` and ends the worker. End of stdin
-stops the engine. ``ShardActor`` is the same loop body for a Ray actor. Standard library only,
-besides the adapter and its engine.
+stops the engine. ``start_engine`` and ``run_shard`` are also ``batch.scale=ray``'s engine stage
+(``harness.batch.ray_stages``). Standard library only, besides the adapter and its engine.
 """
 
 from __future__ import annotations
@@ -87,25 +87,6 @@ def _sum_passes(passes: list[dict[str, Any]]) -> dict[str, Any]:
     total["cached_tokens"] = None if None in cached or not passes else sum(cached)
     total["predicted"] = any(p.get("predicted") for p in passes)
     return total
-
-
-class ShardActor:
-    """One engine running shards in a Ray actor (``harness.batch.ray_pool`` applies ``ray.remote``)."""
-
-    def __init__(self, job: dict[str, Any]):
-        self.job = job
-        self.engine: Any = None
-
-    def start(self) -> dict[str, Any]:
-        self.engine, start = start_engine(self.job)
-        return start
-
-    def run(self, requests: list[dict[str, Any]], index: int) -> dict[str, Any]:
-        return run_shard(self.engine, [Request.from_dict(r) for r in requests], index)
-
-    def stop(self) -> None:
-        if self.engine is not None and self.engine.started:
-            self.engine.stop()
 
 
 def write_whole(path: Path, data: Any) -> None:

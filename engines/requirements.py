@@ -198,6 +198,54 @@ def torch_problems(environment: Environment, label: str, torch_version: str, tor
     return []
 
 
+def import_report(module: str) -> dict:
+    """Which pieces import in this interpreter: the engine ``module``, troughput's worker, torch and its GPU.
+
+    Self-contained (its imports inside): ``troughput-env ENGINE --check`` runs this function's source
+    under the environment's interpreter, and each adapter calls it in-process before it starts.
+    """
+    import importlib
+    import sys
+
+    report = {"python": ".".join(map(str, sys.version_info[:3]))}
+    for key, name in (("engine", module), ("troughput", "engines.worker")):
+        try:
+            imported = importlib.import_module(name)
+            report[key] = getattr(imported, "__version__", "ok")
+        except Exception as e:  # noqa: BLE001 - any failure to import is the finding
+            report[key + "_error"] = f"{type(e).__name__}: {e}"
+    try:
+        import torch
+        report["cuda"] = torch.cuda.is_available()
+        report["torch"] = torch.__version__
+        report["torch_cuda"] = torch.version.cuda
+    except Exception as e:  # noqa: BLE001
+        report["cuda"] = False
+        report["torch_error"] = f"{type(e).__name__}: {e}"
+    return report
+
+
+def environment_problems(engine: str, label: str, environment: Environment, facts: HostFacts, report: dict,
+                         python: str, project_root: str = "<troughput checkout>") -> list[Problem]:
+    """Every unmet requirement of an engine's environment, given the host ``facts`` and the ``import_report``
+    of its interpreter ``python``: the checks ``troughput-env ENGINE --check`` prints and every adapter runs
+    before it starts (one function, so the two never differ)."""
+    problems = unmet(environment, facts, label, python=report.get("python"))
+    if "engine_error" in report:
+        problems.append(Problem(f"{environment.module} does not import ({report['engine_error']})",
+                                f"rebuild the environment with `troughput-env {engine}`"))
+    if "troughput_error" in report:
+        problems.append(Problem(f"troughput's core does not import ({report['troughput_error']})",
+                                f"`{python} -m pip install --no-deps -e {project_root}`"))
+    if environment.needs_gpu and "torch" in report:
+        problems += torch_problems(environment, label, report["torch"], report.get("torch_cuda"), engine, python)
+    if environment.needs_gpu and not report.get("cuda") and not problems:
+        reason = report.get("torch_error") or f"torch {report.get('torch')} sees no CUDA GPU"
+        problems.append(Problem(f"no usable NVIDIA GPU ({reason})",
+                                "run `nvidia-smi` in this shell to see what the driver reports"))
+    return problems
+
+
 def python_matches(version: str, spec: str) -> bool:
     """Whether ``version`` (``"3.11.4"``) meets ``spec`` (``">=3.11,<3.15"`` or ``"==3.10,==3.12"``)."""
     clauses = [c.strip() for c in spec.split(",") if c.strip()]

@@ -17,9 +17,12 @@ NVIDIA GPU, and its CPU path a CPU build of ``sgl_kernel`` that PyPI lacks):
   structured-output keys ``json_schema`` (a JSON string) and ``regex`` (a choice list becomes a
   regex; ``json_object`` the schema ``{"type": "object"}``). Grammars and stop strings need the
   tokenizer, so ``skip_tokenizer_init`` is off for such a workload and ``text`` comes back too.
-- ``Engine.get_server_info()["startup_time"]`` holds ``load_weight``,
-  ``kv_cache_allocation`` and per-phase ``cuda_graph`` capture seconds
-  (``srt/observability/startup_time.py``); ``Engine.shutdown()`` stops its subprocesses.
+- ``Engine.get_server_info()`` (``srt/entrypoints/engine.py``): the resolved ``ServerArgs`` plus
+  the first scheduler's info; its keys are recorded in the snapshot (``keys.server_info``).
+  ``["startup_time"]`` holds ``load_weight``, ``kv_cache_allocation`` and per-phase ``cuda_graph``
+  capture seconds (``srt/observability/startup_time.py``; value kinds in ``types.startup_time``).
+  Every statistic is read through ``engines.statread.StatReader``: one of another shape is a null
+  column and a warning in ``engine_info.stat_warnings``. ``Engine.shutdown()`` stops its subprocesses.
 - ``Engine.flush_cache()`` drops the radix cache only when the scheduler is idle and returns a
   ``FlushCacheReqOutput`` (``success``, ``message``; ``srt/managers/io_struct.py``). Right after
   a batch the scheduler may not be idle yet, so ``reset_caches`` retries for up to
@@ -33,15 +36,15 @@ the wheel); the knob check, the model check and the adapter tests' stand-in engi
 from __future__ import annotations
 
 import json
-import sys
 import time
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, Request, StartInfo
-from engines.common import RequestCounters, check_names, require_cuda, require_module, shutdown
+from engines.common import RequestCounters, check_names, preflight, shutdown, token_ids_only
 from engines.decoding import choice_regex, decoding_of
 from engines.knobs import UNSET, NativeMapping, inverted, prefixed
 from engines.snapshots import load as load_snapshot
+from engines.statread import MAPPING, TEXT, StatReader
 from engines.snapshots import model_architectures
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 
@@ -58,13 +61,13 @@ class SglangEngine(Engine):
     """Drives ``sglang.Engine.generate``; each request's sampling dict from ``sampling_params``."""
 
     name = "sglang"
+    label = LABEL
     supports_sampling = True
     supports_constraints = True
 
     def validate(self) -> None:
-        """The package, then a GPU, then knob names and the model's architecture; raise ``KnobError``."""
-        require_module("sglang", LABEL, "sglang")
-        require_cuda(LABEL)
+        """``troughput-env sglang --check``'s checks (``preflight``), then knob names and the architecture."""
+        preflight("sglang")
         self.check_knobs()
 
     def check_knobs(self) -> None:
@@ -80,7 +83,7 @@ class SglangEngine(Engine):
             "model_path": self.model["path"],
             # Token ids in and out; a VLM keeps its tokenizer, which its image processor needs, and so
             # does a workload with grammars or stop strings.
-            "skip_tokenizer_init": not (self.model.get("image_token") or self.model.get("workload_needs_tokenizer")),
+            "skip_tokenizer_init": token_ids_only(self.model),
             **dummy_weights_args(self.model),
         }
         return {**kwargs, **self.knobs}
@@ -94,7 +97,7 @@ class SglangEngine(Engine):
         self.llm = sglang.Engine(**self._engine_kwargs())
         startup_s = time.perf_counter() - t0
         self.started = True
-        compile_s, extra = _startup_breakdown(self.llm)
+        compile_s, extra = _startup_breakdown(self.llm, self.stat_reader)
         return StartInfo(startup_s=startup_s, compile_s=compile_s, engine_version=sglang.__version__, extra=extra)
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
@@ -107,10 +110,11 @@ class SglangEngine(Engine):
                                     sampling_params=[sampling_params(r) for r in requests], image_data=images)
         if isinstance(outputs, dict):
             outputs = [outputs]
-        completions = [to_completion(r, o, submitted_at) for r, o in zip(requests, outputs)]
+        completions = [to_completion(r, o, submitted_at, self.stat_reader) for r, o in zip(requests, outputs)]
         for completion, output in zip(completions, outputs):
+            retractions = self.stat_reader.read(output, "meta_info", "num_retractions", where="generate()")
             self.counters.add(completion.prompt_tokens, completion.cached_tokens,
-                              int(output["meta_info"].get("num_retractions") or 0))
+                              None if retractions is None else int(retractions))
         if on_finish is not None:
             on_finish(len(completions))
         return completions
@@ -162,21 +166,25 @@ def sampling_params(request: Request) -> dict[str, Any]:
     return params
 
 
-def to_completion(request: Request, output: dict[str, Any], submitted_at: float | None = None) -> Completion:
+def to_completion(request: Request, output: dict[str, Any], submitted_at: float | None = None,
+                  reader: StatReader | None = None) -> Completion:
     """One ``Engine.generate`` result as a ``Completion``; an aborted request raises ``RuntimeError``.
 
     ``finished_at`` is ``submitted_at + meta_info["e2e_latency"]``: the whole batch
-    is submitted at once, so that is when the request finished on our clock.
+    is submitted at once, so that is when the request finished on our clock. The statistics
+    (cached tokens, latency) are read through ``reader``: of another shape, they are null with a warning.
     """
+    reader = reader or StatReader(LABEL)
     meta = output["meta_info"]
     reason = meta.get("finish_reason")
     if isinstance(reason, dict) and reason.get("type") == "abort":
         raise RuntimeError(f"SGLang aborted request {request.id}: {reason.get('message', '')}")
-    latency = meta.get("e2e_latency")
-    cached = meta.get("cached_tokens")
+    latency = reader.read(meta, "e2e_latency", where="meta_info", required=False)
+    cached = reader.read(meta, "cached_tokens", where="meta_info")
+    prompt_tokens = reader.read(meta, "prompt_tokens", where="meta_info")
     return Completion(
         id=request.id,
-        prompt_tokens=int(meta["prompt_tokens"]),
+        prompt_tokens=len(request.prompt_token_ids) if prompt_tokens is None else int(prompt_tokens),
         output_token_ids=[int(t) for t in output["output_ids"]],
         cached_tokens=None if cached is None else int(cached),
         finished_at=None if latency is None or submitted_at is None else submitted_at + float(latency),
@@ -199,23 +207,30 @@ def server_args_fields() -> tuple[frozenset[str], str]:
     return names, f"fields of ServerArgs in the installed sglang {sglang.__version__}"
 
 
-def _startup_breakdown(llm: Any) -> tuple[float | None, dict[str, Any]]:
+def _startup_breakdown(llm: Any, reader: StatReader) -> tuple[float | None, dict[str, Any]]:
     """CUDA-graph capture seconds (the compile column), the other startup phases and the grammar backend.
 
     ``get_server_info()`` holds the server args with the rest, so ``grammar_backend`` is the resolved one.
+    Every value goes through ``reader``: one of another shape is a null column and a warning.
     """
     try:
         info = llm.get_server_info()
-        startup = info.get("startup_time") or {}
     except Exception as e:  # noqa: BLE001 - informational only; the run goes on without it
-        print(f"troughput: SGLang startup breakdown unavailable: {e}", file=sys.stderr)
+        reader.warn(f"get_server_info() raised {type(e).__name__}: {e}; startup breakdown left empty")
         return None, {}
-    graphs = startup.get("cuda_graph") or {}
-    compile_s = sum(float(v) for v in graphs.values()) or None
-    extra: dict[str, Any] = {f"{phase}_s": float(startup[phase]) for phase in ("load_weight", "kv_cache_allocation")
-                             if startup.get(phase) is not None}
-    if info.get("grammar_backend") is not None:
-        extra["grammar_backend"] = info["grammar_backend"]
+    where = "get_server_info()"
+    startup = reader.read(info, "startup_time", kind=MAPPING, where=where)
+    graphs = reader.read(startup, "cuda_graph", kind=MAPPING, where=f"{where}['startup_time']") if startup else None
+    seconds = [reader.number(v, f"{where}['startup_time']['cuda_graph'][{k!r}]") for k, v in (graphs or {}).items()]
+    compile_s = sum(v for v in seconds if v is not None) or None
+    extra: dict[str, Any] = {}
+    for phase in ("load_weight", "kv_cache_allocation"):
+        value = reader.read(startup, phase, where=f"{where}['startup_time']") if startup else None
+        if value is not None:
+            extra[f"{phase}_s"] = float(value)
+    backend = reader.read(info, "grammar_backend", kind=TEXT, where=where, required=False)
+    if backend is not None:
+        extra["grammar_backend"] = backend
     return compile_s, extra
 
 

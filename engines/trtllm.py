@@ -27,7 +27,8 @@ GPU, and its wheel cannot be installed here.
   ``_terminate_request``), so each count is one preemption, and the preemption count is their
   sum over iterations (non-zero only under ``capacity_scheduler_policy: MAX_UTILIZATION``;
   ``GUARANTEED_NO_EVICT``, the default, never pauses). Stats are drained about once a second
-  while results come in; iterations missing from the ``iter`` sequence are reported as ``iteration_stats_lost``.
+  on a timer thread while the pass runs (``StatsDrainer``); iterations missing from the ``iter``
+  sequence are reported as ``iteration_stats_lost`` and as a warning in ``engine_info.stat_warnings``.
 - ``LLM.llm_build_stats.build_steps_info``: ``(step, seconds)`` of the engine build;
   ``LLM.args.kv_cache_config.tokens_per_block``; ``LLM.shutdown()``.
 
@@ -54,17 +55,19 @@ and the adapter tests' stand-in ``LLM`` read it.
 from __future__ import annotations
 
 import importlib
-import json
 import time
 from datetime import timedelta
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
-from engines.common import RequestCounters, check_names, load_images, require_cuda, require_module, shutdown
+from engines.common import (RequestCounters, check_names, load_images, model_eos_ids, model_pad_id, preflight, shutdown,
+                            token_ids_only)
 from engines.decoding import choice_regex, decoding_of
 from engines.knobs import NativeMapping
 from engines.snapshots import load as load_snapshot
 from engines.snapshots import model_architectures
+from engines.statread import ANY, StatReader
+from engines.trtllm_stats import IterationTally, StatsDrainer
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 
 LABEL = "TensorRT-LLM"
@@ -81,6 +84,7 @@ class TrtllmEngine(Engine):
     """Drives ``LLM.generate_async`` per request and reads per-request perf metrics and iteration stats."""
 
     name = "trtllm"
+    label = LABEL
     supports_sampling = True
     supports_constraints = True
 
@@ -89,9 +93,8 @@ class TrtllmEngine(Engine):
         return str(self.knobs.get("backend") or "pytorch")
 
     def validate(self) -> None:
-        """The package, then a GPU, then knob names and the backend; raise ``KnobError``."""
-        require_module("tensorrt_llm", LABEL, "trtllm")
-        require_cuda(LABEL)
+        """``troughput-env trtllm --check``'s checks (``preflight``), then knob names and the backend."""
+        preflight("trtllm")
         self.check_knobs()
 
     def check_knobs(self) -> None:
@@ -124,8 +127,19 @@ class TrtllmEngine(Engine):
                             f"prompt ({longest} tokens) with chunked prefill off: raise max_num_tokens to at "
                             f"least {longest} or set enable_chunked_prefill (chunked_prefill) true")
 
+    def token_ids(self) -> tuple[int, int] | None:
+        """``(end_id, pad_id)`` when the engine runs without a tokenizer: token-id prompts and an EOS id in the
+        model's local config (``pad_token_id``, else the EOS id, pads); None: the tokenizer is loaded."""
+        eos = model_eos_ids(self.model) if token_ids_only(self.model) else []
+        if not eos or self.knobs.get("skip_tokenizer_init") is False:
+            return None
+        pad = model_pad_id(self.model)
+        return eos[0], eos[0] if pad is None else pad
+
     def _engine_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {"model": self.model["path"], "return_perf_metrics": True}
+        if self.token_ids() is not None:   # no tokenizer to load, so none can break the run
+            kwargs["skip_tokenizer_init"] = True
         if self.backend == "pytorch":
             kwargs["enable_iter_perf_stats"] = True
         kwargs.update(dummy_weights_args(self.model))
@@ -148,8 +162,9 @@ class TrtllmEngine(Engine):
         module_name, class_name = BACKENDS[self.backend].split(":")
         llm_class = getattr(importlib.import_module(module_name), class_name)
         self.counters = RequestCounters()
-        self.iterations = IterationTally()
+        self.iterations = IterationTally(self.stat_reader)
         self.salt: str | None = None
+        self.ids = self.token_ids()
         t0 = time.perf_counter()
         self.llm = llm_class(**self._engine_kwargs())
         startup_s = time.perf_counter() - t0
@@ -167,23 +182,27 @@ class TrtllmEngine(Engine):
         self.require_started()
         clock_at_submit, submitted_at = _steady_now(), time.perf_counter()
         salt = {"cache_salt": self.salt} if self.salt else {}
-        futures = [self.llm.generate_async(prompt(r), sampling_params=sampling_params(r), **salt) for r in requests]
-        completions, drained_at = [], submitted_at
-        for request, future in zip(requests, futures):
-            completion = to_completion(request, future.result(), self.tokens_per_block, submitted_at, clock_at_submit)
-            self.counters.add(completion.prompt_tokens, completion.cached_tokens)
-            completions.append(completion)
-            if time.perf_counter() - drained_at > DRAIN_EVERY_S:   # before the bounded stats queue drops any
-                self.iterations.add(self.llm.get_stats(timeout=0.01))
-                drained_at = time.perf_counter()
-            if on_finish is not None:
-                on_finish(1)
+        # iteration stats drained on a timer while the pass runs, before the bounded stats queue drops any
+        with StatsDrainer(self.llm, self.iterations, DRAIN_EVERY_S):
+            futures = [self.llm.generate_async(prompt(r), sampling_params=sampling_params(r, self.ids), **salt)
+                       for r in requests]
+            completions = []
+            for request, future in zip(requests, futures):
+                completion = to_completion(request, future.result(), self.tokens_per_block, submitted_at,
+                                           clock_at_submit, self.stat_reader)
+                self.counters.add(completion.prompt_tokens, completion.cached_tokens)
+                completions.append(completion)
+                if on_finish is not None:
+                    on_finish(1)
         return completions
 
     def stats(self) -> EngineStats:
         """Prefix reuse summed from per-request metrics; preemptions and ``kv_reused_blocks`` from iteration stats."""
         self.require_started()
-        self.iterations.add(self.llm.get_stats(timeout=0.5))
+        self.iterations.drain(self.llm, timeout=0.5)
+        if self.iterations.lost:
+            self.stat_reader.warn(f"{self.iterations.lost} iteration stats were lost past get_stats()'s bounded "
+                                  "queue (max_stats_len) before they were drained: preemptions may be undercounted")
         stats = self.counters.stats()
         stats.preemptions = self.iterations.paused
         stats.extra.update(self.iterations.extra())
@@ -206,12 +225,16 @@ def prompt(request: Request) -> dict[str, Any]:
     return inputs
 
 
-def sampling_kwargs(request: Request) -> dict[str, Any]:
+def sampling_kwargs(request: Request, ids: tuple[int, int] | None = None) -> dict[str, Any]:
     """``SamplingParams`` keywords, with per-request perf metrics: a benchmark request is greedy (``top_k=1``)
-    and exactly ``max_tokens`` long; ``guided_decoding`` holds ``GuidedDecodingParams``' keywords."""
+    and exactly ``max_tokens`` long; ``guided_decoding`` holds ``GuidedDecodingParams``' keywords.
+    ``ids``: ``(end_id, pad_id)`` when the LLM runs without a tokenizer (it refuses a request without
+    ``end_id`` then: "tokenizer is required to reset end_id")."""
     d = decoding_of(request)
     kwargs: dict[str, Any] = {"max_tokens": d.max_tokens, "ignore_eos": d.ignore_eos,
                               "detokenize": bool(d.stop), "return_perf_metrics": True}
+    if ids is not None:
+        kwargs["end_id"], kwargs["pad_id"] = ids
     if d.temperature == 0:
         kwargs["top_k"] = 1
     else:
@@ -227,73 +250,43 @@ def sampling_kwargs(request: Request) -> dict[str, Any]:
     return kwargs
 
 
-def sampling_params(request: Request) -> Any:
+def sampling_params(request: Request, ids: tuple[int, int] | None = None) -> Any:
     """The ``tensorrt_llm.SamplingParams`` of one request (``sampling_kwargs``)."""
     from tensorrt_llm import SamplingParams
     from tensorrt_llm.llmapi import GuidedDecodingParams
 
-    kwargs = sampling_kwargs(request)
+    kwargs = sampling_kwargs(request, ids)
     if "guided_decoding" in kwargs:
         kwargs["guided_decoding"] = GuidedDecodingParams(**kwargs["guided_decoding"])
     return SamplingParams(**kwargs)
 
 
 def to_completion(request: Request, output: Any, tokens_per_block: int, submitted_at: float | None = None,
-                  clock_at_submit: Any = None) -> Completion:
+                  clock_at_submit: Any = None, reader: StatReader | None = None) -> Completion:
     """One ``RequestOutput`` as a ``Completion``.
 
     Cached tokens are reused KV blocks times the block size, capped at the prompt
     length (as trtllm-serve reports them). ``finished_at`` maps the request's last
     token time from the engine's steady clock onto ``perf_counter``.
     """
+    reader = reader or StatReader(LABEL)
     sequence = output.outputs[0]
     prompt_tokens = len(output.prompt_token_ids)
-    metrics = getattr(sequence, "request_perf_metrics", None)
+    metrics = sequence.request_perf_metrics
     cached = finished_at = None
     if metrics is not None:
-        cached = min(prompt_tokens, int(metrics.kv_cache_metrics.num_reused_blocks) * tokens_per_block)
-        if submitted_at is not None and clock_at_submit is not None:
-            finished_at = submitted_at + _seconds(metrics.timing_metrics.last_token_time) - _seconds(clock_at_submit)
+        reused = reader.read(metrics, "kv_cache_metrics", "num_reused_blocks", where="request_perf_metrics")
+        cached = None if reused is None else min(prompt_tokens, int(reused) * tokens_per_block)
+        last = reader.read(metrics, "timing_metrics", "last_token_time", kind=ANY, where="request_perf_metrics")
+        if last is not None and submitted_at is not None and clock_at_submit is not None:
+            try:
+                finished_at = submitted_at + _seconds(last) - _seconds(clock_at_submit)
+            except (TypeError, ValueError):
+                reader.warn(f"request_perf_metrics.timing_metrics.last_token_time is {type(last).__name__}, "
+                            "not a time; finish times left empty")
     return Completion(id=request.id, prompt_tokens=prompt_tokens, output_token_ids=[int(t) for t in sequence.token_ids],
                       cached_tokens=cached, finished_at=finished_at, finish_reason=sequence.finish_reason,
                       text=sequence.text or None)
-
-
-class IterationTally:
-    """What troughput keeps from ``LLM.get_stats()`` batches (dicts or JSON strings), fed as they are drained.
-
-    ``paused`` sums ``inflightBatchingStats.numPausedRequests`` (one per preemption; ``None``
-    until an iteration reports it); ``reused_blocks`` is the last cumulative
-    ``kvCacheStats.reusedBlocks``; ``lost`` counts iterations missing between the first and
-    last ``iter`` seen (dropped by the bounded stats queue), which would undercount ``paused``.
-    """
-
-    def __init__(self) -> None:
-        self.paused: int | None = None
-        self.reused_blocks: float | None = None
-        self.seen: set[int] = set()
-
-    def add(self, iteration_stats: list[Any] | None) -> None:
-        for entry in iteration_stats or []:
-            entry = json.loads(entry) if isinstance(entry, str) else entry
-            if entry.get("iter") is not None:
-                self.seen.add(int(entry["iter"]))
-            paused = (entry.get("inflightBatchingStats") or {}).get("numPausedRequests")
-            if paused is not None:
-                self.paused = (self.paused or 0) + int(paused)
-            reused = (entry.get("kvCacheStats") or {}).get("reusedBlocks")
-            if reused is not None:
-                self.reused_blocks = float(reused)
-
-    @property
-    def lost(self) -> int:
-        return (max(self.seen) - min(self.seen) + 1 - len(self.seen)) if self.seen else 0
-
-    def extra(self) -> dict[str, float]:
-        out = {"iterations": float(len(self.seen)), "iteration_stats_lost": float(self.lost)}
-        if self.reused_blocks is not None:
-            out["kv_reused_blocks"] = self.reused_blocks
-        return out
 
 
 def native_fields(backend: str) -> tuple[dict[str, frozenset[str]], str]:

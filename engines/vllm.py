@@ -7,11 +7,13 @@ import os
 import time
 from typing import Any
 
-from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
-from engines.common import check_names, dtype_name, load_images, require_module
+from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request, StartInfo
+from engines.common import check_names, dtype_name, load_images, model_eos_ids, preflight, token_ids_only
 from engines.decoding import decoding_of
 from engines.knobs import NativeMapping, inverted
+from engines.statread import TEXT, StatReader
 from engines.unit import EngineUnit, Environment, dummy_weights_args
+
 COUNTERS = {
     "vllm:num_preemptions": "preemptions",
     "vllm:prefix_cache_queries": "prefix_cache_queries",
@@ -19,25 +21,35 @@ COUNTERS = {
     "vllm:mm_cache_queries": "mm_cache_queries",
     "vllm:mm_cache_hits": "mm_cache_hits",
 }
+REQUIRED_COUNTERS = ("vllm:num_preemptions", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
 
 
 class VllmEngine(Engine):
     """Drives ``vllm.LLM.generate``; each request's ``SamplingParams`` from ``sampling_kwargs``."""
 
     name = "vllm"
+    label = "vLLM"
     supports_sampling = True
     supports_constraints = True
 
     def validate(self) -> None:
-        """vLLM must be installed, knob names must be ``EngineArgs`` fields, and vLLM must accept the config."""
-        require_module("vllm", "vLLM", "vllm")
+        """``troughput-env vllm --check``'s checks (``preflight``), then knob names (``EngineArgs`` fields),
+        then vLLM's own check of the config (a failure without the knobs is the model's, not the knobs')."""
+        preflight("vllm")
         UNIT.check_reserved(self.knobs)
         check_engine_args(self._engine_kwargs(), self.knobs)
 
     def _engine_kwargs(self) -> dict[str, Any]:
+        """Token-id prompts need no tokenizer, so none is loaded (a broken or stub one cannot stop the run);
+        a VLM, grammars and stop strings keep it. A ``skip_tokenizer_init`` knob overrides."""
         kwargs: dict[str, Any] = {"model": self.model["path"], "disable_log_stats": False,
+                                  "skip_tokenizer_init": token_ids_only(self.model),
                                   **dummy_weights_args(self.model)}
         return {**kwargs, **self.knobs}
+
+    @property
+    def skips_tokenizer(self) -> bool:
+        return bool(self._engine_kwargs()["skip_tokenizer_init"])
 
     def start(self) -> StartInfo:
         from vllm import LLM
@@ -63,8 +75,9 @@ class VllmEngine(Engine):
         self.require_started()
         prompts = [self._prompt(r) for r in requests]
         params = []
+        eos = model_eos_ids(self.model) if self.skips_tokenizer else []
         for request in requests:
-            kwargs = sampling_kwargs(request)
+            kwargs = sampling_kwargs(request, eos)
             if "structured_outputs" in kwargs:
                 kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
             params.append(SamplingParams(**kwargs))
@@ -94,11 +107,7 @@ class VllmEngine(Engine):
 
     def stats(self) -> EngineStats:
         self.require_started()
-        values: dict[str, float] = {}
-        for metric in self.llm.get_metrics():
-            if metric.name in COUNTERS and hasattr(metric, "value"):
-                values[COUNTERS[metric.name]] = values.get(COUNTERS[metric.name], 0) + metric.value
-        return EngineStats(**{key: int(values[key]) for key in COUNTERS.values() if key in values})
+        return counters_from_metrics(self.llm.get_metrics(), self.stat_reader)
 
     def reset_caches(self) -> None:
         self.require_started()
@@ -115,14 +124,40 @@ class VllmEngine(Engine):
         self.started = False
 
 
-def sampling_kwargs(request: Request) -> dict[str, Any]:
+def counters_from_metrics(metrics: Any, reader: StatReader) -> EngineStats:
+    """``EngineStats`` from ``LLM.get_metrics()`` (``Metric`` objects with ``name`` and ``value``), read through
+    ``reader``: a counter of another type or missing is ``None`` with a warning, never an exception."""
+    values: dict[str, float] = {}
+    try:
+        listed = list(metrics or [])
+    except TypeError:
+        reader.warn(f"get_metrics() returned {type(metrics).__name__}, not a list; counters left empty")
+        listed = []
+    for metric in listed:
+        name = reader.read(metric, "name", kind=TEXT, where="Metric")
+        if name not in COUNTERS:
+            continue
+        value = reader.read(metric, "value", where=f"Metric {name}")
+        if value is not None:
+            values[COUNTERS[name]] = values.get(COUNTERS[name], 0) + value
+    for name in REQUIRED_COUNTERS:
+        if COUNTERS[name] not in values and not any(w for w in reader.warnings if name in w):
+            reader.warn(f"get_metrics() has no {name}; the column is left empty")
+    return EngineStats(**{key: int(values[key]) for key in COUNTERS.values() if key in values})
+
+
+def sampling_kwargs(request: Request, eos_ids: list[int] | None = None) -> dict[str, Any]:
     """``SamplingParams`` keyword arguments for one request (``structured_outputs`` as the keywords of
     ``StructuredOutputsParams``). A benchmark request is greedy and exactly ``max_tokens`` long; only a
-    request with stop strings is detokenized (they match on text; the harness decodes the rest itself)."""
+    request with stop strings is detokenized (they match on text; the harness decodes the rest itself).
+    ``eos_ids``: the model's EOS ids, given when vLLM runs without a tokenizer (whose EOS it would
+    otherwise take); a request that stops at EOS gets them as ``stop_token_ids``."""
     d = decoding_of(request)
     kwargs: dict[str, Any] = {"max_tokens": d.max_tokens, "ignore_eos": d.ignore_eos, "temperature": d.temperature,
                               "detokenize": bool(d.stop)}
     kwargs.update(d.extras())
+    if eos_ids and not d.ignore_eos:
+        kwargs["stop_token_ids"] = sorted({*kwargs.get("stop_token_ids", ()), *eos_ids})
     if d.constraint_kind is not None:
         kwargs["structured_outputs"] = ({"json_object": True} if d.constraint_kind == "json_object"
                                         else {d.constraint_kind: d.constraint_value})
@@ -142,9 +177,16 @@ def check_engine_args(kwargs: dict[str, Any], knobs: dict[str, Any], label: str 
         return
     try:
         EngineArgs(**kwargs).create_engine_config()
-    except (ValueError, TypeError) as e:
+    except Exception as e:  # noqa: BLE001 - classified below: the knobs' fault or the model's
         where = "" if label == "vLLM" else f" ({label})"
-        raise KnobError(f"vLLM rejects the knobs {knobs}{where}: {e}") from e
+        without = {k: v for k, v in kwargs.items() if k not in knobs}
+        try:
+            EngineArgs(**without).create_engine_config()
+        except Exception as base:  # noqa: BLE001
+            raise EngineUnavailable(f"vLLM cannot start from model {kwargs.get('model')!r}{where} even without "
+                                    f"the knobs: {type(base).__name__}: {base}; fix the model folder (its "
+                                    "config.json) or model.path") from base
+        raise KnobError(f"vLLM rejects the knobs {knobs}{where}: {type(e).__name__}: {e}") from e
 
 
 def _allow_amx() -> None:
@@ -228,6 +270,7 @@ UNIT = EngineUnit(
                            python=">=3.11,<3.15"),
     },
     tune_spaces={"cpu": "vllm_cpu", "gpu": "vllm_h100"},
-    # set by the adapter itself; a user setting them would break what is measured
-    reserved=frozenset({"model", "skip_tokenizer_init", "disable_log_stats"}),
+    # set by the adapter itself; a user setting them would break what is measured (skip_tokenizer_init is
+    # set too, from the workload, but a user may override it)
+    reserved=frozenset({"model", "disable_log_stats"}),
 )

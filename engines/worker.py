@@ -24,6 +24,7 @@ from typing import Any
 from engines import get_engine_class
 from engines.base import Completion, Engine, EngineUnavailable, KnobError, Request
 from engines.decoding import needs_tokenizer, unsupported
+from engines.energy import EnergyMeter
 from engines.gpumem import GpuMemorySampler
 
 OOM_MARKERS = ("out of memory", "outofmemory", "cannot allocate memory", "insufficient memory",
@@ -71,8 +72,9 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def timed_pass(engine: Engine, requests: list[Request], index: int) -> tuple[dict[str, Any], list[Completion]]:
-    """Generate once for all requests; time only the generate call."""
+def timed_pass(engine: Engine, requests: list[Request], index: int,
+               energy: EnergyMeter | None = None) -> tuple[dict[str, Any], list[Completion]]:
+    """Generate once for all requests; time only the generate call, and meter its energy (``energy``)."""
     total = len(requests)
     done = 0
     last_emit = 0.0
@@ -86,12 +88,16 @@ def timed_pass(engine: Engine, requests: list[Request], index: int) -> tuple[dic
             emit("progress", phase=f"pass {index + 1}", done=done, total=total)
 
     before = engine.stats()
+    if energy is not None:
+        energy.start()
     t0 = time.perf_counter()
     completions = engine.generate(requests, on_finish=on_finish)
     wall_s = time.perf_counter() - t0
+    joules = energy.stop() if energy is not None else {"energy_j": None, "energy_reason": "not metered"}
     simulated = engine.simulated_seconds()
     if simulated is not None:  # a simulator: its predicted clock, on which finish times start at 0
         wall_s, t0 = simulated, 0.0
+        joules = {"energy_j": None, "energy_reason": "a simulated pass uses no energy worth metering"}
     counters = engine.stats().minus(before)
     if [c.id for c in completions] != [r.id for r in requests]:
         raise RuntimeError("engine returned completions out of order or incomplete")
@@ -106,6 +112,7 @@ def timed_pass(engine: Engine, requests: list[Request], index: int) -> tuple[dic
         "finished_s": finished,
         "stats": asdict(counters),
         "predicted": simulated is not None,
+        **joules,
     }, completions
 
 
@@ -143,6 +150,7 @@ def run_job(job_dir: Path) -> int:
     # GPU memory from the driver for the whole run (all processes on the visible devices, and this
     # process tree's share), sampled every 0.5 s on a thread; None without a driver.
     gpu_memory = GpuMemorySampler().start()
+    energy = EnergyMeter()
     try:
         emit("phase", phase="validate")
         engine = get_engine_class(job["engine"])({**job["model"], **workload_limits(requests)}, job.get("knobs") or {})
@@ -165,7 +173,7 @@ def run_job(job_dir: Path) -> int:
             if job.get("barrier"):
                 wait_for_go(result["phase"])
             emit("phase", phase=result["phase"], total=len(requests))
-            measured, completions = timed_pass(engine, requests, index)
+            measured, completions = timed_pass(engine, requests, index, energy)
             result["passes"].append(measured)
             engine.reset_caches()
         result["final_stats"] = asdict(engine.stats())
@@ -182,7 +190,10 @@ def run_job(job_dir: Path) -> int:
         result.update(status=classify_failure(text + traceback.format_exc()), error=text,
                       traceback=traceback.format_exc()[-4000:])
     finally:
-        result.update(gpu_memory.stop() or {"peak_gpu_bytes": None})
+        memory = gpu_memory.stop() or {"peak_gpu_bytes": None}
+        result["stat_warnings"] = [*(engine.stat_reader.warnings if engine is not None else []),
+                                   *memory.pop("gpu_memory_warnings", [])]
+        result.update(memory)
         if engine is not None and engine.started:
             try:
                 engine.stop()

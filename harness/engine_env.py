@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import inspect
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import textwrap
 from pathlib import Path
 
 from engines import ENGINES, requirements, unit
@@ -28,26 +30,10 @@ from engines.common import ENVS_DIR, PROJECT_ROOT, env_python, python_variable
 from engines.unit import Environment
 
 
-# Run by --check under the environment's interpreter: which pieces import, as JSON.
-CHECK_SCRIPT = """
-import importlib, json, sys
-report = {"python": ".".join(map(str, sys.version_info[:3]))}
-for key, module in (("engine", sys.argv[1]), ("troughput", "engines.worker")):
-    try:
-        imported = importlib.import_module(module)
-        report[key] = getattr(imported, "__version__", "ok")
-    except Exception as e:
-        report[key + "_error"] = f"{type(e).__name__}: {e}"
-try:
-    import torch
-    report["cuda"] = torch.cuda.is_available()
-    report["torch"] = torch.__version__
-    report["torch_cuda"] = torch.version.cuda
-except Exception as e:
-    report["cuda"] = False
-    report["torch_error"] = f"{type(e).__name__}: {e}"
-print(json.dumps(report))
-"""
+# Run by --check under the environment's interpreter: which pieces import, as JSON. The same function
+# (engines.requirements.import_report) is what every adapter runs in-process before it starts.
+CHECK_SCRIPT = (textwrap.dedent(inspect.getsource(requirements.import_report))
+                + "\nimport json, sys\nprint(json.dumps(import_report(sys.argv[1])))\n")
 CONSTRAINTS_FILE = "constraints.txt"
 
 
@@ -126,21 +112,7 @@ def check(engine: str, spec: Environment, python: Path, facts: requirements.Host
     if "error" in report:
         return [requirements.Problem(f"{python} could not run the check: {report['error']}",
                                      f"recreate the environment with `troughput-env {engine}`")]
-    problems = requirements.unmet(spec, facts, label, python=report.get("python"))
-    if "engine_error" in report:
-        problems.append(requirements.Problem(f"{spec.module} does not import ({report['engine_error']})",
-                                             f"rebuild the environment with `troughput-env {engine}`"))
-    if "troughput_error" in report:
-        problems.append(requirements.Problem(f"troughput's core does not import ({report['troughput_error']})",
-                                             f"`{python} -m pip install --no-deps -e {PROJECT_ROOT}`"))
-    if spec.needs_gpu and "torch" in report:
-        problems += requirements.torch_problems(spec, label, report["torch"], report.get("torch_cuda"),
-                                               engine, str(python))
-    if spec.needs_gpu and not report.get("cuda") and not problems:
-        reason = report.get("torch_error") or f"torch {report.get('torch')} sees no CUDA GPU"
-        problems.append(requirements.Problem(f"no usable NVIDIA GPU ({reason})",
-                                             "run `nvidia-smi` in this shell to see what the driver reports"))
-    return problems
+    return requirements.environment_problems(engine, label, spec, facts, report, str(python), str(PROJECT_ROOT))
 
 
 def describe_host(facts: requirements.HostFacts) -> str:
@@ -201,8 +173,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{args.engine} environment {python}: {'not ready' if problems else 'ready'}")
         return 1 if problems else 0
     env_dir = args.dir / args.engine
-    base = find_python(spec, args.python)
-    version = python_version(base)
+    if args.dry_run and first_python(spec, args.python) is None:
+        # The plan is for another machine as much as this one: name the missing interpreter, print it all.
+        wanted = args.python or " or ".join(spec.pythons)
+        print(f"# missing here: {wanted} not found on PATH (or it does not run); install it (or pass --python) "
+              f"before running these commands")
+        base, version = args.python or spec.pythons[0], None
+    else:
+        base = find_python(spec, args.python)
+        version = python_version(base)
     if spec.python and version and not requirements.python_matches(version, spec.python):
         message = (f"{base} is Python {version}, outside {unit(args.engine).label}'s supported {spec.python}; "
                    f"pass --python {' or '.join(spec.pythons)}")

@@ -1,7 +1,7 @@
 """This host's spec (matmul FLOP/s, copy bandwidth, memory), measured once and cached: the driver side.
 
 A hardware config may leave its rates null (``conf/hardware/cpu.yaml``): then this host
-is measured, once per host (cached in ``.cache/troughput/host_spec-v3-<host>.json``), at
+is measured, once per host (cached in ``.cache/troughput/host_spec-v4-<host>.json``), at
 the start of a run (``complete_run_spec``, called by the runner before any worker
 starts) or explicitly (``python -m harness.hostspec [--refresh]``). Writing a row never
 measures: the speed of light (``engines.perfmodel.sol_columns``) and the simulator get
@@ -81,31 +81,61 @@ def matmul_rate(make):
         if seconds >= 0.2 or n >= 2048:
             return n, 2 * n ** 3 / seconds
         n *= 2
-try:  # a bf16 matmul where torch is installed (the CPU engine's kernels: AMX/AVX-512 through oneDNN)
+try:
     import torch
-    kind, (n, flops) = "torch bfloat16 matmul", matmul_rate(lambda n: torch.randn(n, n, dtype=torch.bfloat16))
 except ImportError:
-    rng = np.random.default_rng(0)
-    kind, (n, flops) = "numpy float32 matmul", matmul_rate(lambda n: rng.standard_normal((n, n), dtype=np.float32))
-src = np.ones(64 << 20 >> 2, dtype=np.float32); dst = np.empty_like(src)
-copy = best(lambda: np.copyto(dst, src))
-print(json.dumps({"peak_flops_bf16": flops, "bandwidth_bytes_s": 2 * src.nbytes / copy,
-                  "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "method": f"{kind} {n}x{n}"}))
+    torch = None
+# The fastest matmul this host offers: a CPU engine runs bf16 where the CPU has native bf16 (AMX, AVX512-BF16)
+# and float32 kernels where it has not (a bf16 matmul without them is emulated, ~50x slower than float32).
+rng = np.random.default_rng(0)
+rates = [("numpy float32", matmul_rate(lambda n: rng.standard_normal((n, n), dtype=np.float32)))]
+if torch is not None:
+    rates += [("torch bfloat16", matmul_rate(lambda n: torch.randn(n, n, dtype=torch.bfloat16))),
+              ("torch float32", matmul_rate(lambda n: torch.randn(n, n, dtype=torch.float32)))]
+kind, (n, flops) = max(rates, key=lambda r: r[1][1])
+def copy_rate(nbytes):
+    # bytes read + written per second: numpy copies on one thread, torch on all of them; the faster counts
+    src = np.ones(nbytes >> 2, dtype=np.float32); dst = np.empty_like(src)
+    rate = 2 * src.nbytes / best(lambda: np.copyto(dst, src))
+    if torch is not None:
+        a = torch.ones(nbytes >> 2); b = torch.empty_like(a)
+        rate = max(rate, 2 * nbytes / best(lambda: b.copy_(a)))
+    return rate
+def last_level_cache():
+    sizes = []
+    for index in range(8):
+        try:
+            text = open(f"/sys/devices/system/cpu/cpu0/cache/index{index}/size").read().strip()
+        except OSError:
+            break
+        sizes.append(int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}.get(text[-1], 1) if text[-1] in "KM" else int(text))
+    return max(sizes) if sizes else 0
+cache = last_level_cache()
+out = {"peak_flops_bf16": flops, "bandwidth_bytes_s": copy_rate(64 << 20),
+       "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+       "method": f"{kind} matmul {n}x{n} (fastest of {', '.join(r[0] for r in rates)}); 64 MiB copy"}
+if cache >= 1 << 20:  # weights that fit in the last-level cache stream at its rate, not DRAM's
+    out.update(cache_bytes=cache, cache_bandwidth_bytes_s=copy_rate(cache // 4))
+    out["method"] += f"; {cache // 4 >> 20} MiB copy in a {cache >> 20} MiB last-level cache"
+print(json.dumps(out))
 """
 
 
 def measure_host(cache_dir: Path = CACHE_DIR, refresh: bool = False) -> dict[str, Any]:
     """This host's matmul FLOP/s and copy bandwidth on all cores; measured once (a few seconds) and cached.
 
-    FLOP/s: the fastest of a few square bf16 matmuls in torch where torch is
-    installed (what a CPU engine runs), else float32 numpy ones; the matrix grows
-    from 256² until one product takes 0.2 s or reaches 2048², so a host without
-    native bf16 (about 0.5 GFLOP/s) is measured in seconds, not minutes.
-    Bandwidth: the fastest 64 MiB array copy (bytes read + written). Runs in a child process with a fixed thread count so
+    FLOP/s: the fastest square matmul of numpy float32 and, where torch is installed,
+    torch bf16 and float32: a CPU engine runs whichever kernels the CPU is fast at (bf16 with
+    AMX or AVX512-BF16, float32 without: an AVX2-only host emulates bf16 at ~0.5 GFLOP/s, which
+    made the speed of light 4-25x too low there). The matrix grows from 256² until one product
+    takes 0.2 s or reaches 2048². Bandwidth: the fastest 64 MiB copy (bytes read + written) by
+    numpy (one thread) or torch (all threads; numpy alone undershot a multi-core host); and, where
+    the last-level cache is known, the copy rate of a quarter of it (``cache_bandwidth_bytes_s``,
+    ``cache_bytes``): a small model's weights stream from cache, not DRAM. Runs in a child process with a fixed thread count so
     that the caller's ``OMP_NUM_THREADS`` (the CPU engine sets 1) does not change it.
     """
     key = f"{platform.node()}-{platform.machine()}".replace(os.sep, "_")
-    path = cache_dir / f"host_spec-v3-{key}.json"
+    path = cache_dir / f"host_spec-v4-{key}.json"
     if path.is_file() and not refresh:
         return json.loads(path.read_text())
     threads = str(os.cpu_count() or 1)

@@ -12,6 +12,16 @@ def pass_throughput(measured: dict[str, Any]) -> float:
     return measured["output_tokens"] / measured["wall_s"] if measured["wall_s"] > 0 else 0.0
 
 
+def energy_columns(measured: dict[str, Any]) -> dict[str, Any]:
+    """``energy_j`` over a timed pass, ``j_per_output_token``, the source, per device, and why null where it is."""
+    joules = measured.get("energy_j")
+    tokens = measured.get("output_tokens")
+    return {"energy_j": joules, "j_per_output_token": joules / tokens if joules is not None and tokens else None,
+            "energy_source": measured.get("energy_source"),
+            "energy_reason": None if joules is not None else measured.get("energy_reason", "not metered"),
+            **{f"energy_j.{k}": v for k, v in (measured.get("energy_j_by_device") or {}).items()}}
+
+
 def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
     """Columns for a worker result; the median timed pass (by output tok/s) speaks for the run.
 
@@ -28,6 +38,8 @@ def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
         "peak_gpu_process_bytes": result.get("peak_gpu_process_bytes"),
         **{f"peak_gpu_bytes.{i}": v for i, v in (result.get("peak_gpu_bytes_by_device") or {}).items()},
         **{f"engine_info.{k}": v for k, v in (start.get("extra") or {}).items()},
+        # statistics the engine (or the GPU memory sampler) could not give: their columns are null
+        "engine_info.stat_warnings": list(result.get("stat_warnings") or []),
     }
     passes = result.get("passes") or []
     if not passes:
@@ -55,6 +67,7 @@ def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
         "prefix_cache_hit_rate": (hits / queries) if queries else (0.0 if queries == 0 else None),
         "mm_cache_queries": stats.get("mm_cache_queries"),
         "mm_cache_hits": stats.get("mm_cache_hits"),
+        **energy_columns(median),
         **{f"stat.{k}": v for k, v in (stats.get("extra") or {}).items()},
     })
     if len(finished):

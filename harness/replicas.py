@@ -90,6 +90,7 @@ def merge_results(results: list[dict[str, Any]], culprit: int | None = None) -> 
         peak_rss_bytes=sum(r.get("peak_rss_bytes") or 0 for r in results),
         peak_gpu_bytes=max((r["peak_gpu_bytes"] for r in results if r.get("peak_gpu_bytes") is not None),
                            default=None),
+        stat_warnings=list(dict.fromkeys(w for r in results for w in r.get("stat_warnings") or [])),
     )
     return merged
 
@@ -105,7 +106,24 @@ def _merge_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
         "finished_s": sorted(t for p in passes for t in p["finished_s"]),
         "stats": _sum_stats([p["stats"] for p in passes]),
         "predicted": any(p.get("predicted") for p in passes),
+        **_merge_energy(passes),
     }
+
+
+def _merge_energy(passes: list[dict[str, Any]]) -> dict[str, Any]:
+    """Replicas' energy: GPUs (NVML) are each replica's own, so their joules add up; RAPL meters the
+    package all replicas share, so each replica read the same counter and the largest reading stands."""
+    joules = [p.get("energy_j") for p in passes]
+    if None in joules:
+        reason = next((p.get("energy_reason") for p in passes if p.get("energy_j") is None), None)
+        return {"energy_j": None, "energy_reason": reason, "energy_source": passes[0].get("energy_source")}
+    source = passes[0].get("energy_source")
+    by_device: dict[str, float] = {}
+    for p in passes:
+        for device, value in (p.get("energy_j_by_device") or {}).items():
+            by_device[device] = max(by_device.get(device, 0.0), value) if source == "rapl" else value
+    total = max(joules) if source == "rapl" else sum(joules)
+    return {"energy_j": total, "energy_j_by_device": by_device, "energy_source": source, "energy_reason": None}
 
 
 def _sum_stats(stats: list[dict[str, Any]]) -> dict[str, Any]:

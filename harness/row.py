@@ -40,10 +40,11 @@ MEASUREMENTS = ("startup_s", "compile_s", "engine_version", "peak_rss_bytes", "p
                 "requests_done", "input_tokens", "output_tokens", "cached_tokens", "req_s", "output_tok_s",
                 "total_tok_s", "output_tok_s_passes", "predicted", "preemptions", "prefix_cache_queries",
                 "prefix_cache_hits", "prefix_cache_hit_rate", "mm_cache_queries", "mm_cache_hits",
-                "completion_p50_s", "completion_p90_s", "completion_p99_s")
-SPEED_OF_LIGHT = ("sol_tok_s", "sol_fraction", "sol_bound")
+                "completion_p50_s", "completion_p90_s", "completion_p99_s", "energy_j", "j_per_output_token",
+                "energy_source", "energy_reason")
+SPEED_OF_LIGHT = ("sol_tok_s", "sol_fraction", "sol_exceeded", "sol_bound")
 PREFIXES = ("workload_info.", "knob.", "canon.", "engine_info.", "stat.", "env.", "hw.", "workload_cfg.",
-            "peak_gpu_bytes.", "quality.",
+            "peak_gpu_bytes.", "energy_j.", "quality.",
             "ordering_cfg.")
 
 

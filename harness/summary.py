@@ -18,6 +18,7 @@ COLUMNS = {
     "preemptions": "preempt",
     "prefix_cache_hit_rate": "prefix hit",
     "sol_fraction": "of SoL",
+    "j_per_output_token": "J/out tok",
     "startup_s": "startup s",
     "knobs": "knobs",
 }
@@ -37,6 +38,8 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
             frame[column] = None
     for column in ("requests_done", "preemptions"):  # counts stay integers beside failed rows' gaps
         frame[column] = ["-" if pd.isna(v) else str(int(v)) for v in frame[column]]
+    # a rate above the speed of light means the hardware spec undershoots: flagged, not shown as a fraction > 1
+    frame["sol_fraction"] = [v if pd.isna(v) or v <= 1 else "above SoL!" for v in pd.to_numeric(frame["sol_fraction"])]
     table = frame[list(COLUMNS)].rename(columns=COLUMNS)
     text = table.to_string(index=False, float_format=lambda v: f"{v:.3g}" if abs(v) < 1 else f"{v:,.1f}",
                            na_rep="-", max_colwidth=60)

@@ -2,8 +2,9 @@
 
 Tests that use it are marked ``engine`` and share the ``xdist_group("ray")``, so one pytest worker runs
 them all against this one head (a head costs ~10 s and ~1 GiB). It runs as its own process group with
-its own temp dir (so no other ``ray.init`` on this host finds it) and token auth, as Ray 2.60 heads have
-by default; it is killed at the end of the session, or with pytest itself (PR_SET_PDEATHSIG).
+its own temp dir (so no other ``ray.init`` on this host finds it), token auth, as Ray 2.60 heads have
+by default, and a clean environment (no PYTHONPATH, another working directory: code reaches workers
+through ``runtime_env``, as on a real cluster); it is killed at the end of the session, or with pytest itself (PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
@@ -29,9 +30,20 @@ class RayHead:
     num_cpus: int
 
     @property
-    def driver_env(self) -> dict[str, str]:
-        """What a driver process needs in its environment to join this head."""
+    def auth_env(self) -> dict[str, str]:
+        """What a driver needs in its environment to join this head (its token)."""
         return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path}
+
+    @property
+    def driver_env(self) -> dict[str, str]:
+        """A driver process's whole environment: this one's without PYTHONPATH (code reaches Ray's workers
+        through ``runtime_env``, never a shared path), plus the token."""
+        return {**clean_env(), **self.auth_env}
+
+
+def clean_env() -> dict[str, str]:
+    """This environment without PYTHONPATH, and with no usage report (no network at run time)."""
+    return {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, "RAY_USAGE_STATS_ENABLED": "0"}
 
 
 def free_port() -> int:
@@ -52,8 +64,8 @@ def start_head(num_cpus: int = 4):
             [str(RAY), "start", "--head", "--block", f"--port={port}", f"--num-cpus={num_cpus}", "--num-gpus=0",
              f"--temp-dir={temp}", "--include-dashboard=false", "--disable-usage-stats",
              f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            env={**os.environ, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)},
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=temp,
+            env={**clean_env(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token)},
             preexec_fn=_die_with_parent)
     deadline = time.monotonic() + 120
     while "Ray runtime started" not in head_log.read_text():

@@ -4,7 +4,8 @@ One JSON file per engine and version (``sglang-0.5.23.json``, ``tensorrt_llm-1.2
 written by ``engines/snapshots/record.py`` from the real package read as files (a wheel,
 or a source tree at a named commit) and never imported. Each holds, for every class
 an adapter touches, its constructor fields, its methods with their parameter names and
-its result attributes; the result-dict keys (``meta_info``, iteration stats); and the
+its result attributes; the result-dict keys (``meta_info``, ``get_server_info()``, iteration
+stats) and, where the source shows them, the kinds of their values (``types``); and the
 model architectures the engine implements. The adapters' knob checks and model checks,
 and the adapter tests' stand-in engines, all read these files: one source of truth.
 
@@ -68,6 +69,10 @@ class Snapshot:
             return frozenset(self.data["keys"][name])
         except KeyError:
             raise KeyError(f"keys {name!r} are not recorded in {self.label}") from None
+
+    def types(self, name: str) -> dict[str, str]:
+        """Kinds (``number``, ``mapping``, ``text``) of the values of recorded dict ``name``, where recorded."""
+        return dict((self.data.get("types") or {}).get(name) or {})
 
     @property
     def architectures(self) -> frozenset[str] | None:

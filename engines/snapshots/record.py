@@ -183,6 +183,106 @@ def all_literal_dict_keys(module: ast.Module) -> list[str]:
     return sorted(keys)
 
 
+def _subscript_keys(node: ast.AST) -> list[tuple[str, ast.expr]]:
+    """``(key, value)`` of every ``name["key"] = value`` under ``node``."""
+    found = []
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Assign):
+            for target in sub.targets:
+                if (isinstance(target, ast.Subscript) and isinstance(target.slice, ast.Constant)
+                        and isinstance(target.slice.value, str)):
+                    found.append((target.slice.value, sub.value))
+    return found
+
+
+def _literal_items(node: ast.AST) -> list[tuple[str, ast.expr]]:
+    """``(key, value)`` of every string key of every dict literal under ``node``."""
+    return [(k.value, v) for sub in ast.walk(node) if isinstance(sub, ast.Dict)
+            for k, v in zip(sub.keys, sub.values) if isinstance(k, ast.Constant) and isinstance(k.value, str)]
+
+
+def _annotation_kind(text: str) -> str | None:
+    head = text.replace("typing.", "").split("[")[0].strip()
+    if head in ("float", "int"):
+        return "number"
+    if head in ("dict", "Dict", "Mapping", "MutableMapping"):
+        return "mapping"
+    if head == "str":
+        return "text"
+    return None
+
+
+def value_kinds(reader: Reader, path: str) -> dict[str, str]:
+    """The kind (``number``, ``mapping``, ``text``) of each dict key written in module ``path``, where the
+    source shows it: a numeric constant or arithmetic, a dict literal, a parameter or a called function
+    (in the module or imported into it) annotated ``float``/``dict[...]``. A key seen with two kinds is left out."""
+    module = parse(reader, path)
+    imported = {alias.asname or alias.name: node.module for node in module.body
+                if isinstance(node, ast.ImportFrom) and node.module for alias in node.names}
+
+    def returns(name: str) -> str | None:
+        sources = [module]
+        if name in imported:
+            try:
+                sources.append(parse(reader, imported[name].replace(".", "/") + ".py"))
+            except KeyError:
+                pass
+        for source in sources:
+            for node in source.body:
+                if isinstance(node, ast.FunctionDef) and node.name == name and node.returns is not None:
+                    return _annotation_kind(ast.unparse(node.returns))
+        return None
+
+    kinds: dict[str, set[str]] = {}
+    for fn in (n for n in ast.walk(module) if isinstance(n, ast.FunctionDef)):
+        params = {a.arg: ast.unparse(a.annotation) for a in fn.args.args + fn.args.kwonlyargs if a.annotation}
+        for key, value in _literal_items(fn) + _subscript_keys(fn):
+            kind = None
+            if isinstance(value, ast.Constant) and isinstance(value.value, (int, float)) \
+                    and not isinstance(value.value, bool):
+                kind = "number"
+            elif isinstance(value, ast.BinOp) or (isinstance(value, ast.Call) and ast.unparse(value.func) in
+                                                  ("float", "int", "max", "min")):
+                kind = "number"
+            elif isinstance(value, ast.Dict):
+                kind = "mapping"
+            elif isinstance(value, ast.Name) and value.id in params:
+                kind = _annotation_kind(params[value.id])
+            elif isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+                kind = returns(value.func.id)
+            if kind:
+                kinds.setdefault(key, set()).add(kind)
+    return {key: found.pop() for key, found in sorted(kinds.items()) if len(found) == 1}
+
+
+def method_dict_keys(module: ast.Module, cls: str, method: str, variable: str | None = None) -> list[str]:
+    """String keys of the dict literals in ``cls.method`` (``variable``: only those assigned to it, and
+    ``variable["k"] = ...``)."""
+    fn = next(n for n in find_class(module, cls).body
+              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == method)
+    if variable is None:
+        return sorted({k for k, _ in _literal_items(fn)})
+    keys = set()
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets):
+            keys.update(k for k, _ in _literal_items(node.value))
+    keys.update(k for k, _ in _subscript_keys(fn))
+    return sorted(keys)
+
+
+def sglang_server_info_keys(reader: Reader, server_args: list[str]) -> list[str]:
+    """Keys of ``Engine.get_server_info()``: ``ServerArgs.resolved_dict()`` (its fields), the literal keys of
+    ``get_server_info`` itself, and the first scheduler's info (``Scheduler.get_init_info`` or, with data
+    parallelism, ``DataParallelController.get_init_info``)."""
+    engine = parse(reader, "sglang/srt/entrypoints/engine.py")
+    keys = set(server_args) | set(method_dict_keys(engine, "Engine", "get_server_info"))
+    keys |= set(method_dict_keys(parse(reader, "sglang/srt/managers/scheduler.py"), "Scheduler", "get_init_info",
+                                 "result_dict"))
+    keys |= set(method_dict_keys(parse(reader, "sglang/srt/managers/data_parallel_controller.py"),
+                                 "DataParallelController", "get_init_info", "init_info"))
+    return sorted(keys)
+
+
 def module_string(module: ast.Module, variable: str) -> str:
     for node in module.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == variable for t in node.targets):
@@ -252,13 +352,17 @@ def record_sglang(wheel: Path) -> dict[str, Any]:
     sampling_py = "sglang/srt/sampling/sampling_params.py"
     models = sorted(n for n in zipfile.ZipFile(wheel).namelist()
                     if re.fullmatch(r"sglang/srt/models/[^/]+\.py", n))
+    server_args = sglang_server_args_fields(reader)
+    startup_py = "sglang/srt/observability/startup_time.py"
+    startup_keys = sorted(set(all_literal_dict_keys(parse(reader, startup_py)))
+                          | {k for k, _ in _subscript_keys(parse(reader, startup_py))})
     return {
         "package": "sglang", "version": version,
         "source": {"kind": "wheel", "file": wheel.name, "sha256": hashlib.sha256(wheel.read_bytes()).hexdigest()},
         "recorded_by": "engines/snapshots/record.py sglang",
         "classes": {
             "ServerArgs": {"file": "sglang/srt/server_args.py (+ srt/arg_groups/fields/*.py)",
-                           "fields": sglang_server_args_fields(reader)},
+                           "fields": server_args},
             "Engine": entry(parse(reader, engine_py), "Engine", engine_py, methods=True),
             "SamplingParams": entry(parse(reader, sampling_py), "SamplingParams", sampling_py, fields=True),
             "FlushCacheReqOutput": entry(parse(reader, io_py), "FlushCacheReqOutput", io_py, fields=True),
@@ -266,8 +370,11 @@ def record_sglang(wheel: Path) -> dict[str, Any]:
         "keys": {
             "generate_output": ["text", "output_ids", "meta_info"],
             "meta_info": dict_keys_of(parse(reader, "sglang/srt/managers/tokenizer_manager.py"), "meta_info"),
-            "startup_time": all_literal_dict_keys(parse(reader, "sglang/srt/observability/startup_time.py")),
+            "startup_time": startup_keys,
+            "server_info": sglang_server_info_keys(reader, server_args),
         },
+        # the kinds of values where the source shows them (stand-ins built from the snapshot are held to them)
+        "types": {"startup_time": {k: v for k, v in value_kinds(reader, startup_py).items() if k in startup_keys}},
         "models": {"source": "EntryClass of sglang/srt/models/*.py",
                    "architectures": registry_from_entry_classes(reader, models)},
     }

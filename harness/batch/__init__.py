@@ -3,7 +3,8 @@
 A job is the set of its committed shards. ``shards`` reads the file in shards of
 ``shard_size`` records, ``convert`` turns each record into a request (or an error),
 a pool runs shards on engines started once (``pool``: this node's replicas;
-``ray_pool``: Ray actors; ``slurm``: submitit array tasks, each with a local pool),
+``slurm``: submitit array tasks, each with a local pool; ``ray_job``: a Ray Data pipeline
+of the stages in ``ray_stages``),
 ``output`` writes OpenAI Batch output lines, and ``state`` commits each shard atomically
 and merges them. ``job`` drives it; ``source`` says where the config came from and what
 it predicted; ``row`` records the job in the results table's ``batch`` table.

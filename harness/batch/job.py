@@ -1,8 +1,9 @@
 """Run a job's shards: convert, order, dispatch to a pool, turn results into output lines, commit.
 
-``run_shards`` is the same on one node, in each SLURM array task (a subset of the shards)
-and with Ray actors (another pool): the driver converts the next shard while the engines
-generate the previous ones, and a shard counts only once it is committed.
+``run_shards`` is the same on one node and in each SLURM array task (a subset of the shards):
+the driver converts the next shard while the engines generate the previous ones, and a shard
+counts only once it is committed (``commit_shard``, which ``batch.scale=ray``'s commit stage
+calls too).
 """
 
 from __future__ import annotations
@@ -46,6 +47,15 @@ class ShardsRun:
     peak_worker_rss_bytes: int = 0
     errors: list[str] = field(default_factory=list)  # failures that are no shard's (an array task that died)
 
+    def add(self, meta: dict[str, Any]) -> None:
+        """Count one shard this invocation committed (its ``meta.json``)."""
+        self.shards_run += 1
+        self.requests_ok += meta["ok"]
+        self.requests_failed += meta["failed"]
+        self.prompt_tokens += meta["prompt_tokens"]
+        self.output_tokens += meta["output_tokens"]
+        self.engine_s += float(meta["engine_s"])
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "shards_failed": {str(k): v for k, v in self.shards_failed.items()}}
 
@@ -74,7 +84,7 @@ def shard_records(index: Index, size: int, shard: int) -> int:
 
 def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int], bool], pool: Any,
                progress: bool = True) -> ShardsRun:
-    """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool`` or ``RayPool``, not yet started)."""
+    """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool``, not yet started)."""
     size = plan.shard_size
     committed = state.committed()
     todo = {i for i in range(index.shards(size)) if wanted(i) and i not in committed}
@@ -177,35 +187,39 @@ class _Runner:
                 self.run.shards_failed[index] = f"worker {worker + 1}: {why}"
 
     def _commit(self, index: int, items: list[Item], result: dict[str, Any], worker: int | None = None) -> None:
-        by_id = {c["id"]: c for c in result["completions"]}
-        engine_errors: dict[str, str] = result["errors"]
-        outputs, errors = [], []
-        created = int(time.time())
-        for item in items:
-            if item.error is not None:
-                errors.append(failure(self.job, item, item.error))
-            elif item.request.id in engine_errors:  # type: ignore[union-attr]
-                errors.append(failure(self.job, item, f"{self.plan.input}, line {item.line}: "
-                                                      f"{engine_errors[item.request.id]}", ENGINE_FAULT))
-            else:
-                completion = by_id[item.request.id]  # type: ignore[union-attr]
-                text = completion.get("text")
-                text = self.tok.decode(completion["output_token_ids"]) if text is None else text
-                outputs.append(success(self.job, item, completion, text, self.plan.model_name, created))
-        measured = result["measured"]
-        prompt_tokens = sum(c["prompt_tokens"] for c in result["completions"])
-        output_tokens = sum(len(c["output_token_ids"]) for c in result["completions"])
-        meta = {"index": index, "requests": len(items), "ok": len(outputs), "failed": len(errors),
-                "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "engine_s": measured["wall_s"],
-                "first_line": items[0].line, "last_line": items[-1].line, "committed_at": time.time()}
-        if not self.state.commit(index, outputs, errors, meta):
+        meta = commit_shard(self.plan, self.state, self.tok, self.job, index, items, result)
+        if meta is None:
             return  # another worker or an earlier run committed it first
         self.t_last = time.monotonic()
-        run = self.run
-        run.shards_run += 1
-        run.requests_ok += len(outputs)
-        run.requests_failed += len(errors)
-        run.prompt_tokens += prompt_tokens
-        run.output_tokens += output_tokens
-        run.engine_s += float(measured["wall_s"])
-        self.bar.shard_done(-1 if worker is None else worker, len(items), output_tokens)
+        self.run.add(meta)
+        self.bar.shard_done(-1 if worker is None else worker, len(items), meta["output_tokens"])
+
+
+def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, items: list[Item],
+                 result: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """Shard ``index``'s output and error lines from its items and the engine's ``result``, committed.
+
+    Returns the shard's ``meta.json`` (``extra`` added to it), or ``None`` when the shard was
+    already committed (by another worker or an earlier run) and this copy was dropped.
+    """
+    by_id = {c["id"]: c for c in result["completions"]}
+    engine_errors: dict[str, str] = result["errors"]
+    outputs, errors = [], []
+    created = int(time.time())
+    for item in items:
+        if item.error is not None:
+            errors.append(failure(job, item, item.error))
+        elif item.request.id in engine_errors:  # type: ignore[union-attr]
+            errors.append(failure(job, item, f"{plan.input}, line {item.line}: "
+                                             f"{engine_errors[item.request.id]}", ENGINE_FAULT))
+        else:
+            completion = by_id[item.request.id]  # type: ignore[union-attr]
+            text = completion.get("text")
+            text = tok.decode(completion["output_token_ids"]) if text is None else text
+            outputs.append(success(job, item, completion, text, plan.model_name, created))
+    meta = {"index": index, "requests": len(items), "ok": len(outputs), "failed": len(errors),
+            "prompt_tokens": sum(c["prompt_tokens"] for c in result["completions"]),
+            "output_tokens": sum(len(c["output_token_ids"]) for c in result["completions"]),
+            "engine_s": result["measured"]["wall_s"], "first_line": items[0].line, "last_line": items[-1].line,
+            **(extra or {}), "committed_at": time.time()}
+    return meta if state.commit(index, outputs, errors, meta) else None

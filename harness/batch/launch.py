@@ -36,6 +36,10 @@ def run_job(plan: Plan, progress: bool = True) -> dict[str, Any]:
         from harness.batch.slurm import run_array
 
         run = run_array(plan, state)
+    elif plan.scale == "ray":
+        from harness.batch.ray_job import run_ray
+
+        run = run_ray(plan, state, index, progress)
     else:
         run = run_shards(plan, state, index, lambda _: True, make_pool(plan, state, run_id), progress)
     committed = len(state.committed())
@@ -49,15 +53,10 @@ def run_job(plan: Plan, progress: bool = True) -> dict[str, Any]:
 
 
 def make_pool(plan: Plan, state: JobState, run_id: str) -> Any:
-    """The engines this node drives: local batch workers, or Ray actors."""
-    logs = Path(plan.results_dir) / "logs"
-    if plan.scale == "ray":
-        from harness.batch.ray_pool import RayPool
-
-        return RayPool(plan)
+    """The engines this node drives: local batch workers."""
     from harness.batch.pool import LocalPool
 
-    return LocalPool(plan, state.work_dir / run_id, logs)
+    return LocalPool(plan, state.work_dir / run_id, Path(plan.results_dir) / "logs")
 
 
 def load_index(state: JobState) -> Index:

@@ -61,6 +61,9 @@ class Section:
 
 
 
+SOL_EXCEEDED = "above SoL (hardware spec too low)"
+
+
 def fmt(value: Any, kind: str = "num") -> str:
     """Numbers as the report shows them; missing values as an en dash."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
@@ -69,6 +72,10 @@ def fmt(value: Any, kind: str = "num") -> str:
         return f"{value:+.1%}"
     if kind == "share":
         return f"{value:.1%}"
+    if kind == "sol":   # a fraction of the speed of light; above 1 the bound itself is wrong, so say that instead
+        return f"{value:.1%}" if value <= 1 else SOL_EXCEEDED
+    if kind == "j":
+        return f"{value:.3g}"
     if kind == "int":
         return f"{value:,.0f}"
     if kind == "s":

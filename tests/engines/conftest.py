@@ -9,6 +9,7 @@ through ``dict.get`` and ``getattr(..., default)``, which would hide a renamed n
 
 from __future__ import annotations
 
+import json
 from typing import Any, Callable
 
 import pytest
@@ -18,10 +19,9 @@ from engines.snapshots import Snapshot
 
 @pytest.fixture
 def past_env_checks(monkeypatch, request):
-    """Skip the package and GPU checks of the test module's ``adapter``, to reach the knob checks."""
+    """Skip the pre-run checks (``preflight``: package, host, GPU) of the test module's ``adapter``."""
     adapter = request.module.adapter
-    monkeypatch.setattr(adapter, "require_module", lambda *a: None)
-    monkeypatch.setattr(adapter, "require_cuda", lambda *a: None)
+    monkeypatch.setattr(adapter, "preflight", lambda *a: None)
 
 
 class UnrecordedName(AssertionError):
@@ -69,14 +69,38 @@ def fake_class(snapshot: Snapshot, cls: str, methods: dict[str, Callable], init:
     return type(f"Recorded{cls}", (), body)
 
 
-class RecordedDict(dict):
-    """A result dict whose keys must be recorded ones: reading any other key fails the test."""
+def kind_of(value: Any) -> str:
+    """A value's kind as snapshots record them (``engines.statread``'s names)."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, dict):
+        return "mapping"
+    return "text" if isinstance(value, str) else type(value).__name__
 
-    def __init__(self, snapshot: Snapshot, keys: str, data: dict[str, Any]):
+
+class RecordedDict(dict):
+    """A result dict whose keys must be recorded ones: reading any other key fails the test.
+
+    Every way of looking a name up is checked (``[]``, ``.get``, ``in``, ``.pop``,
+    ``.setdefault``), and the stand-in's values must be of the kinds the snapshot records
+    (``types``), so that iterating it (``.items()``, ``.values()``, ``for``) hands the adapter
+    only what the real engine could. ``types_as_recorded=False`` builds one that breaks the
+    recorded types on purpose (to test that the adapter survives a shape change).
+    """
+
+    def __init__(self, snapshot: Snapshot, keys: str, data: dict[str, Any], types_as_recorded: bool = True):
         self.allowed, self.where = snapshot.keys(keys), f"{keys} keys of {snapshot.label}"
         unknown = sorted(set(data) - self.allowed)
         if unknown:
             raise UnrecordedName(f"stand-in built with {unknown}, which are not {self.where}")
+        if types_as_recorded:
+            wrong = {k: (kind_of(data[k]), want) for k, want in snapshot.types(keys).items()
+                     if k in data and kind_of(data[k]) != want}
+            if wrong:
+                raise UnrecordedName(f"stand-in values of other kinds than recorded ({snapshot.label}): "
+                                     + ", ".join(f"{k}: {got}, recorded {want}" for k, (got, want) in wrong.items()))
         super().__init__(data)
 
     def _check(self, key: Any) -> None:
@@ -90,6 +114,18 @@ class RecordedDict(dict):
     def get(self, key, default=None):
         self._check(key)
         return super().get(key, default)
+
+    def __contains__(self, key):
+        self._check(key)
+        return super().__contains__(key)
+
+    def pop(self, key, *default):
+        self._check(key)
+        return super().pop(key, *default)
+
+    def setdefault(self, key, default=None):
+        self._check(key)
+        return super().setdefault(key, default)
 
 
 class RecordedObject:
@@ -113,3 +149,21 @@ class RecordedObject:
             # not AttributeError: getattr(obj, name, default) must not hide a wrong name
             raise UnrecordedName(f"the adapter read {cls}.{name}, which is not recorded in {snapshot.label}")
         raise AttributeError(name)
+
+
+def run_worker(tmp_path, engine: str, model: dict[str, Any], requests: list,
+               knobs: dict[str, Any] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run ``engines.worker.run_job`` in this process (the stand-in engine in ``sys.modules`` serves it);
+    return the worker's result and the row's measurement columns built from it."""
+    from dataclasses import asdict
+
+    from engines import worker
+    from harness.measure import measurement_columns
+
+    job = tmp_path / "job"
+    job.mkdir()
+    (job / "job.json").write_text(json.dumps({"engine": engine, "model": model, "knobs": knobs or {}, "repeats": 1}))
+    (job / "requests.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in requests))
+    worker.run_job(job)
+    result = json.loads((job / "result.json").read_text())
+    return result, measurement_columns(result)

@@ -140,9 +140,30 @@ def test_sol_columns_for_a_row_and_none_when_unknown(h100):
     columns = sol_columns(None, "llama-3.1-8b", spec, summary(100, 1000, 1000), {}, output_tok_s=1000.0)
     assert columns["sol_tok_s"] > 1000 and columns["sol_fraction"] == pytest.approx(1000 / columns["sol_tok_s"])
     assert columns["hw.bandwidth_bytes_s"] == h100.bandwidth_bytes_s
-    assert sol_columns(None, "llama-3.1-8b", None, summary(1, 1, 1), {}, 1.0) == {"sol_tok_s": None,
-                                                                                 "sol_fraction": None}
+    assert columns["sol_exceeded"] is False
+    assert sol_columns(None, "llama-3.1-8b", None, summary(1, 1, 1), {}, 1.0) == {
+        "sol_tok_s": None, "sol_fraction": None, "sol_exceeded": None}
     assert sol_columns(None, "unknown-model", spec, summary(1, 1, 1), {}, 1.0)["sol_tok_s"] is None
+    faster = sol_columns(None, "llama-3.1-8b", spec, summary(100, 1000, 1000), {},
+                         output_tok_s=2 * columns["sol_tok_s"])
+    assert faster["sol_exceeded"] is True and faster["sol_fraction"] == pytest.approx(2.0)
+
+
+def test_a_rate_above_the_speed_of_light_is_flagged_in_reports_not_shown_as_a_fraction():
+    from harness.report.document import SOL_EXCEEDED, fmt
+    from harness.summary import summary_table
+
+    assert fmt(0.42, "sol") == "42.0%" and fmt(3.7, "sol") == SOL_EXCEEDED
+    rows = [{"run_id": "a", "status": "ok", "sol_fraction": 3.7}, {"run_id": "b", "status": "ok", "sol_fraction": 0.5}]
+    table = summary_table(rows)
+    assert "above SoL!" in table and "3.7" not in table and "0.5" in table
+
+
+def test_weights_that_fit_in_the_cache_stream_at_its_rate(h100):
+    host = HardwareSpec("host", peak_flops_bf16=4e10, bandwidth_bytes_s=8e9, memory_bytes=2e10,
+                        cache_bytes=32 << 20, cache_bandwidth_bytes_s=5e10)
+    assert host.weight_bandwidth(10 << 20) == 5e10 and host.weight_bandwidth(64 << 20) == 8e9
+    assert h100.weight_bandwidth(1 << 20) == h100.bandwidth_bytes_s, "no cache figures: memory bandwidth"
 
 
 def test_an_incomplete_spec_is_an_unknown_speed_of_light_not_a_measurement(monkeypatch):
@@ -155,7 +176,7 @@ def test_an_incomplete_spec_is_an_unknown_speed_of_light_not_a_measurement(monke
     monkeypatch.setattr(subprocess, "Popen", no_benchmark)
     spec = {"name": "cpu", "kind": "cpu", "peak_flops_bf16": None, "bandwidth_bytes_s": None, "memory_bytes": None}
     columns = sol_columns(None, "llama-3.1-8b", spec, summary(10, 100, 100), {}, 10.0)
-    assert columns == {"sol_tok_s": None, "sol_fraction": None}
+    assert columns == {"sol_tok_s": None, "sol_fraction": None, "sol_exceeded": None}
     with pytest.raises(ValueError, match="lacks peak_flops_bf16, bandwidth_bytes_s"):
         HardwareSpec.from_config(spec)
 

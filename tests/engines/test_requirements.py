@@ -1,5 +1,5 @@
 """``engines.requirements``: host facts parsed from recorded ``nvidia-smi`` text, each unmet requirement
-named with its fix, and the adapters' pre-run check (``require_cuda``) giving the same reasons."""
+named with its fix, and the adapters' pre-run check (``preflight``) giving exactly ``troughput-env --check``'s."""
 
 import dataclasses
 import sys
@@ -10,7 +10,9 @@ import pytest
 from engines import requirements as req
 from engines import unit
 from engines.base import EngineUnavailable
-from engines.common import require_cuda
+from engines import common
+from engines.common import preflight
+from harness import engine_env
 
 # Recorded from `nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.total --format=csv,noheader,nounits`
 # and the header of plain `nvidia-smi` on a two-GPU H100 node with the 535 driver (CUDA 12.2).
@@ -97,16 +99,41 @@ def test_this_host_is_probed_without_raising():
     assert found.driver is not None or found.driver_error
 
 
-def test_require_cuda_gives_the_same_precise_reason(monkeypatch):
-    fake_torch = types.SimpleNamespace(__version__="2.14.1+cu130", version=types.SimpleNamespace(cuda="13.0"),
-                                       cuda=types.SimpleNamespace(is_available=lambda: False))
-    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_preflight_runs_exactly_the_checks_of_troughput_env_check(monkeypatch, tmp_path, engine):
+    """The adapters' pre-run check and ``troughput-env ENGINE --check`` give the same problems, in order."""
+    report = {"python": "3.12.3", "engine": "x", "troughput": "ok", "cuda": False, "torch": "2.14.1+cu130",
+              "torch_cuda": "13.0"}
+    monkeypatch.setattr(common, "require_module", lambda *a: None)
     monkeypatch.setattr(req, "probe_host", lambda libraries=(): facts())
-    with pytest.raises(EngineUnavailable, match=r"SGLang cannot run here: \(1\) driver 535.183.01 is older than "
-                                                r"the 580 that CUDA 13 needs.*; fix: install NVIDIA driver 580"):
-        require_cuda("SGLang")
-    fake_torch.cuda.is_available = lambda: True
-    require_cuda("SGLang")   # a CUDA 13 torch that sees a GPU passes
-    fake_torch.version.cuda = "12.8"
-    with pytest.raises(EngineUnavailable, match="built for CUDA 12.8; SGLang is built for CUDA 13.0"):
-        require_cuda("SGLang")
+    monkeypatch.setattr(req, "import_report", lambda module: report)
+    monkeypatch.setattr(engine_env, "_run_check_script", lambda python, module: report)
+    python = tmp_path / "python"
+    python.touch()
+    spec = unit(engine).environment()
+
+    def both():
+        problems = engine_env.check(engine, spec, python, req.probe_host())
+        try:
+            preflight(engine)
+        except EngineUnavailable as e:
+            return problems, str(e)
+        return problems, ""
+
+    problems, message = both()
+    assert problems, "a 535 driver cannot run a CUDA 13 engine"
+    assert message.endswith("; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))
+    assert "driver 535.183.01 is older than the 580 that CUDA 13 needs" in message
+    monkeypatch.setattr(req, "probe_host", lambda libraries=(): facts(driver="580.95.05", driver_cuda="13.0"))
+    report["cuda"] = True
+    problems, message = both()
+    assert problems == [] and message == "", "a CUDA 13 torch that sees a GPU passes both"
+    report.update(torch="2.14.1+cu128", torch_cuda="12.8")
+    problems, message = both()
+    assert len(problems) == 1 and "built for CUDA 12.8" in message
+
+
+def test_the_check_script_is_the_function_adapters_call():
+    assert "def import_report(module" in engine_env.CHECK_SCRIPT
+    report = req.import_report("no_such_module_here")
+    assert "engine_error" in report and report["troughput"] == "ok"

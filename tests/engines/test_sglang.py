@@ -14,11 +14,13 @@ import types
 import pytest
 
 from engines import sglang as adapter
+from engines import common
 from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
 from engines.sglang import SglangEngine, flush_radix_cache, to_completion
 from engines.snapshots import load
-from tests.engines.conftest import RecordedDict, RecordedObject, UnrecordedName, check_fields, fake_class
+from tests.engines.conftest import (RecordedDict, RecordedObject, UnrecordedName, check_fields, checked_method,
+                                    fake_class, run_worker)
 
 SNAPSHOT = load("sglang")
 MODEL = {"path": "/models/llama", "name": "llama"}
@@ -50,10 +52,17 @@ def _generate(self, prompt=None, sampling_params=None, input_ids=None, image_dat
             for i, (ids, p) in enumerate(zip(input_ids, sampling_params))]
 
 
+def server_info(startup=None, types_as_recorded=True, **rest):
+    """A recorded-shape ``get_server_info()`` result (``keys.server_info`` and ``types.startup_time``)."""
+    startup = {"load_weight": 3.0, "kv_cache_allocation": 0.5, "scheduler_e2e": 9.0,
+               "cuda_graph": {"decode": 4.0, "prefill": 1.5}} if startup is None else startup
+    return RecordedDict(SNAPSHOT, "server_info", {
+        "startup_time": RecordedDict(SNAPSHOT, "startup_time", startup, types_as_recorded=types_as_recorded),
+        "version": "0.5.23", **rest})
+
+
 def _get_server_info(self):
-    return {"startup_time": RecordedDict(SNAPSHOT, "startup_time", {
-        "load_weight": 3.0, "kv_cache_allocation": 0.5, "scheduler_e2e": 9.0,
-        "cuda_graph": {"decode": 4.0, "prefill": 1.5}})}
+    return self.server_info if hasattr(self, "server_info") else server_info()
 
 
 def _flush_cache(self):
@@ -106,12 +115,13 @@ def test_without_sglang_validate_names_the_interpreter_and_the_fix():
 
 
 def test_without_a_gpu_validate_says_so(monkeypatch):
-    monkeypatch.setattr(adapter, "require_module", lambda *a: None)
+    monkeypatch.setattr(common, "require_module", lambda *a: None)
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     # the precise reasons of engines.requirements (here: a CPU torch, no driver), each with its fix
-    with pytest.raises(EngineUnavailable, match=r"SGLang cannot run here: \(1\) .*; fix: .*driver >= 580"):
+    with pytest.raises(EngineUnavailable, match=r"SGLang cannot run here \(the checks of `troughput-env \w+ "
+                                                r"--check`\): \(1\) .*driver >= 580.*; fix: "):
         SglangEngine(MODEL, {}).validate()
 
 
@@ -206,6 +216,48 @@ def test_start_generate_stats_and_stop_through_a_stand_in_engine(fake_sglang, tm
     llm = engine.llm
     engine.stop()
     assert llm.shut and not engine.started
+
+
+def test_the_stand_in_holds_names_and_value_kinds_to_the_recording():
+    info = server_info()
+    with pytest.raises(UnrecordedName):
+        "startup" in info   # noqa: B015 - `in` with an unrecorded name fails like [] and .get
+    assert "grammar_backend" in SNAPSHOT.keys("server_info"), "ServerArgs fields are server_info keys"
+    with pytest.raises(UnrecordedName, match="cuda_graph: number, recorded mapping"):
+        server_info({"cuda_graph": 2.5})
+
+
+@pytest.mark.parametrize("startup, warning", [
+    ({"load_weight": 3.0, "kv_cache_allocation": 0.5, "cuda_graph": 2.5}, "['cuda_graph'] is number (2.5), expected mapping"),
+    ({"load_weight": "3 s", "cuda_graph": {"decode": 4.0}}, "['load_weight'] is text ('3 s'), expected number"),
+    ({"cuda_graph": {"decode": None}}, "['cuda_graph']['decode'] is NoneType"),
+])
+def test_a_startup_stat_of_another_shape_is_a_null_column_and_a_warning_in_an_ok_row(
+        fake_sglang, past_env_checks, tmp_path, startup, warning):
+    FakeSglangEngine.server_info = server_info(startup, types_as_recorded=False)
+    try:
+        result, columns = run_worker(tmp_path, "sglang", MODEL, [Request("r", [1, 2, 3], 2)])
+    finally:
+        del FakeSglangEngine.server_info
+    assert result["status"] == "ok", result.get("error")
+    assert any(warning in w for w in columns["engine_info.stat_warnings"]), columns["engine_info.stat_warnings"]
+    assert columns["output_tokens"] == 2
+
+
+def test_a_missing_meta_info_stat_is_a_warning_not_a_crash(fake_sglang, past_env_checks, tmp_path, monkeypatch):
+    def without_cached(self, *args, **kwargs):
+        outputs = _generate(self, *args, **kwargs)
+        for o in outputs:
+            del o["meta_info"]["cached_tokens"]
+            o["meta_info"]["num_retractions"] = "0"
+        return outputs
+
+    monkeypatch.setattr(FakeSglangEngine, "generate", checked_method(SNAPSHOT, "Engine", "generate", without_cached))
+    result, columns = run_worker(tmp_path, "sglang", MODEL, [Request("r", [1, 2, 3], 2)])
+    assert result["status"] == "ok", result.get("error")
+    warnings = " | ".join(columns["engine_info.stat_warnings"])
+    assert "meta_info['cached_tokens'] is missing" in warnings and "['num_retractions'] is text" in warnings
+    assert columns["cached_tokens"] is None
 
 
 def test_the_flush_is_retried_while_the_scheduler_is_busy(fake_sglang):

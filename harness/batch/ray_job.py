@@ -1,0 +1,168 @@
+"""``batch.scale=ray``: a job's uncommitted shards as one Ray Data pipeline (stages in ``ray_stages``).
+
+The driver joins the cluster (``batch.ray.address``; none: a local Ray) with troughput's code
+as the job's ``runtime_env`` ``working_dir``, builds read → convert → engine → commit, and
+reads back one small row per committed shard for the progress bar. Reading and committing
+run on the driver's node (``label_selector`` on its node id), so the input and
+``batch.output_dir`` need only be there; conversion and engines run anywhere. What this
+invocation did is counted from the shards' ``meta.json`` afterwards, so shards committed
+before Ray gave up still count.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from engines.common import PROJECT_ROOT
+from harness.batch.job import ShardsRun, job_id, shard_records
+from harness.batch.plan import Plan
+from harness.batch.progress import Progress
+from harness.batch.shards import Index
+from harness.batch.state import JobState
+from harness.errors import TroughputError
+
+log = logging.getLogger(__name__)
+
+# Kept out of the working_dir Ray uploads (it also skips what .gitignore names); at most 512 MiB.
+EXCLUDES = [".git", ".venv", ".venvs", ".cache", "results", "reports", "outputs", "multirun", "docs", "*.log"]
+NODE_LABEL = "ray.io/node-id"
+SMALL_TASK_CPUS = 0.25  # read, convert and commit tasks: whole CPUs would starve the engines on a small node
+
+
+def runtime_env(plan: Plan) -> dict[str, Any]:
+    """troughput's code for every worker, and the job's environment variables (``hardware.env``, ``engine.env``)."""
+    return {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES,
+            "env_vars": {k: str(v) for k, v in plan.env.items()}}
+
+
+def settings(plan: Plan) -> dict[str, Any]:
+    """``batch.ray`` checked: actors, CPUs and GPUs per actor, placement bundles."""
+    ray = {"actors": 1, "num_cpus": 1, "num_gpus": 0, "bundles": None, **(plan.ray or {})}
+    if isinstance(ray["actors"], bool) or not isinstance(ray["actors"], int) or ray["actors"] < 1:
+        raise TroughputError(f"batch.ray.actors={ray['actors']!r}: must be an integer >= 1")
+    for key in ("num_cpus", "num_gpus"):
+        if isinstance(ray[key], bool) or not isinstance(ray[key], (int, float)) or ray[key] < 0:
+            raise TroughputError(f"batch.ray.{key}={ray[key]!r}: must be a number >= 0")
+    bundles = ray["bundles"]
+    if bundles is not None and (not isinstance(bundles, list) or not bundles
+                                or not all(isinstance(b, dict) and b for b in bundles)):
+        raise TroughputError(f"batch.ray.bundles={bundles!r}: give a list of resource dicts, one per engine "
+                             "worker, e.g. [{GPU: 1, CPU: 1}, {GPU: 1, CPU: 1}] for tensor_parallel_size=2")
+    return ray
+
+
+def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) -> ShardsRun:
+    """Run every uncommitted shard of ``plan`` on Ray Data; what this invocation committed, from the shards."""
+    opts = settings(plan)
+    before = state.committed()
+    todo = [i for i in range(index.shards(plan.shard_size)) if i not in before]
+    run = ShardsRun()
+    if not todo:
+        return run
+    import ray
+
+    from engines.ray_cluster import connect
+
+    total = sum(shard_records(index, plan.shard_size, i) for i in range(index.shards(plan.shard_size)))
+    bar = Progress(total, total - sum(shard_records(index, plan.shard_size, i) for i in todo), progress)
+    try:
+        cluster = connect(opts.get("address") or None, None, runtime_env=runtime_env(plan))
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        bar.close()
+        raise TroughputError(f"cannot join the Ray cluster at {opts.get('address')!r}: {e}") from None
+    try:
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = False
+        for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus}).iter_rows():
+            meta = json.loads(row["meta"])
+            if not meta.get("dropped"):
+                bar.shard_done(-1, meta["requests"], meta["output_tokens"])
+    except Exception as e:  # noqa: BLE001 - Ray gave up; what was committed stays, a rerun resumes
+        first = str(e).strip().splitlines()
+        run.errors.append(f"the Ray Data job stopped: {type(e).__name__}: {first[-1][:500] if first else ''}")
+        log.error("Ray Data job failed", exc_info=True)
+    finally:
+        bar.close()
+        ray.shutdown()
+    return tally(state, sorted(state.committed() - before), run)
+
+
+def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) -> Any:
+    """read → convert (tasks) → engine (actor pool) → commit (tasks), lazily; nothing runs until iterated.
+
+    With ``engine=ray`` the engine and commit stages are Ray Data LLM's processor and ``ray_llm``'s.
+    """
+    import ray
+    from ray.data import ActorPoolStrategy
+
+    from harness.batch.pool import engine_limits
+    from harness.batch.ray_stages import EngineStage, commit, convert, shard_source
+
+    here = {NODE_LABEL: ray.get_runtime_context().get_node_id()}
+    plan_json = plan.to_json()
+    job = {"engine": plan.engine, "knobs": plan.knobs, "model": {**plan.model, **engine_limits(plan)}}
+    ds = ray.data.read_datasource(shard_source(plan.input, plan.format, plan.shard_size, todo),
+                                  num_cpus=SMALL_TASK_CPUS, label_selector=here)
+    ds = ds.map_batches(convert, batch_size=1, num_cpus=SMALL_TASK_CPUS,
+                        fn_kwargs={"plan_json": plan_json, "duplicates": index.duplicates})
+    if plan.engine == "ray":
+        return _through_ray_llm(ds, plan, opts, here)
+    ds = ds.map_batches(EngineStage, batch_size=1, fn_constructor_kwargs={"job": job},
+                        compute=ActorPoolStrategy(size=opts["actors"],
+                                                  max_concurrent_calls_per_actor=plan.in_flight),
+                        **engine_resources(opts))
+    return ds.map_batches(commit, batch_size=1, num_cpus=SMALL_TASK_CPUS, label_selector=here,
+                          fn_kwargs={"plan_json": plan_json, "job": job_id(plan)})
+
+
+def _through_ray_llm(ds: Any, plan: Plan, opts: dict[str, Any], here: dict[str, str]) -> Any:
+    from ray.data import ActorPoolStrategy
+
+    from harness.batch.ray_llm import ShardAssembler, explode, processor
+
+    ds = ds.map_batches(explode, batch_size=1, num_cpus=SMALL_TASK_CPUS)
+    ds = processor(plan, opts["gpus"], opts["actors"])(ds)
+    return ds.map_batches(ShardAssembler, batch_format="pandas", num_cpus=SMALL_TASK_CPUS, label_selector=here,
+                          compute=ActorPoolStrategy(size=1),
+                          fn_constructor_kwargs={"plan_json": plan.to_json(), "job": job_id(plan)})
+
+
+def engine_resources(opts: dict[str, Any]) -> dict[str, Any]:
+    """Each engine actor's resources: ``num_cpus``/``num_gpus``, or a placement group of ``bundles`` (TP, PP)."""
+    bundles = opts.get("bundles")
+    if not bundles:
+        return {"num_cpus": float(opts["num_cpus"]), "num_gpus": float(opts["num_gpus"])}
+
+    def in_placement_group() -> dict[str, Any]:
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group = placement_group([{k: float(v) for k, v in b.items()} for b in bundles], strategy="PACK")
+        return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
+            group, placement_group_capture_child_tasks=True)}
+
+    # Ray Data's only per-actor hook for a placement group (deprecated for Ray 2.64); the actor
+    # itself takes the first bundle's share, vLLM's Ray executor (distributed_executor_backend=ray)
+    # places its workers in the group.
+    return {"num_cpus": 0, "num_gpus": 0, "ray_remote_args_fn": in_placement_group}
+
+
+def tally(state: JobState, indices: list[int], run: ShardsRun) -> ShardsRun:
+    """``run`` with the shards ``indices`` (committed by this invocation) counted from their ``meta.json``."""
+    starts, ends, startups = [], [], []
+    for i in indices:
+        meta = state.meta(i)
+        run.add(meta)
+        run.peak_worker_rss_bytes = max(run.peak_worker_rss_bytes, meta.get("peak_rss_bytes") or 0)
+        if meta.get("started_at"):
+            starts.append(meta["started_at"])
+            ends.append(meta["committed_at"])
+        if meta.get("startup_s") is not None:
+            startups.append(float(meta["startup_s"]))
+    if starts:  # first shard's generation to last commit; engine start-up outside, restarts inside
+        run.generation_s = max(ends) - min(starts)
+    run.startup_s = max(startups, default=None)
+    return run

@@ -1,0 +1,155 @@
+"""The stages of ``batch.scale=ray``'s Ray Data pipeline; they run on the cluster's workers.
+
+``ShardSource`` (read: the input streamed once, one row per uncommitted shard) → ``convert``
+(tasks: chat template, tokenization, images; each record an ``Item``) → ``EngineStage`` (an
+actor pool: one of troughput's engine adapters per actor, started once, shard after shard) →
+``commit`` (tasks: OpenAI output lines, the shard committed in ``batch.output_dir`` as on one
+node; a row of its ``meta.json`` for the driver's progress). Rows carry pickled Python objects
+(``Item``, ``Request``, the engine's result) in binary columns, keyed by the ``shard`` column:
+Ray Data does not keep order, and a block may hold several shards.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import os
+import pickle
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from harness.batch.convert import convert_shard
+from harness.batch.images import image_resolver
+from harness.batch.plan import Plan
+from harness.batch.shards import Index, Shard, iter_shards
+from harness.batch.state import JobState
+from harness.ordering import apply_ordering
+from harness.workloads.records import Options
+
+
+def shard_source(path: str, fmt: str, size: int, todo: list[int]) -> Any:
+    """A Ray ``Datasource`` streaming the shards ``todo`` of ``path`` (one read task: the file is read once)."""
+    import pyarrow as pa
+    from ray.data.block import BlockMetadata
+    from ray.data.datasource import Datasource, ReadTask
+
+    class ShardSource(Datasource):
+        def estimate_inmemory_data_size(self) -> int | None:
+            return None
+
+        def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
+                           data_context: Any = None) -> list[ReadTask]:
+            def read():
+                for shard in iter_shards(Path(path), fmt, size, set(todo).__contains__):
+                    yield pa.table({"shard": [shard.index], "records": [pickle.dumps(shard.records)]})
+
+            meta = BlockMetadata(num_rows=len(todo), size_bytes=None, exec_stats=None, input_files=[path])
+            return [ReadTask(read, meta)]
+
+    return ShardSource()
+
+
+@functools.lru_cache(maxsize=4)
+def plan_of(plan_json: str) -> Plan:
+    return Plan.from_json(plan_json)
+
+
+@functools.lru_cache(maxsize=4)
+def tokenizer_of(local_dir: str) -> Any:
+    from harness.tokens import TextTokenizer
+
+    return TextTokenizer(Path(local_dir))
+
+
+def convert(batch: dict[str, np.ndarray], plan_json: str, duplicates: dict[int, int]) -> dict[str, np.ndarray]:
+    """Each shard's records as ``Item``s, its requests in the job's order, and the bytes of their images."""
+    plan = plan_of(plan_json)
+    state = JobState(plan.output_dir)
+    options = Options(plan.default_max_tokens, plan.sampling, image_resolver(
+        plan.model.get("image_token"), state.root / "images", Path(plan.input).parent, plan.allow_remote_images))
+    items_col, requests_col, images_col = [], [], []
+    for shard, records in zip(batch["shard"], batch["records"]):
+        items = convert_shard(Shard(int(shard), pickle.loads(records)), plan.format, tokenizer_of(
+            plan.model["local_dir"]), options, Index(0, duplicates), Path(plan.input), plan.max_model_len)
+        requests = apply_ordering([i.request for i in items if i.request is not None], plan.ordering)
+        images = {p: Path(p).read_bytes() for r in requests for p in r.images}
+        items_col.append(pickle.dumps(items))
+        requests_col.append(pickle.dumps(requests))
+        images_col.append(pickle.dumps(images))
+    return {"shard": batch["shard"], "items": _binary(items_col), "requests": _binary(requests_col),
+            "images": _binary(images_col)}
+
+
+class EngineStage:
+    """One engine (``engines.batch_worker.start_engine``) in a Ray Data actor: started once, a shard per call."""
+
+    def __init__(self, job: dict[str, Any]):
+        import ray
+
+        from engines.batch_worker import start_engine
+
+        self.engine, start = start_engine(job)
+        self.about = {"engine_pid": os.getpid(), "engine_node": ray.get_runtime_context().get_node_id(),
+                      "startup_s": start.get("startup_s"), "code_dir": str(Path(__file__).resolve().parents[2])}
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        from engines.batch_worker import run_shard
+        from engines.worker import peak_rss_bytes
+
+        results = []
+        for shard, requests, images in zip(batch["shard"], batch["requests"], batch["images"]):
+            requests = _local_images(pickle.loads(requests), pickle.loads(images))
+            started = time.time()
+            result = run_shard(self.engine, requests, int(shard))
+            result["extra"] = {**self.about, "started_at": started, "peak_rss_bytes": peak_rss_bytes()}
+            results.append(pickle.dumps(result))
+        return {"shard": batch["shard"], "items": batch["items"], "result": _binary(results)}
+
+
+def _local_images(requests: list[Any], images: dict[str, bytes]) -> list[Any]:
+    """Requests whose image files are missing on this node (converted on another) get local copies."""
+    from dataclasses import replace
+
+    if not images or all(Path(p).is_file() for p in images):
+        return requests
+    store = Path(tempfile.gettempdir()) / "troughput-images"
+    store.mkdir(parents=True, exist_ok=True)
+    local = {}
+    for path, data in images.items():
+        name = hashlib.sha256(data).hexdigest() + Path(path).suffix
+        local[path] = path if Path(path).is_file() else str(_write_once(store / name, data))
+    return [replace(r, images=[local[p] for p in r.images]) if r.images else r for r in requests]
+
+
+def _write_once(path: Path, data: bytes) -> Path:
+    if not path.is_file():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    return path
+
+
+def commit(batch: dict[str, np.ndarray], plan_json: str, job: str) -> dict[str, np.ndarray]:
+    """Commit each shard (``harness.batch.job.commit_shard``); a row per shard: its meta, or nothing if it was there."""
+    import json
+
+    from harness.batch.job import commit_shard
+
+    plan = plan_of(plan_json)
+    state, tok = JobState(plan.output_dir), tokenizer_of(plan.model["local_dir"])
+    metas = []
+    for shard, items, result in zip(batch["shard"], batch["items"], batch["result"]):
+        result = pickle.loads(result)
+        meta = commit_shard(plan, state, tok, job, int(shard), pickle.loads(items), result, result.get("extra"))
+        metas.append(json.dumps(meta or {"index": int(shard), "dropped": True}))
+    return {"meta": np.array(metas, dtype=object)}
+
+
+def _binary(values: list[bytes]) -> np.ndarray:
+    column = np.empty(len(values), dtype=object)
+    column[:] = values
+    return column

