@@ -103,8 +103,10 @@ def _engine_actor_pids() -> list[int]:
 @pytest.mark.engine
 @pytest.mark.xdist_group("ray")
 def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(tiny, ray_head, monkeypatch):
-    for name, value in ray_head.auth_env.items():
-        monkeypatch.setenv(name, value)
+    # Only the token's path: the adapter then turns token auth on itself, refreshing the Ray config this
+    # process may have read already (an earlier test imported ray here, before RAY_AUTH_MODE was set).
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", ray_head.token_path)
     ray_engine = engine(tiny, batch_size=4, max_concurrent_batches=1, address=ray_head.address)
     requests = [Request(f"r{i}", [5 + i, 6, 7, 8] * 8, 8) for i in range(40)]
     ray_engine.validate()
