@@ -139,6 +139,7 @@ def test_nvml_energy_counts_visible_devices_in_joules(monkeypatch):
     assert energy.nvml_counters()[1] == ""
 
 
+@pytest.mark.engine   # imports vLLM and builds its engine config (about a minute here)
 def test_vllm_says_when_the_model_not_the_knobs_stops_it(tmp_path):
     """A folder vLLM cannot start from is the model's problem (invalid, with the fix), never "rejects the knobs"."""
     pytest.importorskip("vllm")
