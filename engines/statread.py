@@ -13,6 +13,7 @@ Worker side: standard library only.
 from __future__ import annotations
 
 import json
+import numbers
 from collections.abc import Mapping
 from typing import Any
 
@@ -26,7 +27,7 @@ _MISSING = object()
 def _kind_of(value: Any) -> str:
     if isinstance(value, bool):
         return "bool"
-    if isinstance(value, (int, float)):
+    if isinstance(value, numbers.Real):   # numpy scalars too (Ray Data rows, pandas-backed blocks)
         return NUMBER
     if isinstance(value, Mapping):
         return MAPPING
