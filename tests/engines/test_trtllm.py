@@ -304,6 +304,7 @@ def test_generate_stats_reset_and_stop_through_a_stand_in_llm(fake_trtllm):
     assert stats.prefix_cache_queries == 32 + 64 + 96 and stats.prefix_cache_hits == 32 + 64 + 96
     assert stats.preemptions == 3, "numPausedRequests summed: 0 + 2 + 1"
     assert stats.extra == {"kv_reused_blocks": 3.0, "iterations": 3.0, "iteration_stats_lost": 0.0}
+    assert engine.stat_reader.warnings == [], "recorded shapes (dicts and JSON strings) read without a warning"
 
     engine.reset_caches()
     engine.generate(requests[:1])
