@@ -181,9 +181,8 @@ class TrtllmEngine(Engine):
                 steps.append((str(step), float(seconds)))
         extra: dict[str, Any] = {"backend": self.backend, "tokens_per_block": self.tokens_per_block,
                                  "grammar_backend": self._engine_kwargs().get("guided_decoding_backend"),
-                                 "build_steps": steps,
-                                 "build_cache_hit": reader.read(build, "cache_hitted", kind=ANY, where="llm_build_stats",
-                                                                required=False)}
+                                 "build_steps": steps, "build_cache_hit": reader.read(
+                                     build, "cache_hitted", kind=ANY, where="llm_build_stats", required=False)}
         return StartInfo(startup_s=startup_s, compile_s=sum(s for _, s in steps) or None,
                          engine_version=tensorrt_llm.__version__, extra=extra)
 

@@ -80,7 +80,8 @@ def test_per_request_metrics_of_another_shape_are_unknown_with_a_warning_not_a_c
     no_queue = {"metrics": {"num_preemptions": 0, "arrival_time": 100.0, "last_token_ts": 9.0}}   # was a KeyError
     engine._account([good, no_queue], t_wall=99.0, pipeline_s=4.0, duplicates=0, restarts=0)
     assert engine.preemptions == 1 and engine.totals["ray_engine_span_s"] == pytest.approx(2.5)
-    assert engine._completion(Request("r", [1], 1), {**no_queue, "generated_tokens": [3]}, 99.0, 0.0).finished_at is None
+    completion = engine._completion(Request("r", [1], 1), {**no_queue, "generated_tokens": [3]}, 99.0, 0.0)
+    assert completion.finished_at is None
     engine._account([{"metrics": {"num_preemptions": "1"}}], t_wall=99.0, pipeline_s=1.0, duplicates=0, restarts=0)
     assert engine.preemptions is None, "unknown from a count of another type on, not undercounted"
     assert any("['num_preemptions'] is text ('1')" in w for w in engine.stat_reader.warnings)
