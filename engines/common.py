@@ -117,17 +117,22 @@ class RequestCounters:
 
     preemptions: int | None = None
     prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
+    prefix_cache_hits: int | None = 0   # None once a request's cached tokens were unknown (a stat warning)
     extra: dict[str, float] = field(default_factory=dict)
+    preemptions_unknown: bool = False   # set once a request's count was unreadable: the total is null, not low
 
     def add(self, prompt_tokens: int, cached_tokens: int | None, preemptions: int | None = None) -> None:
         self.prefix_cache_queries += prompt_tokens
-        self.prefix_cache_hits += cached_tokens or 0
+        if cached_tokens is None or self.prefix_cache_hits is None:   # unknown, not 0: the hit rate is null
+            self.prefix_cache_hits = None
+        else:
+            self.prefix_cache_hits += cached_tokens
         if preemptions is not None:
             self.preemptions = (self.preemptions or 0) + preemptions
 
     def stats(self) -> EngineStats:
-        return EngineStats(preemptions=self.preemptions, prefix_cache_queries=self.prefix_cache_queries,
+        return EngineStats(preemptions=None if self.preemptions_unknown else self.preemptions,
+                           prefix_cache_queries=self.prefix_cache_queries,
                            prefix_cache_hits=self.prefix_cache_hits, extra=dict(self.extra))
 
 

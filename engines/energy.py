@@ -10,6 +10,7 @@ from RAPL (``/sys/class/powercap``), else none, with the reason.
   only, not the host's.
 - RAPL package domains (``/sys/class/powercap/intel-rapl:N/energy_uj``, microjoules, wrapping at
   ``max_energy_range_uj``; AMD CPUs appear there too). The whole package, whatever else runs on it.
+  Never on a host with an NVIDIA driver, so a GPU row never carries the CPU's joules.
 
 Worker side: standard library only (``pynvml`` where installed).
 """
@@ -23,6 +24,7 @@ from typing import Any, Callable
 from engines.requirements import Gpu, visible
 
 POWERCAP = Path("/sys/class/powercap")
+NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")   # present where an NVIDIA kernel driver is loaded
 Counters = Callable[[], dict[str, float]]   # device -> joules so far
 
 
@@ -32,14 +34,14 @@ def nvml_counters() -> tuple[Counters | None, str]:
         import pynvml
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
+        gpus = tuple(Gpu(i, _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))), "")
+                     for i in range(count))
+        handles = {str(g.index): pynvml.nvmlDeviceGetHandleByIndex(g.index)
+                   for g in visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))}
     except ImportError:
         return None, "pynvml (nvidia-ml-py) is not installed"
-    except Exception as e:  # noqa: BLE001 - no driver, no device: no NVML
+    except Exception as e:  # noqa: BLE001 - no driver, no device, a device that does not answer: no NVML
         return None, f"NVML does not answer ({type(e).__name__}: {e})"
-    gpus = tuple(Gpu(i, _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))), "")
-                 for i in range(count))
-    handles = {str(g.index): pynvml.nvmlDeviceGetHandleByIndex(g.index)
-               for g in visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))}
     if not handles:
         return None, "NVML sees no visible GPU"
 
@@ -64,8 +66,15 @@ def rapl_domains(root: Path = POWERCAP) -> tuple[list[Path], str]:
     return packages, ""
 
 
-def rapl_counters(root: Path = POWERCAP) -> tuple[Counters | None, str]:
-    """A reader of each RAPL package's energy counter (joules, unwrapped), or None and why not."""
+def rapl_counters(root: Path = POWERCAP, nvidia_driver: Path = NVIDIA_DRIVER) -> tuple[Counters | None, str]:
+    """A reader of each RAPL package's energy counter (joules, unwrapped), or None and why not.
+
+    Not on a host with an NVIDIA driver: there the engine runs on GPUs, and the CPU packages' joules
+    would stand in for theirs (NVML is the GPUs' meter; without it the energy is null, with the reason).
+    """
+    if nvidia_driver.exists():
+        return None, (f"not used on a host with an NVIDIA driver ({nvidia_driver}): RAPL meters the CPU "
+                      "packages, not the GPUs")
     packages, why = rapl_domains(root)
     if not packages:
         return None, why

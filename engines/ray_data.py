@@ -26,6 +26,7 @@ from engines.common import check_names, require_module
 from engines.decoding import CONSTRAINT_KINDS
 from engines.knobs import NativeMapping
 from engines.ray_cluster import actor_restarts, connect
+from engines.statread import StatReader
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 from engines.vllm import UNIT as VLLM_UNIT
 from engines.vllm import check_engine_args, sampling_kwargs
@@ -137,7 +138,8 @@ class RayDataEngine(Engine):
         error = row.get("__inference_error__") or ""
         if error and not self.config.should_continue_on_error:
             raise RuntimeError(f"request {request.id} failed in the engine: {error}")
-        finished = _finished_wall(row)
+        span = _engine_span(row, self.stat_reader)
+        finished = None if span is None else span[1]
         text = row.get("generated_text") or None
         return Completion(id=request.id, prompt_tokens=int(row.get("num_input_tokens") or 0),
                           output_token_ids=[int(t) for t in row.get("generated_tokens") or []],
@@ -146,14 +148,19 @@ class RayDataEngine(Engine):
     def _account(self, rows, t_wall: float, pipeline_s: float, duplicates: int, restarts: int) -> None:
         """Add this job's counters and where its time went (seconds since the job began) to the totals."""
         arrivals, finishes, failed = [], [], 0
+        reader = self.stat_reader   # vLLM's per-request metrics: of another shape, null and a warning
         for row in rows:
-            metrics = row.get("metrics") or {}
-            self.preemptions += int(metrics.get("num_preemptions") or 0)
+            warned = len(reader.warnings)
+            preempted = reader.read(row, "metrics", "num_preemptions", where="Ray output row", required=False)
+            if len(reader.warnings) > warned:   # of another shape: the count is unknown from here on
+                self.preemptions = None
+            elif preempted is not None and self.preemptions is not None:
+                self.preemptions += int(preempted)
             failed += bool(row.get("__inference_error__"))
-            finished = _finished_wall(row)
-            if finished is not None:
-                arrivals.append(metrics["arrival_time"] - t_wall)
-                finishes.append(finished - t_wall)
+            span = _engine_span(row, reader)
+            if span is not None:
+                arrivals.append(span[0] - t_wall)
+                finishes.append(span[1] - t_wall)
         first, last = (min(arrivals), max(finishes)) if arrivals else (0.0, 0.0)
         job = {"ray_pipeline_s": pipeline_s, "ray_replica_start_s": first, "ray_engine_span_s": last - first,
                "ray_drain_s": pipeline_s - last, "ray_actor_restarts": restarts, "ray_duplicate_rows": duplicates,
@@ -197,12 +204,15 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
-def _finished_wall(row: dict[str, Any]) -> float | None:
-    """When the request finished, on the wall clock: its arrival plus its time in the engine core."""
-    metrics = row.get("metrics") or {}
-    if not metrics.get("arrival_time") or not metrics.get("last_token_ts"):
+def _engine_span(row: dict[str, Any], reader: StatReader) -> tuple[float, float] | None:
+    """When the request arrived and finished, on the wall clock (arrival plus its time in the engine core);
+    each timestamp read through ``reader``: one missing or of another type leaves both unknown."""
+    times = [reader.read(row, "metrics", key, where="Ray output row", required=False)
+             for key in ("arrival_time", "last_token_ts", "queued_ts")]
+    if not all(times):
         return None
-    return float(metrics["arrival_time"]) + float(metrics["last_token_ts"]) - float(metrics["queued_ts"])
+    arrival, last, queued = (float(t) for t in times)
+    return arrival, arrival + last - queued
 
 
 def _check_own(knobs: dict[str, Any]) -> None:

@@ -115,6 +115,7 @@ class SglangEngine(Engine):
             retractions = self.stat_reader.read(output, "meta_info", "num_retractions", where="generate()")
             self.counters.add(completion.prompt_tokens, completion.cached_tokens,
                               None if retractions is None else int(retractions))
+            self.counters.preemptions_unknown |= retractions is None
         if on_finish is not None:
             on_finish(len(completions))
         return completions

@@ -169,12 +169,20 @@ class TrtllmEngine(Engine):
         self.llm = llm_class(**self._engine_kwargs())
         startup_s = time.perf_counter() - t0
         self.started = True
-        self.tokens_per_block = int(self.llm.args.kv_cache_config.tokens_per_block)
-        build = getattr(self.llm, "llm_build_stats", None)
-        steps = [(str(name), float(seconds)) for name, seconds in (getattr(build, "build_steps_info", None) or [])]
+        reader = self.stat_reader   # a stat of another shape is a null column and a warning, never a failed start
+        block = reader.read(self.llm, "args", "kv_cache_config", "tokens_per_block", where="LLM")
+        self.tokens_per_block = None if block is None else int(block)   # None: cached tokens unknown
+        build = reader.read(self.llm, "llm_build_stats", kind=ANY, where="LLM", required=False)
+        steps_info = reader.read(build, "build_steps_info", kind=ANY, where="llm_build_stats", required=False)
+        steps = []
+        for step, value in _pairs(steps_info, reader):
+            seconds = reader.number(value, f"llm_build_stats.build_steps_info[{step!r}]")
+            if seconds is not None:
+                steps.append((str(step), float(seconds)))
         extra: dict[str, Any] = {"backend": self.backend, "tokens_per_block": self.tokens_per_block,
                                  "grammar_backend": self._engine_kwargs().get("guided_decoding_backend"),
-                                 "build_steps": steps, "build_cache_hit": getattr(build, "cache_hitted", None)}
+                                 "build_steps": steps, "build_cache_hit": reader.read(
+                                     build, "cache_hitted", kind=ANY, where="llm_build_stats", required=False)}
         return StartInfo(startup_s=startup_s, compile_s=sum(s for _, s in steps) or None,
                          engine_version=tensorrt_llm.__version__, extra=extra)
 
@@ -261,7 +269,7 @@ def sampling_params(request: Request, ids: tuple[int, int] | None = None) -> Any
     return SamplingParams(**kwargs)
 
 
-def to_completion(request: Request, output: Any, tokens_per_block: int, submitted_at: float | None = None,
+def to_completion(request: Request, output: Any, tokens_per_block: int | None, submitted_at: float | None = None,
                   clock_at_submit: Any = None, reader: StatReader | None = None) -> Completion:
     """One ``RequestOutput`` as a ``Completion``.
 
@@ -272,11 +280,12 @@ def to_completion(request: Request, output: Any, tokens_per_block: int, submitte
     reader = reader or StatReader(LABEL)
     sequence = output.outputs[0]
     prompt_tokens = len(output.prompt_token_ids)
-    metrics = sequence.request_perf_metrics
+    metrics = reader.read(sequence, "request_perf_metrics", kind=ANY, where="CompletionOutput")
     cached = finished_at = None
     if metrics is not None:
         reused = reader.read(metrics, "kv_cache_metrics", "num_reused_blocks", where="request_perf_metrics")
-        cached = None if reused is None else min(prompt_tokens, int(reused) * tokens_per_block)
+        cached = None if reused is None or tokens_per_block is None else min(prompt_tokens,
+                                                                             int(reused) * tokens_per_block)
         last = reader.read(metrics, "timing_metrics", "last_token_time", kind=ANY, where="request_perf_metrics")
         if last is not None and submitted_at is not None and clock_at_submit is not None:
             try:
@@ -325,6 +334,21 @@ def _steady_now() -> Any:
     except ImportError:
         return None
     return steady_clock_now()
+
+
+def _pairs(value: Any, reader: StatReader) -> list[tuple[Any, Any]]:
+    """``build_steps_info`` as ``(step, seconds)`` pairs; of another shape: none, with a warning."""
+    if value is None:
+        return []
+    try:
+        pairs = [tuple(item) for item in value]
+    except TypeError:
+        pairs = None
+    if pairs is None or any(len(p) != 2 for p in pairs):
+        reader.warn(f"llm_build_stats.build_steps_info is not (step, seconds) pairs ({value!r:.60}); "
+                    "build steps left empty")
+        return []
+    return pairs
 
 
 def _seconds(value: Any) -> float:

@@ -91,7 +91,7 @@ class VllmEngine(Engine):
                 id=request.id,
                 prompt_tokens=len(output.prompt_token_ids or []),
                 output_token_ids=list(sequence.token_ids),
-                cached_tokens=output.num_cached_tokens,
+                cached_tokens=self.stat_reader.read(output, "num_cached_tokens", where="RequestOutput"),
                 finish_reason=sequence.finish_reason,
                 text=sequence.text if param.detokenize else None,
             ))

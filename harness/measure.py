@@ -64,7 +64,8 @@ def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
         "preemptions": stats.get("preemptions"),
         "prefix_cache_queries": queries,
         "prefix_cache_hits": hits,
-        "prefix_cache_hit_rate": (hits / queries) if queries else (0.0 if queries == 0 else None),
+        # a counter the engine could not give (None, with a stat warning) leaves the rate unknown, not 0
+        "prefix_cache_hit_rate": (None if hits is None or queries is None else hits / queries if queries else 0.0),
         "mm_cache_queries": stats.get("mm_cache_queries"),
         "mm_cache_hits": stats.get("mm_cache_hits"),
         **energy_columns(median),

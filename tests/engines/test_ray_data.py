@@ -72,6 +72,21 @@ def test_every_row_of_the_dataset_has_the_same_sampling_keys():
     assert json["sampling_params"]["structured_outputs"]["json"] == '{"type": "object"}', "a schema travels as text"
 
 
+def test_per_request_metrics_of_another_shape_are_unknown_with_a_warning_not_a_crash():
+    """vLLM's per-request metrics in Ray's output rows go through the stat reader (no Ray started here)."""
+    engine = RayDataEngine({"path": "/models/x"}, {})
+    engine.totals, engine.preemptions = {}, 0
+    good = {"metrics": {"num_preemptions": 1, "arrival_time": 100.0, "queued_ts": 5.0, "last_token_ts": 7.5}}
+    no_queue = {"metrics": {"num_preemptions": 0, "arrival_time": 100.0, "last_token_ts": 9.0}}   # was a KeyError
+    engine._account([good, no_queue], t_wall=99.0, pipeline_s=4.0, duplicates=0, restarts=0)
+    assert engine.preemptions == 1 and engine.totals["ray_engine_span_s"] == pytest.approx(2.5)
+    completion = engine._completion(Request("r", [1], 1), {**no_queue, "generated_tokens": [3]}, 99.0, 0.0)
+    assert completion.finished_at is None
+    engine._account([{"metrics": {"num_preemptions": "1"}}], t_wall=99.0, pipeline_s=1.0, duplicates=0, restarts=0)
+    assert engine.preemptions is None, "unknown from a count of another type on, not undercounted"
+    assert any("['num_preemptions'] is text ('1')" in w for w in engine.stat_reader.warnings)
+
+
 @pytest.mark.engine
 @pytest.mark.xdist_group("ray")
 def test_a_run_joins_a_separately_started_ray_head_by_address(tmp_path, ray_head):

@@ -257,7 +257,8 @@ def test_a_missing_meta_info_stat_is_a_warning_not_a_crash(fake_sglang, past_env
     assert result["status"] == "ok", result.get("error")
     warnings = " | ".join(columns["engine_info.stat_warnings"])
     assert "meta_info['cached_tokens'] is missing" in warnings and "['num_retractions'] is text" in warnings
-    assert columns["cached_tokens"] is None
+    assert columns["cached_tokens"] is None and columns["prefix_cache_hit_rate"] is None, "unknown, not 0"
+    assert columns["preemptions"] is None, "an unreadable retraction count leaves the total unknown, not 0"
 
 
 def test_the_flush_is_retried_while_the_scheduler_is_busy(fake_sglang):

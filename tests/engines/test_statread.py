@@ -95,10 +95,10 @@ def powercap(tmp_path, readable=True):
 
 
 def test_rapl_sums_the_package_domains_and_unwraps_the_counter(tmp_path):
-    root = powercap(tmp_path)
-    read, why = rapl_counters(root)
+    root, no_driver = powercap(tmp_path), tmp_path / "no-nvidia-driver"
+    read, why = rapl_counters(root, no_driver)
     assert why == "" and read() == {"intel-rapl:0": 10.0, "intel-rapl:1": 20.0}
-    meter = EnergyMeter([("rapl", lambda: rapl_counters(root))]).start()
+    meter = EnergyMeter([("rapl", lambda: rapl_counters(root, no_driver))]).start()
     (root / "intel-rapl:0" / "energy_uj").write_text(str(4 * 10**6))   # wrapped past 100 J: 94 J later
     (root / "intel-rapl:1" / "energy_uj").write_text(str(23 * 10**6))
     result = meter.stop()
@@ -112,6 +112,25 @@ def test_without_a_counter_the_energy_is_null_with_every_reason(tmp_path):
                           ("rapl", lambda: rapl_counters(tmp_path / "nothing"))]).start().stop()
     assert result["energy_j"] is None and result["energy_source"] is None
     assert result["energy_reason"].startswith("nvml: pynvml is not installed; rapl: ")
+
+
+def test_a_gpu_host_without_nvml_never_takes_the_cpus_joules_for_the_gpus(tmp_path):
+    driver = tmp_path / "version"
+    driver.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.95.05")
+    result = EnergyMeter([("nvml", lambda: (None, "pynvml (nvidia-ml-py) is not installed")),
+                          ("rapl", lambda: rapl_counters(powercap(tmp_path), driver))]).start().stop()
+    assert result["energy_j"] is None and result["energy_source"] is None
+    assert "rapl: not used on a host with an NVIDIA driver" in result["energy_reason"]
+
+
+def test_an_nvml_device_that_does_not_answer_is_a_reason_not_a_failed_run(monkeypatch):
+    def uuid(handle):
+        raise RuntimeError("GPU is lost")
+
+    fake = types.SimpleNamespace(nvmlInit=lambda: None, nvmlDeviceGetCount=lambda: 1,
+                                 nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetUUID=uuid)
+    monkeypatch.setitem(__import__("sys").modules, "pynvml", fake)
+    assert energy.nvml_counters() == (None, "NVML does not answer (RuntimeError: GPU is lost)")
 
 
 def test_a_counter_that_fails_mid_pass_is_null_with_the_reason():
@@ -139,6 +158,7 @@ def test_nvml_energy_counts_visible_devices_in_joules(monkeypatch):
     assert energy.nvml_counters()[1] == ""
 
 
+@pytest.mark.engine   # imports vLLM and builds its engine config (about a minute here)
 def test_vllm_says_when_the_model_not_the_knobs_stops_it(tmp_path):
     """A folder vLLM cannot start from is the model's problem (invalid, with the fix), never "rejects the knobs"."""
     pytest.importorskip("vllm")

@@ -286,6 +286,7 @@ def test_start_picks_the_backends_llm_class_and_records_build_time(fake_trtllm, 
     assert type(engine.llm) is llm_class and "backend" not in engine.llm.kwargs
     assert info.compile_s == pytest.approx(42.0) and info.engine_version == "1.2.1-fake"
     assert info.extra["backend"] == backend and info.extra["tokens_per_block"] == 16
+    assert engine.stat_reader.warnings == [], "the recorded shapes read without a warning"
 
 
 def test_generate_stats_reset_and_stop_through_a_stand_in_llm(fake_trtllm):
@@ -303,6 +304,7 @@ def test_generate_stats_reset_and_stop_through_a_stand_in_llm(fake_trtllm):
     assert stats.prefix_cache_queries == 32 + 64 + 96 and stats.prefix_cache_hits == 32 + 64 + 96
     assert stats.preemptions == 3, "numPausedRequests summed: 0 + 2 + 1"
     assert stats.extra == {"kv_reused_blocks": 3.0, "iterations": 3.0, "iteration_stats_lost": 0.0}
+    assert engine.stat_reader.warnings == [], "recorded shapes (dicts and JSON strings) read without a warning"
 
     engine.reset_caches()
     engine.generate(requests[:1])
@@ -450,3 +452,24 @@ def test_iteration_stats_are_drained_on_a_timer_while_results_are_awaited(fake_t
     engine.start()
     engine.generate([Request("r", [1, 2], 1)])
     assert len(drains) >= 3 and engine.iterations.paused == len(drains)
+
+
+def test_start_stats_of_another_shape_leave_an_ok_row_with_null_columns_and_warnings(fake_trtllm, past_env_checks,
+                                                                                      tmp_path):
+    """Build steps that are not (step, seconds) numbers, and no tokens_per_block: the row is ok, the start's
+    columns and the prefix-cache hits (which need the block size) are null, not 0, each with a warning."""
+    class Odd(FakeLLM):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.args = RecordedObject(SNAPSHOT, "TorchLlmArgs",
+                                       kv_cache_config=RecordedObject(SNAPSHOT, "KvCacheConfig", tokens_per_block=None))
+            self.llm_build_stats = RecordedObject(SNAPSHOT, "LlmBuildStats", cache_hitted=False,
+                                                  build_steps_info=[("build_engine", "40 s"), ("load", 2.0)])
+
+    fake_trtllm.LLM = Odd
+    result, columns = run_worker(tmp_path, "trtllm", MODEL, [Request("r", list(range(32)), 2)])
+    assert result["status"] == "ok", result.get("error")
+    warnings = " | ".join(columns["engine_info.stat_warnings"])
+    assert "['build_engine'] is text ('40 s')" in warnings and "tokens_per_block is missing" in warnings
+    assert columns["compile_s"] == pytest.approx(2.0) and columns["output_tokens"] == 2
+    assert columns["cached_tokens"] is None and columns["prefix_cache_hit_rate"] is None
