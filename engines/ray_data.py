@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request, StartInfo
-from engines.common import check_names, require_module
+from engines.common import check_names, preflight
 from engines.decoding import CONSTRAINT_KINDS
 from engines.knobs import NativeMapping
 from engines.ray_cluster import actor_restarts, connect
@@ -45,9 +45,9 @@ class RayDataEngine(Engine):
     supports_constraints = True
 
     def validate(self) -> None:
-        """Names and values checked against Ray's processor config and vLLM's ``EngineArgs``, nothing started."""
-        require_module("ray", "Ray Data LLM", "ray")
-        require_module("vllm", "Ray Data LLM", "ray")
+        """``troughput-env ray --check``'s checks (``preflight``), then names and values against Ray's processor
+        config and vLLM's ``EngineArgs``, nothing started."""
+        preflight("ray")   # exactly `troughput-env ray --check`'s checks
         import pydantic
         import ray
         from ray.data.llm import vLLMEngineProcessorConfig
