@@ -38,7 +38,10 @@ def leaders(study: optuna.Study, count: int) -> list[optuna.trial.FrozenTrial]:
 
 def write_engine_file(cfg: DictConfig, trial: optuna.trial.FrozenTrial, out_dir: Path, name: str,
                       confirmed: str | None = None) -> Path:
-    """``<out_dir>/engine/<name>.yaml``: the engine config with the trial's values, usable as ``engine=<name>``."""
+    """``<out_dir>/engine/<name>.yaml``: the engine config with the trial's values, usable as ``engine=<name>``.
+
+    ``confirmed``: the verdict over the default; None writes the header UNCONFIRMED (``tune.write_unconfirmed``).
+    """
     values = dict(trial.params)  # {} for the engine-defaults seed
     tuned = apply_values(cfg, values)
     engine = OmegaConf.to_container(tuned.engine, resolve=True)
@@ -47,8 +50,9 @@ def write_engine_file(cfg: DictConfig, trial: optuna.trial.FrozenTrial, out_dir:
     path.parent.mkdir(parents=True, exist_ok=True)
     header = [f"# Tuned by troughput-tune, study {name!r}, trial {trial.number}, run {trial.user_attrs.get('run_id')}",
               f"# objective values: {trial.values}"]
-    if confirmed:
-        header.append(f"# confirmed side by side: {confirmed}")
+    header.append(f"# confirmed side by side: {confirmed}" if confirmed else
+                  "# UNCONFIRMED: tune.confirm_rounds=0 and tune.write_unconfirmed=true, so no side-by-side runs "
+                  "and no verdict that it beats the default config (docs/verdicts.md)")
     if others:
         header.append("# also set: " + " ".join(f"{k}={v}" for k, v in others.items()))
     header.append(f"# use: troughput-run hydra.searchpath=[file://{out_dir.resolve()}] engine={name}")

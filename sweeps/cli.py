@@ -13,6 +13,7 @@ from engines.base import KnobError
 from engines.common import PROJECT_ROOT
 from harness.errors import TroughputError
 from harness.spec import build_inputs, build_spec
+from harness.verdict import MIN_RUNS
 from sweeps.best import best_trials, confirm, leaders, rejected_faster, write_engine_file
 from sweeps.objective import Objective
 from sweeps.seeds import enqueue_seeds
@@ -58,7 +59,11 @@ def tune(cfg: DictConfig) -> dict:
         print("the engine's default config measured best: nothing to gain on this cell; keeping the default, "
               "no tuned config written")
         return summary | {"chosen": None}
-    if int(cfg.tune.confirm_rounds) > 0:
+    rounds = int(cfg.tune.confirm_rounds)
+    if 0 < rounds < MIN_RUNS:
+        print(f"tune.confirm_rounds={rounds}: the rule (docs/verdicts.md) needs {MIN_RUNS} runs a side, so this "
+              f"confirmation cannot decide and the default will be kept; use tune.confirm_rounds={MIN_RUNS} or more")
+    if rounds > 0:
         print(f"confirming: the default config vs trials {', '.join(str(t.number) for t in candidates)}, "
               f"{cfg.tune.confirm_rounds} rounds side by side")
         result = confirm(cfg, candidates, objective, int(cfg.tune.confirm_rounds), make_spec,
@@ -78,12 +83,15 @@ def tune(cfg: DictConfig) -> dict:
             return summary | {"chosen": None}
         chosen = result["winner"]
         print(f"measured gain of the best config (trial {chosen.number}) over the default: {confirmed}")
+    elif not cfg.tune.get("write_unconfirmed", False):
+        print("tune.confirm_rounds=0: no side-by-side runs against the default, so no verdict: keeping the default, "
+              "no tuned config written (tune.write_unconfirmed=true writes the best trial anyway, marked UNCONFIRMED)")
+        return summary | {"chosen": None}
     else:
-        print("tune.confirm_rounds=0: the best trial is written unconfirmed (no side-by-side runs against the "
-              "default, so no verdict)")
+        print("tune.confirm_rounds=0 and tune.write_unconfirmed=true: the best trial is written UNCONFIRMED (no "
+              "side-by-side runs against the default, so no verdict that it beats it)")
     summary["chosen"] = chosen
-    path = write_engine_file(cfg, chosen, PROJECT_ROOT / cfg.tune.output_dir, study.study_name,
-                             confirmed or "no (tune.confirm_rounds=0)")
+    path = write_engine_file(cfg, chosen, PROJECT_ROOT / cfg.tune.output_dir, study.study_name, confirmed)
     print(f"best config written to {path}")
     return summary
 

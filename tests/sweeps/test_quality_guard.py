@@ -28,7 +28,7 @@ def test_a_config_below_the_agreement_floor_is_never_chosen_on_any_host(tmp_path
     (tmp_path / "searchpath" / "tune" / "dtype.yaml").write_text(DTYPE_SPACE)
     cfg = compose(f"hydra.searchpath=[file://{tmp_path / 'searchpath'}]", "tune=dtype", "workload=unique",
                   "workload.num_requests=24", "run.warmup_requests=2", "run.progress=false", "tune.sampler=grid",
-                  "tune.n_trials=2", "tune.confirm_rounds=0", "tune.min_agreement=0.99",
+                  "tune.n_trials=2", "tune.confirm_rounds=0", "tune.write_unconfirmed=true", "tune.min_agreement=0.99",
                   f"run.results_dir={tmp_path / 'results'}", config_name="tuning")
     summary = tune(cfg)
     out = capsys.readouterr().out
