@@ -10,7 +10,8 @@ the same environment variables (``spec.env``) and the same engine knobs (``spec.
 ``--kebab-case`` flags and checked against the parsed arguments). Each round prints both output
 tok/s and troughput/vLLM; the end prints the verdict of ``harness.verdict`` on the two sides'
 per-round rates (ratio and interval; "equivalent" means the harness costs less than the
-minimum effect). Exits 1 when a check below failed in any round (that round is not counted).
+minimum effect). Exits 1 when a check below failed in any round, or a side failed to run (such
+a round is not counted).
 
 Checks, per round, on what actually ran (``check_greedy``, ``check_same_tokens``):
 - greedy: the child records every request vLLM's engine received (a wrapper on
@@ -277,7 +278,7 @@ def main() -> None:
     from harness.verdict import compare
 
     rates: dict[str, list[float]] = {"troughput": [], "vllm": []}
-    failed_checks = 0
+    failed_checks, failed_runs = 0, 0
     bench_dir = Path(spec.results_dir) / "vllm_bench"  # its jobs, logs and JSON, beside troughput's logs
     bench_dir.mkdir(parents=True, exist_ok=True)
     request_ids = [r.id for r in requests]
@@ -293,6 +294,7 @@ def main() -> None:
         line = f"round {i + 1}/{args.rounds} ({order[0]} first): "
         if ours is None or theirs is None:
             print(line + "FAILED " + "; ".join(filter(None, [our_note, their_note])), flush=True)
+            failed_runs += 1
             continue
         ran = read_ran(bench_dir / f"round{i + 1}.ran.jsonl")
         problems = check_greedy(ran, len(requests))
@@ -316,6 +318,9 @@ def main() -> None:
         print("no round completed on both sides")
     if failed_checks:
         print(f"{failed_checks} round(s) failed a check: the two sides did not run the same greedy work")
+    if failed_runs:
+        print(f"{failed_runs} round(s) failed to run on a side: no figure for them")
+    if failed_checks or failed_runs:
         sys.exit(1)
 
 
