@@ -50,7 +50,7 @@ def slug(text: str) -> str:
 def throughput(configs: pd.DataFrame) -> list[Plot]:
     """Best config per engine and workload, bars with the bootstrap interval of its samples (runs, else passes)."""
     measured = configs[configs["n_passes"] > 0].sort_values(METRIC, ascending=False)
-    best = measured.drop_duplicates(["engine", "workload_label", "model", "hardware"])
+    best = measured.drop_duplicates(["engine", "workload_label", "model", "hardware", "host_id"])  # one bar per host
     if best.empty:
         return []
     best = best.assign(cell=best["cell_label"])

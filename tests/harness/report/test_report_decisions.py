@@ -90,7 +90,7 @@ def test_the_rule_orders_the_sides_when_the_low_median_would_not(results, row):
     assert chosen_knobs(d) == {"max_num_seqs": 8} and d["margin"] > 0
 
 
-def test_rows_from_different_hosts_are_separate_cells_never_compared(results, row):
+def test_rows_from_different_hosts_are_separate_cells_never_compared(results, row, monkeypatch):
     fast = runs(row, {"max_num_seqs": 64}, 700, 705, 710)
     slow = runs(row, {"max_num_seqs": 8}, 100, 105, 110)
     for r in fast:
@@ -105,6 +105,12 @@ def test_rows_from_different_hosts_are_separate_cells_never_compared(results, ro
     report = build_report(directory, "hosts", options=ReportOptions(record=False))
     summary = str([b.parts for b in report.sections[0].blocks])
     assert "2 different hosts" in summary and "never compared across hosts" in summary
+    from harness.report import plots
+    drawn = []
+    monkeypatch.setattr(plots, "_png", lambda figure: drawn.append(figure) or b"")
+    plots.throughput(report.configs)
+    bars = [p.get_height() for p in drawn[0].axes[0].patches]
+    assert sorted(bars) == [105, 705], "the throughput plot keeps one bar per host, not only the faster host's"
 
 
 def test_a_single_pass_is_flagged_and_not_called(results, row):
