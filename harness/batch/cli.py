@@ -65,6 +65,10 @@ def summary(row: dict[str, Any]) -> str:
     if row.get("predicted_output_tok_s"):
         lines.append(f"  predicted {row['predicted_output_tok_s']:,.1f} output tok/s by the {row['config_source.kind']}"
                      f" (job {row['predicted_job_s']:,.1f} s predicted, {row['generation_s']:,.1f} s measured)")
+        if row.get("predicted_other_host"):
+            lines.append(f"  NOT COMPARABLE: the prediction was measured on host "
+                         f"{row.get('config_source.predicted_host_id') or 'not recorded'}, this job ran on host "
+                         f"{row.get('env.host_id')} ({row.get('env.host')})")
     lines.append(f"  output: {row['output.output'] or row['output_dir'] + '/shards (incomplete)'}; "
                  f"errors: {row['output.errors'] or '-'}")
     if row["error"]:

@@ -28,6 +28,8 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
     rate = run.output_tokens / run.generation_s if run.generation_s > 0 else None
     req_rate = run.requests_ok / run.generation_s if run.generation_s > 0 else None
     predicted = plan.source.get("predicted_output_tok_s")
+    env = environment.capture()
+    there = plan.source.get("predicted_host_id")
     row: dict[str, Any] = {
         "run_id": run_id, "kind": "batch", "timestamp": started.isoformat(),
         "status": "ok" if complete else "incomplete",
@@ -49,9 +51,11 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
         "predicted_output_tok_s": predicted, "predicted_req_s": plan.source.get("predicted_req_s"),
         "predicted_job_s": run.output_tokens / predicted if predicted else None,
         "measured_over_predicted": rate / predicted if rate and predicted else None,
+        # a prediction measured on another kind of machine (or on one not recorded) is labelled, not compared silently
+        "predicted_other_host": bool(predicted) and there != env["env.host_id"],
         **prefixed("knob", plan.knobs),
         **prefixed("canon", canonical_view(plan.engine, plan.knobs)),
-        **environment.capture(),
+        **env,
         **plan.labels,
     }
     return row

@@ -65,7 +65,7 @@ def _from_decision(cfg: DictConfig, results: Path, decision_id: str) -> tuple[Di
     return composed, {"kind": "decision", "id": decision_id, "verdict": decision.get("verdict"),
                       "workload": decision.get("workload"), "rests_on": decision.get("chosen.run_ids"),
                       "predicted_output_tok_s": decision.get("chosen.output_tok_s"),
-                      "predicted_req_s": decision.get("chosen.req_s")}
+                      "predicted_req_s": decision.get("chosen.req_s"), "predicted_host_id": decision.get("host_id")}
 
 
 def _from_engine_file(cfg: DictConfig, results: Path, path: Path) -> tuple[DictConfig, dict[str, Any]]:
@@ -90,7 +90,8 @@ def _from_engine_file(cfg: DictConfig, results: Path, path: Path) -> tuple[DictC
                     required=False)
         source |= {"study": header["study"].strip("'\""), "trial": int(header["trial"]), "run_id": header["run"],
                    "workload": run.get("workload"),
-                   "predicted_output_tok_s": run.get("output_tok_s"), "predicted_req_s": run.get("req_s")}
+                   "predicted_output_tok_s": run.get("output_tok_s"), "predicted_req_s": run.get("req_s"),
+                   "predicted_host_id": run.get("env.host_id")}
     return cfg, source
 
 

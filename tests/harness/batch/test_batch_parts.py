@@ -143,8 +143,10 @@ def test_config_from_a_decision_or_a_tuned_engine_file(tmp_path: Path) -> None:
     results = tmp_path / "results"
     write_row(results, {"decision_id": "d1", "model": "tiny", "verdict": "clear winner", "workload": "unique",
                         "chosen.engine": "sim", "chosen.ordering": "shuffled", "chosen.knob.max_num_seqs": 64,
-                        "chosen.output_tok_s": 500.0, "chosen.req_s": 50.0}, kind="decisions", id_key="decision_id")
-    write_row(results, {"run_id": "r7", "workload": "prefix_heavy", "output_tok_s": 321.0, "req_s": 9.0})
+                        "chosen.output_tok_s": 500.0, "chosen.req_s": 50.0, "host_id": "amx-host"},
+              kind="decisions", id_key="decision_id")
+    write_row(results, {"run_id": "r7", "workload": "prefix_heavy", "output_tok_s": 321.0, "req_s": 9.0,
+                        "env.host_id": "avx2-host"})
     tuned = tmp_path / "vllm-tuned.yaml"
     tuned.write_text("# Tuned by troughput-tune, study 'vllm-tiny', trial 4, run r7\n# objective values: [321.0]\n"
                      "# also set: ordering.seed=3\nname: vllm\npython: null\nenv: {}\nreplicas: 1\n"
@@ -154,10 +156,24 @@ def test_config_from_a_decision_or_a_tuned_engine_file(tmp_path: Path) -> None:
         cfg, origin = apply_source(compose("batch", overrides=[*base, "batch.decision=d1"]))
         assert (cfg.engine.name, cfg.ordering.name, dict(cfg.engine.knobs)) == ("sim", "shuffled", {"max_num_seqs": 64})
         assert origin["kind"] == "decision" and origin["predicted_output_tok_s"] == 500.0
+        assert origin["predicted_host_id"] == "amx-host", "the prediction names the host it was measured on"
         cfg, origin = apply_source(compose("batch", overrides=[*base, f"batch.engine_file={tuned}"]))
         assert cfg.engine.knobs.max_num_seqs == 32 and cfg.ordering.seed == 3
         assert (origin["run_id"], origin["trial"], origin["predicted_output_tok_s"]) == ("r7", 4, 321.0)
+        assert origin["predicted_host_id"] == "avx2-host"
         with pytest.raises(TroughputError, match="was made for model 'tiny'"):
             apply_source(compose("batch", overrides=[*base, "batch.decision=d1", "model=tiny_vlm"]))
         with pytest.raises(TroughputError, match="decision 'nope' not found"):
             apply_source(compose("batch", overrides=[*base, "batch.decision=nope"]))
+
+
+def test_a_prediction_from_another_host_is_labelled_not_comparable() -> None:
+    from harness.batch.cli import summary
+
+    row = {"status": "ok", "requests_ok": 10, "requests_failed": 0, "shards_committed": 1, "shards": 1,
+           "shards_before": 0, "output_tok_s": 100.0, "req_s": 1.0, "generation_s": 10.0, "startup_s": 1.0,
+           "predicted_output_tok_s": 500.0, "config_source.kind": "decision", "predicted_job_s": 2.0,
+           "output.output": "out.jsonl", "output.errors": None, "output_dir": "out", "error": "",
+           "config_source.predicted_host_id": "amx-host", "env.host_id": "avx2-host", "env.host": "EPYC"}
+    assert "NOT COMPARABLE" in summary(row | {"predicted_other_host": True})
+    assert "NOT COMPARABLE" not in summary(row | {"predicted_other_host": False})
