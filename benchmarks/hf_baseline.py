@@ -19,7 +19,8 @@ what vLLM picks for itself. Each row records the dtype that actually ran
 
 The order of the set-ups rotates each round. Each round prints output tok/s and dtype, the
 padded decode slots of the static set-ups, continuous batching's preemptions, and the ratios;
-the end prints the median of each ratio. Always exits 0.
+the end prints the median of each ratio and the verdict of ``harness.verdict`` on the two
+sides' per-round rates. Always exits 0.
 """
 
 from __future__ import annotations
@@ -113,6 +114,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     results_dir = args.results_dir or Path(tempfile.mkdtemp(prefix="troughput-hf-baseline-"))
     specs = compose_specs(overrides, args.hf, results_dir, args.dtype)
+    from harness.verdict import compare
     workload = specs["vllm"].workload
     print(f"workload {workload.name} ({len(workload.requests)} requests, "
           f"{sum(r.max_tokens for r in workload.requests)} output tokens, "
@@ -122,6 +124,7 @@ def main() -> None:
           f"hf knobs {specs['static'].knobs}; rows and logs in {results_dir}", flush=True)
 
     ratios: dict[tuple[str, str], list[float]] = {pair: [] for pair in RATIOS}
+    sides: dict[tuple[str, str], tuple[list[float], list[float]]] = {pair: ([], []) for pair in RATIOS}
     for index in range(args.rounds):
         rows = run_round(specs, index)
         print(f"round {index + 1}/{args.rounds}: " + "  ".join(describe(n, rows[n], args.dtype) for n in SETUPS),
@@ -131,12 +134,16 @@ def main() -> None:
         for top, bottom in RATIOS:
             if top in got and bottom in got:
                 ratios[(top, bottom)].append(got[top] / got[bottom])
+                sides[(top, bottom)][0].append(got[top])
+                sides[(top, bottom)][1].append(got[bottom])
                 shown.append(f"{top}/{bottom} {ratios[(top, bottom)][-1]:.2f}")
         print("  ratios: " + ", ".join(shown), flush=True)
     for (top, bottom), values in ratios.items():
         if values:
             print(f"median {top}/{bottom}: {statistics.median(values):.2f} "
                   f"(min {min(values):.2f}, max {max(values):.2f}, {len(values)} rounds)")
+            verdict = compare(*sides[(top, bottom)])
+            print(f"  verdict (docs/verdicts.md), {top} ÷ {bottom}: {verdict.named(top, bottom)}; {verdict.reason}")
 
 
 if __name__ == "__main__":

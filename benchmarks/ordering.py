@@ -138,7 +138,7 @@ def print_table(policies: list[str], baselines: list[str], runs: dict[str, list[
             print(f"{name}/{base} per round: " + " ".join(f"{v:.3f}" for v in values))
             ours, theirs = ([s["tok_s"] for s in runs[n] if s["ok"]] for n in (name, base))
             verdict = compare(ours, theirs)
-            print(f"  verdict (docs/verdicts.md), {name} ÷ {base}: {verdict.verdict}: {verdict.reason}")
+            print(f"  verdict (docs/verdicts.md), {name} ÷ {base}: {verdict.named(name, base)}; {verdict.reason}")
 
 
 if __name__ == "__main__":

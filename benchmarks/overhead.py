@@ -313,7 +313,7 @@ def main() -> None:
         verdict = compare(rates["troughput"], rates["vllm"])
         print(f"median ratio troughput/vllm-bench {statistics.median(ratios):.3f} "
               f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} rounds)")
-        print(f"verdict (docs/verdicts.md), troughput ÷ vllm bench: {verdict.verdict}: {verdict.reason}")
+        print(f"verdict (docs/verdicts.md), troughput ÷ vllm bench: {verdict.named('troughput', 'vllm bench')}; {verdict.reason}")
     else:
         print("no round completed on both sides")
     if failed_checks:

@@ -122,7 +122,9 @@ def main() -> int:
 
 
 def summarize(sizes: list[int], measured: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
-    """The medians per size and engine, their ratio, and where Ray catches up."""
+    """The medians per size and engine, their ratio and the rule's verdict, and where Ray catches up."""
+    from harness.verdict import compare
+
     print("\nmedians over rounds (job = worker launch to exit; tok/s = output tokens / timed pass)")
     print(f"{'requests':>8} | {'Ray job s':>9} | {'vLLM job s':>10} | {'Ray/vLLM job':>12} | "
           f"{'Ray tok/s':>9} | {'vLLM tok/s':>10} | runs")
@@ -135,6 +137,9 @@ def summarize(sizes: list[int], measured: dict[tuple[str, int], list[dict[str, A
         r, v = (statistics.median(x["run_seconds"] for x in rows) for rows in (ray, vllm))
         rt, vt = (statistics.median(x["output_tok_s"] for x in rows) for rows in (ray, vllm))
         print(f"{size:>8} | {r:9.1f} | {v:10.1f} | {r / v:12.2f} | {rt:9.1f} | {vt:10.1f} | {len(ray)}+{len(vllm)}")
+        verdict = compare(*([1 / x["run_seconds"] for x in rows] for rows in (ray, vllm)))
+        print(f"{'':>8}   verdict (docs/verdicts.md), Ray ÷ vLLM job speed (1 / job s): {verdict.named('Ray', 'vLLM')}; "
+              f"{verdict.reason}")
         done.append(size)
         ray_times.append(r)
         vllm_times.append(v)

@@ -66,6 +66,10 @@ class Verdict:
     def decided(self) -> bool:
         return self.verdict in DECIDED
 
+    def named(self, a: str, b: str) -> str:
+        """The verdict naming the winner: ``clear winner: <a or b>``, else the verdict alone."""
+        return f"{self.verdict}: {a if self.winner == 'a' else b}" if self.winner else self.verdict
+
     def interval_text(self) -> str:
         """``1.127x [1.026, 1.536]``, ``1.127x (no interval)`` with too few runs, ``-`` without an estimate."""
         if self.ratio is None:

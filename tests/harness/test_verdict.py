@@ -29,6 +29,8 @@ def test_welch_interval_of_the_log_ratio_by_hand():
     assert (verdict.low, verdict.high) == pytest.approx((math.exp(la.mean() - lb.mean() - half),
                                                          math.exp(la.mean() - lb.mean() + half)))
     assert verdict.verdict == CLEAR and verdict.winner == "a" and compare(b, a).winner == "b"
+    assert verdict.named("A", "B") == "clear winner: A" and compare(b, a).named("B", "A") == "clear winner: A"
+    assert compare([100, 100.1, 99.9], [100, 100.2, 99.8]).named("A", "B") == EQUIVALENT
 
 
 def test_the_four_verdicts():
