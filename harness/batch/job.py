@@ -40,7 +40,8 @@ class ShardsRun:
     requests_failed: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
-    engine_s: float = 0.0          # generate seconds, summed over shards
+    engine_s: float = 0.0          # engine-busy seconds, summed over shards (their measured wall_s)
+    engine_idle_s: float = 0.0     # seconds an engine waited with nothing fed, summed (shard boundaries, driver)
     generation_s: float = 0.0      # engines up (the last one) to the last commit
     startup_s: float | None = None  # the slowest engine's start
     peak_worker_rss_bytes: int = 0
@@ -54,8 +55,9 @@ class ShardsRun:
         """Array tasks side by side: counts add up, seconds are the longest task's."""
         total = cls()
         for part in parts:
-            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s"):
-                setattr(total, key, getattr(total, key) + part[key])
+            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s",
+                        "engine_idle_s"):
+                setattr(total, key, getattr(total, key) + part.get(key, 0))
             total.shards_failed.update({int(k): v for k, v in part["shards_failed"].items()})
             total.generation_s = max(total.generation_s, part["generation_s"])
             total.startup_s = max(filter(None, [total.startup_s, part["startup_s"]]), default=None)
@@ -197,6 +199,7 @@ class _Runner:
         output_tokens = sum(len(c["output_token_ids"]) for c in result["completions"])
         meta = {"index": index, "requests": len(items), "ok": len(outputs), "failed": len(errors),
                 "prompt_tokens": prompt_tokens, "output_tokens": output_tokens, "engine_s": measured["wall_s"],
+                "span_s": measured.get("span_s"), "idle_before_s": measured.get("idle_before_s"),
                 "first_line": items[0].line, "last_line": items[-1].line, "committed_at": time.time()}
         if not self.state.commit(index, outputs, errors, meta):
             return  # another worker or an earlier run committed it first
@@ -208,4 +211,5 @@ class _Runner:
         run.prompt_tokens += prompt_tokens
         run.output_tokens += output_tokens
         run.engine_s += float(measured["wall_s"])
+        run.engine_idle_s += float(measured.get("idle_before_s") or 0.0)
         self.bar.shard_done(-1 if worker is None else worker, len(items), output_tokens)

@@ -133,3 +133,26 @@ def test_slurm_array_through_submitit_local(tmp_path: Path) -> None:
     assert len(task_logs) == 2, "two array tasks ran"
     [row] = read_rows(tmp_path / "results", "batch")
     assert row["scale"] == "slurm" and row["shards_run"] == 5 and row["requests_ok"] == 10
+
+
+def _shard_metas(out: Path) -> list[dict]:
+    return [json.loads((d / "meta.json").read_text()) for d in sorted((out / "shards").iterdir())]
+
+
+def test_a_streaming_engine_is_fed_the_next_shard_while_the_current_one_generates(tmp_path: Path) -> None:
+    """Shard 1 reaches the engine with shard 0 (two in flight): fed at once, no idle wait, its span covers shard 0's."""
+    path = numbered(tmp_path / "batch.jsonl", 12, max_tokens=4)
+    spans = {}
+    for mode, knobs in (("stream", ["+engine.knobs.token_s=0.05"]), ("serial", ["+engine.knobs.step_s=0.2"])):
+        out = tmp_path / mode
+        proc = troughput_batch(tmp_path, FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
+                               "batch.shard_size=4", "batch.in_flight=2", "+engine.knobs.max_num_seqs=4", *knobs)
+        assert proc.returncode == 0, proc.stderr
+        assert len(read_jsonl(out / "output.jsonl")) == 12
+        spans[mode] = _shard_metas(out)
+    stream, serial = spans["stream"], spans["serial"]
+    assert stream[1]["idle_before_s"] == 0.0
+    assert stream[1]["span_s"] > stream[1]["engine_s"] + 0.1  # it waited in the engine behind shard 0
+    assert all(m["span_s"] == m["engine_s"] for m in serial)   # one generate per shard: no overlap
+    rows = {r["output_dir"]: r for r in read_rows(tmp_path / "results", "batch")}
+    assert rows[str(tmp_path / "stream")]["engine_idle_s"] >= 0.0
