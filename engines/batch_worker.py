@@ -74,11 +74,12 @@ def shard_result(out: ShardOutput, errors: dict[str, str], busy_s: float, idle_b
     ``span_s`` runs from feed to last finish (spans of shards fed while others generate
     overlap); ``busy_s`` (= ``wall_s``) is the part of the engine's busy time since the
     previous shard finished, so the shards' ``wall_s`` add up to the engine's busy time;
-    ``idle_before_s`` is how long the engine had nothing to do just before this shard was fed.
+    ``idle_before_s`` is how long the engine had nothing to do just before this shard was fed;
+    ``startup_s`` the replica start-up inside its generate calls (``engine=ray``), outside both.
     """
     completions = out.completions
     cached = [c.cached_tokens for c in completions]
-    measured = {"wall_s": busy_s, "span_s": out.span_s, "idle_before_s": idle_before_s,
+    measured = {"wall_s": busy_s, "span_s": out.span_s, "idle_before_s": idle_before_s, "startup_s": out.startup_s,
                 "requests": len(completions), "prompt_tokens": sum(c.prompt_tokens for c in completions),
                 "output_tokens": sum(len(c.output_token_ids) for c in completions),
                 "cached_tokens": None if None in cached or not completions else sum(cached),  # type: ignore[arg-type]
@@ -183,7 +184,8 @@ def _feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dic
             pass
         for out in feeder.collect(timeout=0.05):
             shard, errors, idle_before = shards.pop(out.shard)
-            busy = out.span_s if out.simulated_span_s is not None else out.finished_at - max(out.fed_at, last_finish)
+            busy = (out.span_s if out.simulated_span_s is not None
+                    else out.finished_at - max(out.fed_at, last_finish) - out.startup_s)
             last_finish = max(last_finish, out.finished_at)
             result = shard_result(out, errors, max(0.0, busy), idle_before)
             result["peak_rss_bytes"] = peak_rss_bytes()

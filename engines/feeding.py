@@ -48,10 +48,13 @@ class ShardOutput:
     fed_at: float
     finished_at: float
     simulated_span_s: float | None = None
+    startup_s: float = 0.0  # replicas started inside the shard's generate calls (engine=ray): not generation
 
     @property
     def span_s(self) -> float:
-        return self.simulated_span_s if self.simulated_span_s is not None else self.finished_at - self.fed_at
+        if self.simulated_span_s is not None:
+            return self.simulated_span_s
+        return max(0.0, self.finished_at - self.fed_at - self.startup_s)
 
 
 @dataclass
@@ -126,37 +129,44 @@ class SerialFeeder(Feeder):
             return []
         state = self.queued.popleft()
         state.fed_at = time.perf_counter()  # the engine starts on it now, not when it was queued
-        simulated = generate_isolating(self.engine, state.requests, state.done, state.errors)
+        spent: dict[str, float] = {}
+        generate_isolating(self.engine, state.requests, state.done, state.errors, spent)
         out = self._finish(state)
         out.finished_at = time.perf_counter()
-        out.simulated_span_s = simulated
+        out.simulated_span_s = spent.get("simulated")
+        out.startup_s = spent.get("startup", 0.0)
         return [out]
 
 
 def generate_isolating(engine: Any, requests: list[Request], done: dict[str, Completion],
-                       errors: dict[str, str]) -> float | None:
+                       errors: dict[str, str], spent: dict[str, float]) -> None:
     """``engine.generate(requests)`` into ``done``; a ``ValueError`` is narrowed by halving to the requests causing it.
 
-    Returns the simulated seconds summed where the engine is a simulator, else ``None``.
+    Adds to ``spent``: ``simulated`` seconds where the engine is a simulator, ``startup`` seconds
+    of replica start-up inside the calls (``Engine.startup_in_last_generate``).
     """
     if not requests:
-        return None
+        return
     try:
         completions = engine.generate(requests)
     except ValueError as e:
         if len(requests) == 1:
             errors[requests[0].id] = rejected(e)
-            return None
+            return
         half = len(requests) // 2
-        spans = [generate_isolating(engine, part, done, errors) for part in (requests[:half], requests[half:])]
-        return None if all(s is None for s in spans) else sum(s or 0.0 for s in spans)
+        for part in (requests[:half], requests[half:]):
+            generate_isolating(engine, part, done, errors, spent)
+        return
     if [c.id for c in completions] != [r.id for r in requests]:
         raise RuntimeError("engine returned completions out of order or incomplete")
     now = time.perf_counter()
     for c in completions:
         c.finished_at = c.finished_at or now
         done[c.id] = c
-    return engine.simulated_seconds()
+    simulated = engine.simulated_seconds()
+    if simulated is not None:
+        spent["simulated"] = spent.get("simulated", 0.0) + simulated
+    spent["startup"] = spent.get("startup", 0.0) + engine.startup_in_last_generate()
 
 
 class AsyncFeeder(Feeder):

@@ -111,6 +111,7 @@ class _Runner:
         self.failures: dict[int, str] = {}  # worker -> why it failed
         self.t_ready: float | None = None
         self.t_last: float | None = None
+        self.inside_startup: dict[int, float] = {}  # worker -> replica start-up inside its shards (engine=ray)
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
@@ -128,8 +129,11 @@ class _Runner:
             got = pool.next_event(timeout=1.0)
             if got is not None:
                 self._handle(pool, *got)
+        inside = max(self.inside_startup.values(), default=0.0)  # start-up, not generation, on the slowest worker
         if self.t_ready is not None and self.t_last is not None:
-            self.run.generation_s = max(0.0, self.t_last - self.t_ready)
+            self.run.generation_s = max(0.0, self.t_last - self.t_ready - inside)
+        if inside:
+            self.run.startup_s = (self.run.startup_s or 0.0) + inside
 
     def _dispatch(self, pool: Any, index: int, items: list[Item]) -> None:
         requests = [item.request for item in items if item.request is not None]
@@ -157,6 +161,8 @@ class _Runner:
             result = json.loads((Path(event["shard"]) / "result.json").read_text())
             self.run.peak_worker_rss_bytes = max(self.run.peak_worker_rss_bytes, result.get("peak_rss_bytes") or 0)
             self._commit(index, items, result, worker)
+            startup = float(result["measured"].get("startup_s") or 0.0)
+            self.inside_startup[worker] = self.inside_startup.get(worker, 0.0) + startup
             if self.t_ready is None:  # a pool without start events: the first result marks the engines up
                 self.t_ready = time.monotonic() - float(result["measured"]["wall_s"])
         elif kind == "shard_failed":
