@@ -10,7 +10,7 @@ from typing import Any
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 from engines.common import check_names, dtype_name, load_images, require_module
 from engines.decoding import decoding_of
-from engines.feeding import Feeder, ShardOutput, OpenShard, rejected
+from engines.feeding import Feeder, OpenShard, rejected
 from engines.knobs import NativeMapping, inverted
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 COUNTERS = {

@@ -3,7 +3,10 @@
 Measured rates are this invocation's: output tokens over ``generation_s`` (from the moment
 every engine was up to the last shard committed; engine start excluded, as a measured
 run's timed pass excludes it). ``predicted_job_s`` is this job's output tokens at the
-predicted rate, beside ``generation_s``.
+predicted rate, beside ``generation_s``. ``startup_s`` holds the engines' start (and replica
+start-up inside shards, ``engine=ray``), ``wall_s`` the whole invocation; ``engine_s`` sums the
+engine-busy seconds the shards account for and ``engine_idle_s`` the seconds engines waited with
+nothing fed (``engines.batch_worker``): the same rate definition as a measured run's row.
 """
 
 from __future__ import annotations
