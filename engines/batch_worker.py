@@ -148,9 +148,12 @@ def _stdin_commands() -> queue.Queue[dict[str, Any] | None]:
     commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
 
     def read() -> None:
-        for line in sys.stdin:
-            if line.strip():
-                commands.put(json.loads(line))
+        try:
+            for line in sys.stdin:
+                if line.strip():
+                    commands.put(json.loads(line))
+        except Exception as e:  # noqa: BLE001 - ends the worker with the reason, in its main thread
+            commands.put({"error": f"bad command on stdin: {type(e).__name__}: {e}"})
         commands.put(None)
 
     threading.Thread(target=read, name="troughput-stdin", daemon=True).start()
@@ -170,6 +173,8 @@ def _feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dic
             while True:
                 if command is None:
                     closed = True
+                elif "error" in command:
+                    raise RuntimeError(command["error"])
                 else:
                     shard = Path(command["shard"])
                     requests = read_requests(shard / "requests.jsonl")
