@@ -10,7 +10,9 @@ lengths (``sampling=benchmark``: EOS ignored, so every request makes exactly its
 from other processes on a shared host falls on every side alike. Prints each side's
 ``output_tok_s`` per round (both tools: output tokens over the generation span, engine start
 outside), the medians and each batch side's ratio of medians over the run's; writes them
-to ``<out>/summary.json``. ``--checkout`` runs another checkout's code (a "before" commit).
+to ``<out>/summary.json``. ``--checkout`` runs another checkout's code (a "before" commit);
+``--before DIR`` adds that checkout's sides to the same rotation (``before:run``, ...), so that
+before and after are measured in the same rounds, under the same load.
 """
 
 from __future__ import annotations
@@ -55,9 +57,10 @@ def side_command(side: str, data: Path, results: Path, out_dir: Path, extra: lis
             "batch.sampling=benchmark", f"batch.shard_size={size}", *common]
 
 
-def run_side(side: str, data: Path, work: Path, checkout: Path, extra: list[str]) -> dict[str, Any]:
+def run_side(label: str, data: Path, work: Path, checkout: Path, extra: list[str]) -> dict[str, Any]:
     """One invocation; its row's rate, tokens and seconds."""
-    tag = f"{side.replace('@', '-')}-{time.strftime('%H%M%S')}"
+    side = label.split(":")[-1]
+    tag = f"{label.replace('@', '-').replace(':', '-')}-{time.strftime('%H%M%S')}"
     results, out_dir = work / f"results-{tag}", work / f"out-{tag}"
     cmd = side_command(side, data, results, out_dir, extra)
     env = {**os.environ, "PYTHONPATH": str(checkout)}
@@ -69,7 +72,7 @@ def run_side(side: str, data: Path, work: Path, checkout: Path, extra: list[str]
     if proc.returncode != 0 or len(rows) != 1 or rows[0].get("status") != "ok":
         raise SystemExit(f"{side} failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
     row = rows[0]
-    return {"side": side, "output_tok_s": row["output_tok_s"], "output_tokens": row.get("output_tokens"),
+    return {"side": label, "commit": row.get("git_commit"), "output_tok_s": row["output_tok_s"], "output_tokens": row.get("output_tokens"),
             "startup_s": row.get("startup_s"), "engine_idle_s": row.get("engine_idle_s"), "process_wall_s": wall,
             "load_1min": os.getloadavg()[0], "command": " ".join(cmd)}
 
@@ -84,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shard-sizes", default="1000,250")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--checkout", type=Path, default=Path(__file__).resolve().parents[1])
+    parser.add_argument("--before", type=Path, default=None, help="a second checkout measured in the same rounds")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for both tools (engine, knobs)")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -91,21 +95,25 @@ def main(argv: list[str] | None = None) -> int:
     lengths = write_file(data, args.count, args.median, args.sigma, args.cap)
     print(f"{data}: {args.count} completions, output tokens {sum(lengths):,}, median {statistics.median(lengths)}, "
           f"max {max(lengths)}, past 450: {sum(n > 450 for n in lengths)}", flush=True)
-    sides = ["run", *(f"batch@{s}" for s in args.shard_sizes.split(","))]
+    own = ["run", *(f"batch@{s}" for s in args.shard_sizes.split(","))]
+    checkouts = {"": args.checkout.resolve(), **({"before:": args.before.resolve()} if args.before else {})}
+    sides = [prefix + side for prefix in checkouts for side in own]
     measured: dict[str, list[float]] = {s: [] for s in sides}
     records = []
     for r in range(args.rounds):
         for side in sides[r % len(sides):] + sides[:r % len(sides)]:
-            got = run_side(side, data, args.out, args.checkout.resolve(), args.overrides)
+            checkout = checkouts["before:" if side.startswith("before:") else ""]
+            got = run_side(side, data, args.out, checkout, args.overrides)
             measured[side].append(got["output_tok_s"])
             records.append({"round": r + 1, **got})
-            print(f"round {r + 1} {side:>10}: {got['output_tok_s']:8,.1f} output tok/s  "
+            print(f"round {r + 1} {side:>17}: {got['output_tok_s']:8,.1f} output tok/s  "
                   f"({got['output_tokens']:,} tokens, idle {got['engine_idle_s']}, load {got['load_1min']:.1f})",
                   flush=True)
     medians = {s: statistics.median(v) for s, v in measured.items()}
-    ratios = {s: medians[s] / medians["run"] for s in sides if s != "run"}
+    ratios = {s: medians[s] / medians[s.rsplit(":", 1)[0] + ":run" if ":" in s else "run"]
+              for s in sides if s.split(":")[-1] != "run"}
     for side in sides:
-        print(f"median {side:>10}: {medians[side]:8,.1f}" + (f"  ratio {ratios[side]:.3f}" if side in ratios else ""))
+        print(f"median {side:>17}: {medians[side]:8,.1f}" + (f"  ratio {ratios[side]:.3f}" if side in ratios else ""))
     (args.out / "summary.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                        "medians": medians, "ratios": ratios, "runs": records},
                                                       indent=1))
