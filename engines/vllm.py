@@ -10,6 +10,7 @@ from typing import Any
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 from engines.common import check_names, dtype_name, load_images, require_module
 from engines.decoding import decoding_of
+from engines.feeding import Feeder, OpenShard, rejected
 from engines.knobs import NativeMapping, inverted
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 COUNTERS = {
@@ -57,34 +58,31 @@ class VllmEngine(Engine):
                                 "grammar_backend": config.structured_outputs_config.backend})
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
-        from vllm import SamplingParams
-        from vllm.sampling_params import StructuredOutputsParams
-
         self.require_started()
         prompts = [self._prompt(r) for r in requests]
-        params = []
-        for request in requests:
-            kwargs = sampling_kwargs(request)
-            if "structured_outputs" in kwargs:
-                kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
-            params.append(SamplingParams(**kwargs))
+        params = [self._params(r) for r in requests]
         finish_times: list[float] = []
         outputs = self.llm.generate(prompts, params, use_tqdm=_progress_recorder(finish_times, on_finish))
         # vLLM returns outputs in request order; finish times are known in finishing order only.
-        completions = []
-        for request, output, param in zip(requests, outputs, params):
-            sequence = output.outputs[0]
-            completions.append(Completion(
-                id=request.id,
-                prompt_tokens=len(output.prompt_token_ids or []),
-                output_token_ids=list(sequence.token_ids),
-                cached_tokens=output.num_cached_tokens,
-                finish_reason=sequence.finish_reason,
-                text=sequence.text if param.detokenize else None,
-            ))
+        completions = [to_completion(request.id, output, param.detokenize)
+                       for request, output, param in zip(requests, outputs, params)]
         for completion, finished in zip(completions, finish_times):
             completion.finished_at = finished
         return completions
+
+    def feeder(self) -> VllmFeeder:
+        """Requests added to the running ``LLMEngine`` and stepped, shard after shard (no drain at boundaries)."""
+        self.require_started()
+        return VllmFeeder(self)
+
+    def _params(self, request: Request) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kwargs = sampling_kwargs(request)
+        if "structured_outputs" in kwargs:
+            kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        return SamplingParams(**kwargs)
 
     def _prompt(self, request: Request) -> dict[str, Any]:
         prompt: dict[str, Any] = {"prompt_token_ids": request.prompt_token_ids}
@@ -113,6 +111,66 @@ class VllmEngine(Engine):
                 engine_core.shutdown()
             del self.llm
         self.started = False
+
+
+class VllmFeeder(Feeder):
+    """Shards fed to one running vLLM ``LLMEngine``: ``add_request`` per request, ``step()`` to advance.
+
+    vLLM 0.32 (ENGINE-FACTS, "Feeding an engine across shards"): ``LLM.generate`` and
+    ``wait_for_completion`` run the engine until it is empty, so they would drain it at every
+    shard; ``llm_engine.add_request(id, prompt, params)`` with ``output_kind=FINAL_ONLY`` only
+    adds, and ``llm_engine.step()`` returns outputs whose ``request_id`` is the id given here.
+    ``step()`` is called only while ``has_unfinished_requests()`` (it blocks otherwise).
+    """
+
+    def __init__(self, engine: VllmEngine):
+        super().__init__()
+        self.engine = engine
+        self.llm_engine = engine.llm.llm_engine
+        self.owner: dict[str, tuple[Any, str, bool]] = {}  # vLLM request id -> (open shard, request id, detokenize)
+        self.fed = 0
+
+    def feed(self, shard: str, requests: list[Request]) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
+        state = OpenShard(shard, list(requests), time.perf_counter())
+        self.open[shard] = state
+        self.fed += 1
+        for i, request in enumerate(requests):
+            rid = f"{self.fed}:{i}"
+            try:
+                params = self.engine._params(request)
+                params.output_kind = RequestOutputKind.FINAL_ONLY
+                self.llm_engine.add_request(rid, self.engine._prompt(request), params)
+            except ValueError as e:  # a prompt vLLM refuses (too long, a bad image): this request's error
+                state.errors[request.id] = rejected(e)
+                continue
+            self.owner[rid] = (state, request.id, params.detokenize)
+        if state.complete():
+            self.ready.append(self._finish(state))
+
+    def collect(self, timeout: float) -> list[ShardOutput]:
+        finished = self._take_ready()
+        if not self.llm_engine.has_unfinished_requests():
+            return finished
+        for output in self.llm_engine.step():
+            if not output.finished:
+                continue
+            state, request_id, detokenize = self.owner.pop(output.request_id)
+            completion = to_completion(request_id, output, detokenize)
+            completion.finished_at = time.perf_counter()
+            state.done[request_id] = completion
+            if state.complete():
+                finished.append(self._finish(state))
+        return finished
+
+
+def to_completion(request_id: str, output: Any, detokenize: bool) -> Completion:
+    """One finished ``RequestOutput`` as a ``Completion`` (text only where vLLM detokenized)."""
+    sequence = output.outputs[0]
+    return Completion(id=request_id, prompt_tokens=len(output.prompt_token_ids or []),
+                      output_token_ids=list(sequence.token_ids), cached_tokens=output.num_cached_tokens,
+                      finish_reason=sequence.finish_reason, text=sequence.text if detokenize else None)
 
 
 def sampling_kwargs(request: Request) -> dict[str, Any]:
