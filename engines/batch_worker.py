@@ -10,9 +10,9 @@ finish, the engine-busy seconds it accounts for, and the engine's idle seconds j
 it was fed) is written whole and renamed into place before ``shard_done`` is said. A request
 the engine cannot take (a constraint or sampling it lacks, an input it rejects with
 ``ValueError``) is a per-request error; any other failure says ``shard_failed`` and ends the
-worker. End of stdin, once every fed shard is done, stops the engine. ``start_engine``,
-``screen`` and ``shard_result`` are also ``batch.scale=ray``'s engine stage
-(``harness.batch.ray_stages``). Standard library only, besides the adapter and its engine.
+worker. End of stdin, once every fed shard is done, stops the engine. ``start_engine`` and
+``feed_until_closed`` are also ``batch.scale=ray``'s engine stage (``harness.batch.ray_stages``).
+Standard library only, besides the adapter and its engine.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ import time
 import traceback
 from dataclasses import asdict
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 from engines import get_engine_class
 from engines.base import Engine, Request
-from engines.feeding import Feeder, SerialFeeder, ShardOutput
+from engines.feeding import Feeder, ShardOutput
 from engines.worker import emit, peak_rss_bytes, pin_to_cores, reserve_stdout_for_events
 
 
@@ -39,15 +40,6 @@ def start_engine(job: dict[str, Any]) -> tuple[Engine, dict[str, Any]]:
     engine = get_engine_class(job["engine"])(job["model"], job.get("knobs") or {})
     engine.validate()
     return engine, asdict(engine.start())
-
-
-def run_shard(engine: Engine, requests: list[Request], index: int) -> dict[str, Any]:
-    """Generate one shard with nothing else in the engine (a Ray actor's call); return it as ``result.json`` holds it."""
-    feeder = SerialFeeder(engine)
-    errors = screen(engine, requests)
-    feeder.feed(str(index), [r for r in requests if r.id not in errors])
-    out = feeder.collect(timeout=0)[0]
-    return shard_result(out, errors, out.span_s, 0.0)
 
 
 def screen(engine: Engine, requests: list[Request]) -> dict[str, str]:
@@ -113,7 +105,7 @@ def serve(job_dir: Path) -> int:
         engine, start = start_engine(job)
         emit("started", start=start)
         feeder = engine.feeder()
-        _feed_until_closed(engine, feeder, _stdin_commands())
+        feed_until_closed(engine, feeder, _stdin_commands(), _write_result)
         return 0
     except BaseException as e:  # noqa: BLE001 - the driver must hear why
         emit("shard_failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
@@ -142,9 +134,22 @@ def _stdin_commands() -> queue.Queue[dict[str, Any] | None]:
     return commands
 
 
-def _feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict[str, Any] | None]) -> None:
-    """Feed each shard as it arrives, collect and write back each as it finishes; return at end of input."""
-    shards: dict[str, tuple[Path, dict[str, str], float]] = {}  # shard -> (dir, screened errors, idle before it)
+def _write_result(shard: str, result: dict[str, Any]) -> None:
+    """A finished shard's ``result.json`` in its directory, then ``shard_done`` for the driver."""
+    result["peak_rss_bytes"] = peak_rss_bytes()
+    write_whole(Path(shard) / "result.json", result)
+    emit("shard_done", shard=shard, **result["measured"], errors=len(result["errors"]))
+
+
+def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict[str, Any] | None],
+                      finish: Callable[[str, dict[str, Any]], None], progress: bool = True) -> None:
+    """Feed each shard as it arrives, hand each to ``finish`` as it finishes; return at end of input.
+
+    A command is ``{"shard": DIR}`` (its ``requests.jsonl`` is read) or ``{"shard": KEY,
+    "requests": [...]}`` (a Ray actor's call); ``None`` ends the input. ``finish(shard, result)``
+    gets the shard's ``result.json`` contents (``shard_result``) in the order shards finish.
+    """
+    shards: dict[str, tuple[dict[str, str], float]] = {}  # shard -> (screened errors, idle before it)
     idle_since: float | None = time.perf_counter()  # the engine has nothing to do from here
     last_finish = time.perf_counter()
     last_progress = 0.0
@@ -158,29 +163,28 @@ def _feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dic
                 elif "error" in command:
                     raise RuntimeError(command["error"])
                 else:
-                    shard = Path(command["shard"])
-                    requests = read_requests(shard / "requests.jsonl")
+                    shard = str(command["shard"])
+                    requests = (command["requests"] if "requests" in command
+                                else read_requests(Path(shard) / "requests.jsonl"))
                     errors = screen(engine, requests)
                     now = time.perf_counter()
                     idle_before = now - idle_since if idle_since is not None and feeder.idle() else 0.0
                     idle_since = None
-                    shards[str(shard)] = (shard, errors, idle_before)
-                    feeder.feed(str(shard), [r for r in requests if r.id not in errors])
+                    shards[shard] = (errors, idle_before)
+                    feeder.feed(shard, [r for r in requests if r.id not in errors])
                 command = commands.get_nowait()
         except queue.Empty:
             pass
         for out in feeder.collect(timeout=0.05):
-            shard, errors, idle_before = shards.pop(out.shard)
+            errors, idle_before = shards.pop(out.shard)
             busy = (out.span_s if out.simulated_span_s is not None
                     else out.finished_at - max(out.fed_at, last_finish) - out.startup_s)
             last_finish = max(last_finish, out.finished_at)
-            result = shard_result(out, errors, max(0.0, busy), idle_before)
-            result["peak_rss_bytes"] = peak_rss_bytes()
-            write_whole(shard / "result.json", result)
-            emit("shard_done", shard=str(shard), **result["measured"], errors=len(result["errors"]))
+            finish(out.shard, shard_result(out, errors, max(0.0, busy), idle_before))
         if feeder.idle() and idle_since is None:
             idle_since = time.perf_counter()
-        last_progress = _progress(feeder, last_progress)
+        if progress:
+            last_progress = _progress(feeder, last_progress)
 
 
 def _progress(feeder: Feeder, last: float) -> float:
