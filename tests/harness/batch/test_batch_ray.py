@@ -43,7 +43,7 @@ def test_the_engine_actor_is_fed_the_next_shard_while_the_current_one_generates(
     """
     path = numbered(tmp_path / "batch.jsonl", 16, max_tokens=4)
     metas = {}
-    for mode, knob in (("stream", "+engine.knobs.token_s=0.25"), ("serial", "+engine.knobs.step_s=1.0")):
+    for mode, knob in (("stream", "+engine.knobs.token_s=0.5"), ("serial", "+engine.knobs.step_s=1.0")):
         out = tmp_path / mode
         proc = troughput_batch(tmp_path, f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark",
                                f"batch.input={path}", f"batch.output_dir={out}", "batch.shard_size=4",
