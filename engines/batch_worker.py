@@ -193,6 +193,7 @@ def _feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dic
                     else out.finished_at - max(out.fed_at, last_finish) - out.startup_s)
             last_finish = max(last_finish, out.finished_at)
             result = shard_result(out, errors, max(0.0, busy), idle_before)
+            result["measured"]["engine_steps"] = engine.stats().extra.get("engine_steps")  # since start, where known
             result["peak_rss_bytes"] = peak_rss_bytes()
             write_whole(shard / "result.json", result)
             emit("shard_done", shard=str(shard), **result["measured"], errors=len(result["errors"]))
