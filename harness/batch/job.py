@@ -146,7 +146,7 @@ class _Runner:
         with open(shard_dir / "requests.jsonl", "w") as f:
             for request in apply_ordering(requests, self.plan.ordering):
                 f.write(json.dumps(request.to_dict()) + "\n")
-        self.in_flight[str(shard_dir)] = (index, items, pool.submit(shard_dir, index))
+        self.in_flight[str(shard_dir)] = (index, items, pool.submit(shard_dir, index, len(requests)))
 
     def _handle(self, pool: Any, worker: int, event: dict[str, Any]) -> None:
         kind = event["event"]
@@ -186,7 +186,8 @@ class _Runner:
             del self.in_flight[shard_dir]
             if index not in self.retried and pool.any_alive():
                 self.retried.add(index)
-                self.in_flight[shard_dir] = (index, items, pool.submit(Path(shard_dir), index))
+                count = sum(item.request is not None for item in items)
+                self.in_flight[shard_dir] = (index, items, pool.submit(Path(shard_dir), index, count))
             else:
                 self.run.shards_failed[index] = f"worker {worker + 1}: {why}"
 

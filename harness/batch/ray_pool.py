@@ -63,7 +63,7 @@ class RayPool:
     def any_alive(self) -> bool:
         return any(self.alive)
 
-    def submit(self, shard_dir: Path, index: int) -> int:
+    def submit(self, shard_dir: Path, index: int, count: int = 0) -> int:  # count: LocalPool's, unused here
         i = min((n, i) for i, (n, alive) in enumerate(zip(self.outstanding, self.alive)) if alive)[1]
         requests = [r.to_dict() for r in read_requests(shard_dir / "requests.jsonl")]
         self.outstanding[i] += 1
