@@ -153,6 +153,7 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
     idle_since: float | None = time.perf_counter()  # the engine has nothing to do from here
     last_finish = time.perf_counter()
     last_progress = 0.0
+    fed = 0  # requests handed over (screened ones included), reported with each progress event
     closed = False
     while not (closed and feeder.idle()):
         try:  # wait for work only when the engine has none
@@ -172,28 +173,36 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
                     idle_since = None
                     shards[shard] = (errors, idle_before)
                     feeder.feed(shard, [r for r in requests if r.id not in errors])
+                    fed += len(requests)
                 command = commands.get_nowait()
         except queue.Empty:
             pass
-        for out in feeder.collect(timeout=0.05):
+        finished = feeder.collect(timeout=0.05)
+        for out in finished:
             errors, idle_before = shards.pop(out.shard)
             busy = (out.span_s if out.simulated_span_s is not None
                     else out.finished_at - max(out.fed_at, last_finish) - out.startup_s)
             last_finish = max(last_finish, out.finished_at)
-            finish(out.shard, shard_result(out, errors, max(0.0, busy), idle_before))
+            result = shard_result(out, errors, max(0.0, busy), idle_before)
+            result["measured"]["engine_steps"] = engine.stats().extra.get("engine_steps")  # since start, where known
+            finish(out.shard, result)
         if feeder.idle() and idle_since is None:
             idle_since = time.perf_counter()
         if progress:
-            last_progress = _progress(feeder, last_progress)
+            last_progress = _progress(feeder, last_progress, fed, force=bool(finished))
 
 
-def _progress(feeder: Feeder, last: float) -> float:
-    """Every half second, the requests finished in shards not yet done (the driver's progress bar)."""
+def _progress(feeder: Feeder, last: float, fed: int, force: bool = False) -> float:
+    """Every half second (and when a shard finished): requests finished in shards not yet done, for the
+    progress bar, and ``pending``, the requests in the engine not finished yet, with ``fed``, all requests
+    handed over so far: the driver hands this engine another shard when few are pending (``harness.batch.pool``)."""
     now = time.monotonic()
-    if now - last < 0.5 or feeder.idle():
+    if now - last < 0.5 and not force:
         return last
-    emit("progress", done=sum(len(s.done) + len(s.errors) for s in feeder.open.values()),
-         total=sum(len(s.requests) for s in feeder.open.values()))
+    done = sum(len(s.done) + len(s.errors) for s in feeder.open.values())
+    total = sum(len(s.requests) for s in feeder.open.values())
+    flow = {"pending": total - done, "fed": fed} if feeder.streams else {}  # a serial feeder gains nothing from more
+    emit("progress", done=done, total=total, **flow)
     return now
 
 

@@ -83,6 +83,8 @@ def rejected(error: Exception) -> str:
 class Feeder(abc.ABC):
     """Hands shards to one started engine and returns them as they finish."""
 
+    streams = True  # whether shards fed while others run share the engine's running batch
+
     def __init__(self) -> None:
         self.open: dict[str, OpenShard] = {}
         self.ready: list[ShardOutput] = []  # shards that finished when fed (every request rejected, or none)
@@ -113,6 +115,8 @@ class Feeder(abc.ABC):
 
 class SerialFeeder(Feeder):
     """One blocking ``generate`` per shard, in the order fed: the engine drains at every boundary."""
+
+    streams = False
 
     def __init__(self, engine: Any):
         super().__init__()

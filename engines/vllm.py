@@ -20,6 +20,7 @@ COUNTERS = {
     "vllm:mm_cache_queries": "mm_cache_queries",
     "vllm:mm_cache_hits": "mm_cache_hits",
 }
+STEPS = "vllm:iteration_tokens_total"  # histogram of tokens per engine step: count = steps, sum = tokens
 
 
 class VllmEngine(Engine):
@@ -93,10 +94,16 @@ class VllmEngine(Engine):
     def stats(self) -> EngineStats:
         self.require_started()
         values: dict[str, float] = {}
+        extra: dict[str, float] = {}
         for metric in self.llm.get_metrics():
             if metric.name in COUNTERS and hasattr(metric, "value"):
                 values[COUNTERS[metric.name]] = values.get(COUNTERS[metric.name], 0) + metric.value
-        return EngineStats(**{key: int(values[key]) for key in COUNTERS.values() if key in values})
+            elif metric.name == STEPS and hasattr(metric, "count"):
+                # engine steps and the tokens they scheduled: tokens per step is the running batch's
+                # occupancy, which does not depend on how fast a loaded host runs each step
+                extra["engine_steps"] = extra.get("engine_steps", 0.0) + metric.count
+                extra["step_tokens"] = extra.get("step_tokens", 0.0) + metric.sum
+        return EngineStats(**{key: int(values[key]) for key in COUNTERS.values() if key in values}, extra=extra)
 
     def reset_caches(self) -> None:
         self.require_started()

@@ -43,6 +43,7 @@ class ShardsRun:
     output_tokens: int = 0
     engine_s: float = 0.0          # engine-busy seconds, summed over shards (their measured wall_s)
     engine_idle_s: float = 0.0     # seconds an engine waited with nothing fed, summed (shard boundaries, driver)
+    engine_steps: int | None = None  # engine steps since start, summed over engines, where the engine counts them
     generation_s: float = 0.0      # engines up (the last one) to the last commit
     startup_s: float | None = None  # the slowest engine's start
     peak_worker_rss_bytes: int = 0
@@ -123,6 +124,7 @@ class _Runner:
         self.t_ready: float | None = None
         self.t_last: float | None = None
         self.inside_startup: dict[int, float] = {}  # worker -> replica start-up inside its shards (engine=ray)
+        self.steps: dict[int, int] = {}  # worker -> its engine's steps since start, as of its latest shard
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
@@ -155,7 +157,7 @@ class _Runner:
         with open(shard_dir / "requests.jsonl", "w") as f:
             for request in apply_ordering(requests, self.plan.ordering):
                 f.write(json.dumps(request.to_dict()) + "\n")
-        self.in_flight[str(shard_dir)] = (index, items, pool.submit(shard_dir, index))
+        self.in_flight[str(shard_dir)] = (index, items, pool.submit(shard_dir, index, len(requests)))
 
     def _handle(self, pool: Any, worker: int, event: dict[str, Any]) -> None:
         kind = event["event"]
@@ -172,6 +174,10 @@ class _Runner:
             result = json.loads((Path(event["shard"]) / "result.json").read_text())
             self.run.peak_worker_rss_bytes = max(self.run.peak_worker_rss_bytes, result.get("peak_rss_bytes") or 0)
             self._commit(index, items, result, worker)
+            steps = result["measured"].get("engine_steps")
+            if steps is not None:
+                self.steps[worker] = max(self.steps.get(worker, 0), int(steps))
+                self.run.engine_steps = sum(self.steps.values())
             startup = float(result["measured"].get("startup_s") or 0.0)
             self.inside_startup[worker] = self.inside_startup.get(worker, 0.0) + startup
             if self.t_ready is None:  # a pool without start events: the first result marks the engines up
@@ -191,7 +197,8 @@ class _Runner:
             del self.in_flight[shard_dir]
             if index not in self.retried and pool.any_alive():
                 self.retried.add(index)
-                self.in_flight[shard_dir] = (index, items, pool.submit(Path(shard_dir), index))
+                count = sum(item.request is not None for item in items)
+                self.in_flight[shard_dir] = (index, items, pool.submit(Path(shard_dir), index, count))
             else:
                 self.run.shards_failed[index] = f"worker {worker + 1}: {why}"
 

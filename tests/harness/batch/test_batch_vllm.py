@@ -80,3 +80,4 @@ def test_vllm_is_fed_the_next_shards_while_the_first_generates(tmp_path: Path) -
     [row] = read_rows(tmp_path / "results", "batch")
     assert row["engine_s"] == pytest.approx(sum(m["engine_s"] for m in metas))
     assert row["engine_s"] <= row["generation_s"] + 0.5, "engine-busy time never exceeds the window"
+    assert row["engine_steps"] >= max(lengths.values()), "vLLM's steps are counted"
