@@ -108,7 +108,7 @@ def main() -> int:
                     measured.setdefault((engine, size), []).append(row)
                     tokens[engine] = row["output_tokens"]
                     print(f"round {round_ + 1} size {size:>5} {engine:>4}: job {row['run_seconds']:6.1f} s "
-                          f"(startup {row['startup_s']:5.1f} s, pass {row['wall_s']:6.1f} s"
+                          f"(startup {row['startup_s']:5.1f} s incl. replicas, generation {row['wall_s']:6.1f} s"
                           + (f", of it engine span {row['stat.ray_engine_span_s']:5.1f} s"
                              if engine == "ray" else "")
                           + f"), {row['output_tok_s']:7.1f} out tok/s, {row['output_tokens']} tokens", flush=True)

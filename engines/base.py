@@ -167,6 +167,24 @@ class Engine(abc.ABC):
     def stats(self) -> EngineStats:
         """Counters accumulated since ``start``."""
 
+    def startup_in_last_generate(self) -> float:
+        """Seconds of the last ``generate`` spent starting engine replicas rather than generating.
+
+        0 for engines started once by ``start``; an engine that starts its replicas inside each
+        call (``engine=ray``: one Ray Data job per call) says how long that took, so that every
+        engine's rate is over its generation span and start-up is counted in ``startup_s``.
+        """
+        return 0.0
+
+    def feeder(self) -> Any:
+        """An ``engines.feeding.Feeder`` for this started engine: shards fed while earlier ones generate.
+
+        The default runs one blocking ``generate`` per shard; adapters with a streaming API override it.
+        """
+        from engines.feeding import SerialFeeder
+
+        return SerialFeeder(self)
+
     def reset_caches(self) -> None:  # noqa: B027 - optional capability
         """Drop cached prefixes and multimodal inputs (after warm-up, between passes), where the engine can."""
 

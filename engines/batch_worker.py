@@ -1,28 +1,38 @@
-"""Batch worker: ``python -m engines.batch_worker JOB_DIR``: one engine started once, then shard after shard.
+"""Batch worker: ``python -m engines.batch_worker JOB_DIR``: one engine started once, fed shard after shard.
 
-Reads ``job.json`` (engine, model, knobs), starts the engine and says ``started``. Then each
-line on stdin, ``{"shard": DIR}``, names a shard directory: its ``requests.jsonl`` is
-generated and ``result.json`` (the timed pass, the completions, the per-request errors) is
-written whole and renamed into place before ``shard_done`` is said. A request the engine
-cannot take (a constraint or sampling it lacks, a prompt it rejects with ``ValueError``) is a
-per-request error; any other failure says ``shard_failed`` and ends the worker. End of stdin
-stops the engine. ``start_engine`` and ``run_shard`` are also ``batch.scale=ray``'s engine stage
-(``harness.batch.ray_stages``). Standard library only, besides the adapter and its engine.
+Reads ``job.json`` (engine, model, knobs), starts the engine and says ``started``. Each line
+on stdin, ``{"shard": DIR, "index": N}``, names a shard directory; a reader thread queues
+them, and the worker hands each shard's ``requests.jsonl`` to the engine as soon as it
+arrives, while earlier shards still generate (``engines.feeding``: the engine's queue does
+not run dry at a shard boundary). When a shard's last request finishes, its ``result.json``
+(the completions, the per-request errors, and ``measured``: its span from feed to last
+finish, the engine-busy seconds it accounts for, and the engine's idle seconds just before
+it was fed) is written whole and renamed into place before ``shard_done`` is said. A request
+the engine cannot take (a constraint or sampling it lacks, an input it rejects with
+``ValueError``) is a per-request error; any other failure says ``shard_failed`` and ends the
+worker. End of stdin, once every fed shard is done, stops the engine. ``start_engine`` and
+``feed_until_closed`` are also ``batch.scale=ray``'s engine stage (``harness.batch.ray_stages``).
+Standard library only, besides the adapter and its engine.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
 import sys
+import threading
+import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from engines import get_engine_class
-from engines.base import Completion, Engine, Request
-from engines.worker import emit, peak_rss_bytes, pin_to_cores, reserve_stdout_for_events, timed_pass
+from engines.base import Engine, Request
+from engines.feeding import Feeder, ShardOutput
+from engines.worker import emit, peak_rss_bytes, pin_to_cores, reserve_stdout_for_events
 
 
 def start_engine(job: dict[str, Any]) -> tuple[Engine, dict[str, Any]]:
@@ -32,25 +42,14 @@ def start_engine(job: dict[str, Any]) -> tuple[Engine, dict[str, Any]]:
     return engine, asdict(engine.start())
 
 
-def run_shard(engine: Engine, requests: list[Request], index: int) -> dict[str, Any]:
-    """Generate ``requests``; return the timed pass, completions (as dicts) and per-request errors.
-
-    Requests needing what the engine lacks are not sent; a ``ValueError`` from the engine
-    (an input it rejects) is narrowed down by halving to the requests that cause it.
-    """
-    errors: dict[str, str] = {}
-    runnable = []
+def screen(engine: Engine, requests: list[Request]) -> dict[str, str]:
+    """Errors for the requests needing what the engine lacks; they are not sent."""
+    errors = {}
     for request in requests:
         why = _unsupported(engine, request)
         if why:
             errors[request.id] = why
-        else:
-            runnable.append(request)
-    passes, completions = _generate_isolating(engine, runnable, index, errors)
-    return {"measured": _sum_passes(passes), "errors": errors,
-            "completions": [{"id": c.id, "prompt_tokens": c.prompt_tokens, "output_token_ids": c.output_token_ids,
-                             "cached_tokens": c.cached_tokens, "finish_reason": c.finish_reason, "text": c.text}
-                            for c in completions]}
+    return errors
 
 
 def _unsupported(engine: Engine, request: Request) -> str | None:
@@ -62,31 +61,26 @@ def _unsupported(engine: Engine, request: Request) -> str | None:
     return None
 
 
-def _generate_isolating(engine: Engine, requests: list[Request], index: int,
-                        errors: dict[str, str]) -> tuple[list[dict[str, Any]], list[Completion]]:
-    if not requests:
-        return [], []
-    try:
-        measured, completions = timed_pass(engine, requests, index)
-        return [measured], completions
-    except ValueError as e:
-        if len(requests) == 1:
-            errors[requests[0].id] = f"the engine rejected the request: {e}"
-            return [], []
-    half = len(requests) // 2
-    first = _generate_isolating(engine, requests[:half], index, errors)
-    second = _generate_isolating(engine, requests[half:], index, errors)
-    return first[0] + second[0], first[1] + second[1]
+def shard_result(out: ShardOutput, errors: dict[str, str], busy_s: float, idle_before_s: float) -> dict[str, Any]:
+    """A finished shard as ``result.json``: ``measured.wall_s`` is the engine-busy time it accounts for.
 
-
-def _sum_passes(passes: list[dict[str, Any]]) -> dict[str, Any]:
-    """One timed pass for the shard (several when a rejected request split it)."""
-    keys = ("wall_s", "requests", "prompt_tokens", "output_tokens")
-    total: dict[str, Any] = {key: sum(p[key] for p in passes) for key in keys}
-    cached = [p.get("cached_tokens") for p in passes]
-    total["cached_tokens"] = None if None in cached or not passes else sum(cached)
-    total["predicted"] = any(p.get("predicted") for p in passes)
-    return total
+    ``span_s`` runs from feed to last finish (spans of shards fed while others generate
+    overlap); ``busy_s`` (= ``wall_s``) is the part of the engine's busy time since the
+    previous shard finished, so the shards' ``wall_s`` add up to the engine's busy time;
+    ``idle_before_s`` is how long the engine had nothing to do just before this shard was fed;
+    ``startup_s`` the replica start-up inside its generate calls (``engine=ray``), outside both.
+    """
+    completions = out.completions
+    cached = [c.cached_tokens for c in completions]
+    measured = {"wall_s": busy_s, "span_s": out.span_s, "idle_before_s": idle_before_s, "startup_s": out.startup_s,
+                "requests": len(completions), "prompt_tokens": sum(c.prompt_tokens for c in completions),
+                "output_tokens": sum(len(c.output_token_ids) for c in completions),
+                "cached_tokens": None if None in cached or not completions else sum(cached),  # type: ignore[arg-type]
+                "predicted": out.simulated_span_s is not None}
+    return {"measured": measured, "errors": {**errors, **out.errors},
+            "completions": [{"id": c.id, "prompt_tokens": c.prompt_tokens, "output_token_ids": c.output_token_ids,
+                             "cached_tokens": c.cached_tokens, "finish_reason": c.finish_reason, "text": c.text}
+                            for c in completions]}
 
 
 def write_whole(path: Path, data: Any) -> None:
@@ -102,29 +96,114 @@ def read_requests(path: Path) -> list[Request]:
 
 
 def serve(job_dir: Path) -> int:
-    """Start the engine, then run the shards named on stdin until it closes."""
+    """Start the engine, then feed it the shards named on stdin until it closes and every shard is done."""
     job = json.loads((job_dir / "job.json").read_text())
     engine: Engine | None = None
+    feeder: Feeder | None = None
     try:
         emit("phase", phase="start")
         engine, start = start_engine(job)
         emit("started", start=start)
-        for line in sys.stdin:
-            if not line.strip():
-                continue
-            command = json.loads(line)
-            shard = Path(command["shard"])
-            result = run_shard(engine, read_requests(shard / "requests.jsonl"), int(command.get("index", 0)))
-            result["peak_rss_bytes"] = peak_rss_bytes()
-            write_whole(shard / "result.json", result)
-            emit("shard_done", shard=str(shard), **result["measured"], errors=len(result["errors"]))
+        feeder = engine.feeder()
+        feed_until_closed(engine, feeder, _stdin_commands(), _write_result)
         return 0
     except BaseException as e:  # noqa: BLE001 - the driver must hear why
         emit("shard_failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         return 3
     finally:
+        if feeder is not None:
+            feeder.close()
         if engine is not None and engine.started:
             engine.stop()
+
+
+def _stdin_commands() -> queue.Queue[dict[str, Any] | None]:
+    """The commands on stdin, parsed on a thread as they arrive; ``None`` at end of stdin."""
+    commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
+
+    def read() -> None:
+        try:
+            for line in sys.stdin:
+                if line.strip():
+                    commands.put(json.loads(line))
+        except Exception as e:  # noqa: BLE001 - ends the worker with the reason, in its main thread
+            commands.put({"error": f"bad command on stdin: {type(e).__name__}: {e}"})
+        commands.put(None)
+
+    threading.Thread(target=read, name="troughput-stdin", daemon=True).start()
+    return commands
+
+
+def _write_result(shard: str, result: dict[str, Any]) -> None:
+    """A finished shard's ``result.json`` in its directory, then ``shard_done`` for the driver."""
+    result["peak_rss_bytes"] = peak_rss_bytes()
+    write_whole(Path(shard) / "result.json", result)
+    emit("shard_done", shard=shard, **result["measured"], errors=len(result["errors"]))
+
+
+def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict[str, Any] | None],
+                      finish: Callable[[str, dict[str, Any]], None], progress: bool = True) -> None:
+    """Feed each shard as it arrives, hand each to ``finish`` as it finishes; return at end of input.
+
+    A command is ``{"shard": DIR}`` (its ``requests.jsonl`` is read) or ``{"shard": KEY,
+    "requests": [...]}`` (a Ray actor's call); ``None`` ends the input. ``finish(shard, result)``
+    gets the shard's ``result.json`` contents (``shard_result``) in the order shards finish.
+    """
+    shards: dict[str, tuple[dict[str, str], float]] = {}  # shard -> (screened errors, idle before it)
+    idle_since: float | None = time.perf_counter()  # the engine has nothing to do from here
+    last_finish = time.perf_counter()
+    last_progress = 0.0
+    fed = 0  # requests handed over (screened ones included), reported with each progress event
+    closed = False
+    while not (closed and feeder.idle()):
+        try:  # wait for work only when the engine has none
+            command = commands.get(timeout=None if feeder.idle() else 0)
+            while True:
+                if command is None:
+                    closed = True
+                elif "error" in command:
+                    raise RuntimeError(command["error"])
+                else:
+                    shard = str(command["shard"])
+                    requests = (command["requests"] if "requests" in command
+                                else read_requests(Path(shard) / "requests.jsonl"))
+                    errors = screen(engine, requests)
+                    now = time.perf_counter()
+                    idle_before = now - idle_since if idle_since is not None and feeder.idle() else 0.0
+                    idle_since = None
+                    shards[shard] = (errors, idle_before)
+                    feeder.feed(shard, [r for r in requests if r.id not in errors])
+                    fed += len(requests)
+                command = commands.get_nowait()
+        except queue.Empty:
+            pass
+        finished = feeder.collect(timeout=0.05)
+        for out in finished:
+            errors, idle_before = shards.pop(out.shard)
+            busy = (out.span_s if out.simulated_span_s is not None
+                    else out.finished_at - max(out.fed_at, last_finish) - out.startup_s)
+            last_finish = max(last_finish, out.finished_at)
+            result = shard_result(out, errors, max(0.0, busy), idle_before)
+            result["measured"]["engine_steps"] = engine.stats().extra.get("engine_steps")  # since start, where known
+            finish(out.shard, result)
+        if feeder.idle() and idle_since is None:
+            idle_since = time.perf_counter()
+        if progress:
+            last_progress = _progress(feeder, last_progress, fed, force=bool(finished))
+
+
+def _progress(feeder: Feeder, last: float, fed: int, force: bool = False) -> float:
+    """Every half second (and when a shard finished): requests finished in shards not yet done, for the
+    progress bar, and ``pending``, the requests in the engine not finished yet, with ``fed``, all requests
+    handed over so far: the driver hands this engine another shard when few are pending (``harness.batch.pool``)."""
+    now = time.monotonic()
+    if now - last < 0.5 and not force:
+        return last
+    done = sum(len(s.done) + len(s.errors) for s in feeder.open.values())
+    total = sum(len(s.requests) for s in feeder.open.values())
+    flow = {"pending": total - done, "fed": fed} if feeder.streams else {}  # a serial feeder gains nothing from more
+    emit("progress", done=done, total=total, **flow)
+    return now
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,9 @@
 
 One ``generate`` is one Ray Data job: Ray starts the engine replicas (actors holding
 ``vllm.AsyncLLMEngine``), streams the rows through them in batches and tears them down,
-so the timed pass includes the replicas' start-up, as a real batch job does. Knobs:
+so each call includes the replicas' start-up, as a real batch job does; that part (until the
+first request reaches an engine) is reported by ``startup_in_last_generate`` and counted in the
+row's ``startup_s``, not in its rate, as for every other engine. Knobs:
 the processor's own fields (``batch_size``, ``concurrency`` or ``[min, max]``,
 ``max_concurrent_batches``, ``placement_group_config``, ``accelerator_type``, ...),
 vLLM's ``EngineArgs`` under ``engine_kwargs`` (canonical knobs land there, as for
@@ -162,11 +164,16 @@ class RayDataEngine(Engine):
                 arrivals.append(span[0] - t_wall)
                 finishes.append(span[1] - t_wall)
         first, last = (min(arrivals), max(finishes)) if arrivals else (0.0, 0.0)
+        self.replica_start_s = max(0.0, first)  # the pipeline until the first request reached an engine
         job = {"ray_pipeline_s": pipeline_s, "ray_replica_start_s": first, "ray_engine_span_s": last - first,
                "ray_drain_s": pipeline_s - last, "ray_actor_restarts": restarts, "ray_duplicate_rows": duplicates,
                "ray_failed_rows": failed, "ray_jobs": 1}
         for key, value in job.items():
             self.totals[key] = self.totals.get(key, 0.0) + float(value)
+
+    def startup_in_last_generate(self) -> float:
+        """The last job's replica start-up (until its first request reached an engine): start-up, not generation."""
+        return getattr(self, "replica_start_s", 0.0)
 
     def stats(self) -> EngineStats:
         """Preemptions summed from the per-request metrics, and ``ray_*`` timings; no prefix-cache counters."""

@@ -17,6 +17,9 @@ NVIDIA GPU, and its CPU path a CPU build of ``sgl_kernel`` that PyPI lacks):
   structured-output keys ``json_schema`` (a JSON string) and ``regex`` (a choice list becomes a
   regex; ``json_object`` the schema ``{"type": "object"}``). Grammars and stop strings need the
   tokenizer, so ``skip_tokenizer_init`` is off for such a workload and ``text`` comes back too.
+- ``await Engine.async_generate(...)`` takes the same keywords for one request (single
+  ``input_ids`` list, one sampling dict) and returns its dict; the batch worker's feeder runs one
+  such task per request so that shards overlap (``engines.feeding.AsyncFeeder``).
 - ``Engine.get_server_info()`` (``srt/entrypoints/engine.py``): the resolved ``ServerArgs`` plus
   the first scheduler's info; its keys are recorded in the snapshot (``keys.server_info``).
   ``["startup_time"]`` holds ``load_weight``, ``kv_cache_allocation`` and per-phase ``cuda_graph``
@@ -42,6 +45,7 @@ from typing import Any
 from engines.base import Completion, Engine, EngineStats, Request, StartInfo
 from engines.common import RequestCounters, check_names, preflight, shutdown, token_ids_only
 from engines.decoding import choice_regex, decoding_of
+from engines.feeding import AsyncFeeder
 from engines.knobs import UNSET, NativeMapping, inverted, prefixed
 from engines.snapshots import load as load_snapshot
 from engines.statread import MAPPING, TEXT, StatReader
@@ -112,13 +116,37 @@ class SglangEngine(Engine):
             outputs = [outputs]
         completions = [to_completion(r, o, submitted_at, self.stat_reader) for r, o in zip(requests, outputs)]
         for completion, output in zip(completions, outputs):
-            retractions = self.stat_reader.read(output, "meta_info", "num_retractions", where="generate()")
-            self.counters.add(completion.prompt_tokens, completion.cached_tokens,
-                              None if retractions is None else int(retractions))
-            self.counters.preemptions_unknown |= retractions is None
+            self._count(completion, output)
         if on_finish is not None:
             on_finish(len(completions))
         return completions
+
+    def feeder(self) -> AsyncFeeder:
+        """Shards fed while earlier ones generate: one ``await llm.async_generate(...)`` task per request.
+
+        All tasks run on the feeder's own event loop (SGLang binds its tokenizer manager's loop
+        to the first loop that uses it; the sync ``generate`` must not be mixed in after this).
+        """
+        self.require_started()
+        if self.unflushed:
+            raise CacheNotFlushed(self.unflushed)
+
+        async def one(request: Request) -> Completion:
+            output = await self.llm.async_generate(input_ids=request.prompt_token_ids,
+                                                   sampling_params=sampling_params(request),
+                                                   image_data=list(request.images) or None)
+            completion = to_completion(request, output, reader=self.stat_reader)
+            self._count(completion, output)
+            return completion
+
+        return AsyncFeeder(one)
+
+    def _count(self, completion: Completion, output: dict[str, Any]) -> None:
+        """One finished request's tokens and retractions in the run's counters (read defensively)."""
+        retractions = self.stat_reader.read(output, "meta_info", "num_retractions", where="generate()")
+        self.counters.add(completion.prompt_tokens, completion.cached_tokens,
+                          None if retractions is None else int(retractions))
+        self.counters.preemptions_unknown |= retractions is None
 
     def stats(self) -> EngineStats:
         self.require_started()

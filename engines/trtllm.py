@@ -63,6 +63,7 @@ from engines.base import Completion, Engine, EngineStats, KnobError, Request, St
 from engines.common import (RequestCounters, check_names, load_images, model_eos_ids, model_pad_id, preflight, shutdown,
                             token_ids_only)
 from engines.decoding import choice_regex, decoding_of
+from engines.feeding import AsyncFeeder
 from engines.knobs import NativeMapping
 from engines.snapshots import load as load_snapshot
 from engines.snapshots import model_architectures
@@ -203,6 +204,28 @@ class TrtllmEngine(Engine):
                 if on_finish is not None:
                     on_finish(1)
         return completions
+
+    def feeder(self) -> AsyncFeeder:
+        """Shards fed while earlier ones generate: per request ``generate_async`` then ``await result.aresult()``.
+
+        ``generate_async`` is called inside the feeder's running event loop, so each result gets
+        the asyncio queue ``aresult`` waits on (``executor/result.py``).
+        """
+        self.require_started()
+        drained_at = [time.perf_counter()]
+
+        async def one(request: Request) -> Completion:
+            salt = {"cache_salt": self.salt} if self.salt else {}
+            future = self.llm.generate_async(prompt(request), sampling_params=sampling_params(request, self.ids), **salt)
+            completion = to_completion(request, await future.aresult(), self.tokens_per_block,
+                                       reader=self.stat_reader)
+            self.counters.add(completion.prompt_tokens, completion.cached_tokens)
+            if time.perf_counter() - drained_at[0] > DRAIN_EVERY_S:   # before the bounded stats queue drops any
+                self.iterations.add(self.llm.get_stats(timeout=0.01))
+                drained_at[0] = time.perf_counter()
+            return completion
+
+        return AsyncFeeder(one)
 
     def stats(self) -> EngineStats:
         """Prefix reuse summed from per-request metrics; preemptions and ``kv_reused_blocks`` from iteration stats."""

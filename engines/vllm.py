@@ -10,6 +10,7 @@ from typing import Any
 from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request, StartInfo
 from engines.common import check_names, dtype_name, load_images, model_eos_ids, preflight, token_ids_only
 from engines.decoding import decoding_of
+from engines.feeding import Feeder, OpenShard, ShardOutput, rejected
 from engines.knobs import NativeMapping, inverted
 from engines.statread import TEXT, StatReader
 from engines.unit import EngineUnit, Environment, dummy_weights_args
@@ -22,6 +23,7 @@ COUNTERS = {
     "vllm:mm_cache_hits": "mm_cache_hits",
 }
 REQUIRED_COUNTERS = ("vllm:num_preemptions", "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")
+STEPS = "vllm:iteration_tokens_total"  # histogram of tokens per engine step: count = steps, sum = tokens
 
 
 class VllmEngine(Engine):
@@ -69,35 +71,31 @@ class VllmEngine(Engine):
                                 "grammar_backend": config.structured_outputs_config.backend})
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
-        from vllm import SamplingParams
-        from vllm.sampling_params import StructuredOutputsParams
-
         self.require_started()
         prompts = [self._prompt(r) for r in requests]
-        params = []
-        eos = model_eos_ids(self.model) if self.skips_tokenizer else []
-        for request in requests:
-            kwargs = sampling_kwargs(request, eos)
-            if "structured_outputs" in kwargs:
-                kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
-            params.append(SamplingParams(**kwargs))
+        params = [self._params(r) for r in requests]
         finish_times: list[float] = []
         outputs = self.llm.generate(prompts, params, use_tqdm=_progress_recorder(finish_times, on_finish))
         # vLLM returns outputs in request order; finish times are known in finishing order only.
-        completions = []
-        for request, output, param in zip(requests, outputs, params):
-            sequence = output.outputs[0]
-            completions.append(Completion(
-                id=request.id,
-                prompt_tokens=len(output.prompt_token_ids or []),
-                output_token_ids=list(sequence.token_ids),
-                cached_tokens=self.stat_reader.read(output, "num_cached_tokens", where="RequestOutput"),
-                finish_reason=sequence.finish_reason,
-                text=sequence.text if param.detokenize else None,
-            ))
+        completions = [to_completion(request.id, output, param.detokenize, self.stat_reader)
+                       for request, output, param in zip(requests, outputs, params)]
         for completion, finished in zip(completions, finish_times):
             completion.finished_at = finished
         return completions
+
+    def feeder(self) -> VllmFeeder:
+        """Requests added to the running ``LLMEngine`` and stepped, shard after shard (no drain at boundaries)."""
+        self.require_started()
+        return VllmFeeder(self)
+
+    def _params(self, request: Request) -> Any:
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        kwargs = sampling_kwargs(request, model_eos_ids(self.model) if self.skips_tokenizer else [])
+        if "structured_outputs" in kwargs:
+            kwargs["structured_outputs"] = StructuredOutputsParams(**kwargs["structured_outputs"])
+        return SamplingParams(**kwargs)
 
     def _prompt(self, request: Request) -> dict[str, Any]:
         prompt: dict[str, Any] = {"prompt_token_ids": request.prompt_token_ids}
@@ -128,6 +126,7 @@ def counters_from_metrics(metrics: Any, reader: StatReader) -> EngineStats:
     """``EngineStats`` from ``LLM.get_metrics()`` (``Metric`` objects with ``name`` and ``value``), read through
     ``reader``: a counter of another type or missing is ``None`` with a warning, never an exception."""
     values: dict[str, float] = {}
+    extra: dict[str, float] = {}
     try:
         listed = list(metrics or [])
     except TypeError:
@@ -135,6 +134,14 @@ def counters_from_metrics(metrics: Any, reader: StatReader) -> EngineStats:
         listed = []
     for metric in listed:
         name = reader.read(metric, "name", kind=TEXT, where="Metric")
+        if name == STEPS:
+            # engine steps and the tokens they scheduled: tokens per step is the running batch's occupancy,
+            # which does not depend on how fast a loaded host runs each step
+            for key, field in (("engine_steps", "count"), ("step_tokens", "sum")):
+                value = reader.read(metric, field, where=f"Metric {name}")
+                if value is not None:
+                    extra[key] = extra.get(key, 0.0) + value
+            continue
         if name not in COUNTERS:
             continue
         value = reader.read(metric, "value", where=f"Metric {name}")
@@ -143,7 +150,69 @@ def counters_from_metrics(metrics: Any, reader: StatReader) -> EngineStats:
     for name in REQUIRED_COUNTERS:
         if COUNTERS[name] not in values and not any(w for w in reader.warnings if name in w):
             reader.warn(f"get_metrics() has no {name}; the column is left empty")
-    return EngineStats(**{key: int(values[key]) for key in COUNTERS.values() if key in values})
+    return EngineStats(**{key: int(values[key]) for key in COUNTERS.values() if key in values}, extra=extra)
+
+
+class VllmFeeder(Feeder):
+    """Shards fed to one running vLLM ``LLMEngine``: ``add_request`` per request, ``step()`` to advance.
+
+    vLLM 0.32 (ENGINE-FACTS, "Feeding an engine across shards"): ``LLM.generate`` and
+    ``wait_for_completion`` run the engine until it is empty, so they would drain it at every
+    shard; ``llm_engine.add_request(id, prompt, params)`` with ``output_kind=FINAL_ONLY`` only
+    adds, and ``llm_engine.step()`` returns outputs whose ``request_id`` is the id given here.
+    ``step()`` is called only while ``has_unfinished_requests()`` (it blocks otherwise).
+    """
+
+    def __init__(self, engine: VllmEngine):
+        super().__init__()
+        self.engine = engine
+        self.llm_engine = engine.llm.llm_engine
+        self.owner: dict[str, tuple[Any, str, bool]] = {}  # vLLM request id -> (open shard, request id, detokenize)
+        self.fed = 0
+
+    def feed(self, shard: str, requests: list[Request]) -> None:
+        from vllm.sampling_params import RequestOutputKind
+
+        state = OpenShard(shard, list(requests), time.perf_counter())
+        self.open[shard] = state
+        self.fed += 1
+        for i, request in enumerate(requests):
+            rid = f"{self.fed}:{i}"
+            try:
+                params = self.engine._params(request)
+                params.output_kind = RequestOutputKind.FINAL_ONLY
+                self.llm_engine.add_request(rid, self.engine._prompt(request), params)
+            except ValueError as e:  # a prompt vLLM refuses (too long, a bad image): this request's error
+                state.errors[request.id] = rejected(e)
+                continue
+            self.owner[rid] = (state, request.id, params.detokenize)
+        if state.complete():
+            self.ready.append(self._finish(state))
+
+    def collect(self, timeout: float) -> list[ShardOutput]:
+        finished = self._take_ready()
+        if not self.llm_engine.has_unfinished_requests():
+            return finished
+        for output in self.llm_engine.step():
+            if not output.finished:
+                continue
+            state, request_id, detokenize = self.owner.pop(output.request_id)
+            completion = to_completion(request_id, output, detokenize, self.engine.stat_reader)
+            completion.finished_at = time.perf_counter()
+            state.done[request_id] = completion
+            if state.complete():
+                finished.append(self._finish(state))
+        return finished
+
+
+def to_completion(request_id: str, output: Any, detokenize: bool, reader: StatReader) -> Completion:
+    """One finished ``RequestOutput`` as a ``Completion`` (text only where vLLM detokenized); its cached-token
+    count read through ``reader`` (another shape: ``None`` and a warning)."""
+    sequence = output.outputs[0]
+    return Completion(id=request_id, prompt_tokens=len(output.prompt_token_ids or []),
+                      output_token_ids=list(sequence.token_ids),
+                      cached_tokens=reader.read(output, "num_cached_tokens", where="RequestOutput"),
+                      finish_reason=sequence.finish_reason, text=sequence.text if detokenize else None)
 
 
 def sampling_kwargs(request: Request, eos_ids: list[int] | None = None) -> dict[str, Any]:

@@ -50,7 +50,13 @@ def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
     stats = median["stats"]
     queries, hits = stats.get("prefix_cache_queries"), stats.get("prefix_cache_hits")
     finished = np.asarray(median["finished_s"], dtype=float)
+    engine_start = start.get("startup_s")
+    inside = float(median.get("startup_s") or 0.0)  # replicas started inside the pass (engine=ray)
     columns.update({
+        # one rate definition for every engine: output tokens over the generation span (wall_s);
+        # engine and replica start-up in startup_s; start-up plus the whole pass in job_wall_s
+        "startup_s": None if engine_start is None and not inside else (engine_start or 0.0) + inside,
+        "job_wall_s": (engine_start or 0.0) + float(median.get("pass_s", wall)),
         "wall_s": wall,
         "requests_done": median["requests"],
         "input_tokens": median["prompt_tokens"],

@@ -36,7 +36,7 @@ IDENTITY = ("run_id", "timestamp", "engine", "engine_python", "model", "model_pa
 STATUS = ("status", "error", "failed_phase")
 SETTINGS = ("replicas", "repeats", "warmup_requests", "time_limit_s", "memory_limit_bytes")
 MEASUREMENTS = ("startup_s", "compile_s", "engine_version", "peak_rss_bytes", "peak_gpu_bytes",
-                "peak_gpu_process_bytes", "wall_s",
+                "peak_gpu_process_bytes", "wall_s", "job_wall_s",
                 "requests_done", "input_tokens", "output_tokens", "cached_tokens", "req_s", "output_tok_s",
                 "total_tok_s", "output_tok_s_passes", "predicted", "preemptions", "prefix_cache_queries",
                 "prefix_cache_hits", "prefix_cache_hit_rate", "mm_cache_queries", "mm_cache_hits",

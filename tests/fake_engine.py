@@ -9,7 +9,9 @@ batch of ``max_num_seqs`` requests (so throughput grows with it), and
 fails generate in that replica (1-based) of a data-parallel run, and ``sleep_cycle_s`` (a list) with
 ``cycle_file`` sleeps the next value of the list in each generate call, counting calls across
 runs in that file (a scripted run-to-run spread). It echoes the prompt's last
-token ``max_tokens`` times, so token counts are exact.
+token ``max_tokens`` times, so token counts are exact. ``token_s`` makes ``feeder()`` stream
+(``engines.feeding.AsyncFeeder``): each request takes ``token_s`` per output token, at most
+``max_num_seqs`` at once, like a continuous-batching engine fed while it runs.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import time
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 
 KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs",
-         "fail_replica", "sleep_cycle_s", "cycle_file"}
+         "fail_replica", "sleep_cycle_s", "cycle_file", "token_s"}
 
 
 class FakeEngine(Engine):
@@ -72,6 +74,22 @@ class FakeEngine(Engine):
             if on_finish:
                 on_finish(1)
         return out
+
+    def feeder(self):
+        if "token_s" not in self.knobs:
+            return super().feeder()
+        import asyncio
+
+        from engines.feeding import AsyncFeeder
+
+        seats = asyncio.Semaphore(int(self.knobs.get("max_num_seqs", 8)))  # bound to the feeder's loop on first use
+
+        async def one(r: Request) -> Completion:
+            async with seats:
+                await asyncio.sleep(float(self.knobs["token_s"]) * r.max_tokens)
+            return Completion(r.id, len(r.prompt_token_ids), [r.prompt_token_ids[-1]] * r.max_tokens, cached_tokens=0)
+
+        return AsyncFeeder(one)
 
     def stats(self) -> EngineStats:
         return EngineStats(preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0)

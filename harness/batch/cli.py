@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from engines.base import KnobError
 from engines.common import PROJECT_ROOT
 from harness.batch.launch import run_job
-from harness.batch.plan import Plan
+from harness.batch.plan import Plan, model_revision
 from harness.batch.source import apply_source
 from harness.errors import TroughputError
 from harness.models import resolve_model
@@ -38,7 +38,7 @@ def build_plan(cfg: DictConfig) -> Plan:
         in_flight=_positive(cfg.batch.in_flight, "batch.in_flight"), sampling=cfg.batch.sampling,
         default_max_tokens=cfg.batch.default_max_tokens, allow_remote_images=bool(cfg.batch.allow_remote_images),
         max_model_len=knobs.get("max_model_len"), results_dir=str(Path(cfg.run.results_dir).resolve()),
-        source=origin, labels=labels, scale=cfg.batch.scale, ray=_plain(cfg.batch.ray), slurm=_plain(cfg.batch.slurm))
+        source=origin, labels=labels, model_revision=model_revision(model), scale=cfg.batch.scale, ray=_plain(cfg.batch.ray), slurm=_plain(cfg.batch.slurm))
 
 
 @hydra.main(config_path=str(PROJECT_ROOT / "conf"), config_name="batch", version_base="1.3")

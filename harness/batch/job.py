@@ -41,7 +41,9 @@ class ShardsRun:
     requests_failed: int = 0
     prompt_tokens: int = 0
     output_tokens: int = 0
-    engine_s: float = 0.0          # generate seconds, summed over shards
+    engine_s: float = 0.0          # engine-busy seconds, summed over shards (their measured wall_s)
+    engine_idle_s: float = 0.0     # seconds an engine waited with nothing fed, summed (shard boundaries, driver)
+    engine_steps: int | None = None  # engine steps since start, summed over engines, where the engine counts them
     generation_s: float = 0.0      # engines up (the last one) to the last commit
     startup_s: float | None = None  # the slowest engine's start
     peak_worker_rss_bytes: int = 0
@@ -55,6 +57,7 @@ class ShardsRun:
         self.prompt_tokens += meta["prompt_tokens"]
         self.output_tokens += meta["output_tokens"]
         self.engine_s += float(meta["engine_s"])
+        self.engine_idle_s += float(meta.get("idle_before_s") or 0.0)
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "shards_failed": {str(k): v for k, v in self.shards_failed.items()}}
@@ -64,8 +67,9 @@ class ShardsRun:
         """Array tasks side by side: counts add up, seconds are the longest task's."""
         total = cls()
         for part in parts:
-            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s"):
-                setattr(total, key, getattr(total, key) + part[key])
+            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s",
+                        "engine_idle_s"):
+                setattr(total, key, getattr(total, key) + part.get(key, 0))
             total.shards_failed.update({int(k): v for k, v in part["shards_failed"].items()})
             total.generation_s = max(total.generation_s, part["generation_s"])
             total.startup_s = max(filter(None, [total.startup_s, part["startup_s"]]), default=None)
@@ -119,6 +123,8 @@ class _Runner:
         self.failures: dict[int, str] = {}  # worker -> why it failed
         self.t_ready: float | None = None
         self.t_last: float | None = None
+        self.inside_startup: dict[int, float] = {}  # worker -> replica start-up inside its shards (engine=ray)
+        self.steps: dict[int, int] = {}  # worker -> its engine's steps since start, as of its latest shard
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
@@ -136,8 +142,11 @@ class _Runner:
             got = pool.next_event(timeout=1.0)
             if got is not None:
                 self._handle(pool, *got)
+        inside = max(self.inside_startup.values(), default=0.0)  # start-up, not generation, on the slowest worker
         if self.t_ready is not None and self.t_last is not None:
-            self.run.generation_s = max(0.0, self.t_last - self.t_ready)
+            self.run.generation_s = max(0.0, self.t_last - self.t_ready - inside)
+        if inside:
+            self.run.startup_s = (self.run.startup_s or 0.0) + inside
 
     def _dispatch(self, pool: Any, index: int, items: list[Item]) -> None:
         requests = [item.request for item in items if item.request is not None]
@@ -148,7 +157,7 @@ class _Runner:
         with open(shard_dir / "requests.jsonl", "w") as f:
             for request in apply_ordering(requests, self.plan.ordering):
                 f.write(json.dumps(request.to_dict()) + "\n")
-        self.in_flight[str(shard_dir)] = (index, items, pool.submit(shard_dir, index))
+        self.in_flight[str(shard_dir)] = (index, items, pool.submit(shard_dir, index, len(requests)))
 
     def _handle(self, pool: Any, worker: int, event: dict[str, Any]) -> None:
         kind = event["event"]
@@ -165,6 +174,12 @@ class _Runner:
             result = json.loads((Path(event["shard"]) / "result.json").read_text())
             self.run.peak_worker_rss_bytes = max(self.run.peak_worker_rss_bytes, result.get("peak_rss_bytes") or 0)
             self._commit(index, items, result, worker)
+            steps = result["measured"].get("engine_steps")
+            if steps is not None:
+                self.steps[worker] = max(self.steps.get(worker, 0), int(steps))
+                self.run.engine_steps = sum(self.steps.values())
+            startup = float(result["measured"].get("startup_s") or 0.0)
+            self.inside_startup[worker] = self.inside_startup.get(worker, 0.0) + startup
             if self.t_ready is None:  # a pool without start events: the first result marks the engines up
                 self.t_ready = time.monotonic() - float(result["measured"]["wall_s"])
         elif kind == "shard_failed":
@@ -182,7 +197,8 @@ class _Runner:
             del self.in_flight[shard_dir]
             if index not in self.retried and pool.any_alive():
                 self.retried.add(index)
-                self.in_flight[shard_dir] = (index, items, pool.submit(Path(shard_dir), index))
+                count = sum(item.request is not None for item in items)
+                self.in_flight[shard_dir] = (index, items, pool.submit(Path(shard_dir), index, count))
             else:
                 self.run.shards_failed[index] = f"worker {worker + 1}: {why}"
 
@@ -220,6 +236,8 @@ def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, it
     meta = {"index": index, "requests": len(items), "ok": len(outputs), "failed": len(errors),
             "prompt_tokens": sum(c["prompt_tokens"] for c in result["completions"]),
             "output_tokens": sum(len(c["output_token_ids"]) for c in result["completions"]),
-            "engine_s": result["measured"]["wall_s"], "first_line": items[0].line, "last_line": items[-1].line,
+            "engine_s": result["measured"]["wall_s"], "span_s": result["measured"].get("span_s"),
+            "idle_before_s": result["measured"].get("idle_before_s"),
+            "first_line": items[0].line, "last_line": items[-1].line,
             **(extra or {}), "committed_at": time.time()}
     return meta if state.commit(index, outputs, errors, meta) else None

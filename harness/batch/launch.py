@@ -27,10 +27,11 @@ def run_job(plan: Plan, progress: bool = True) -> dict[str, Any]:
         raise TroughputError(f"batch.scale={plan.scale!r}: use one of {', '.join(SCALES)}")
     started, t0, run_id = datetime.now(timezone.utc), time.monotonic(), new_run_id()
     state = JobState(plan.output_dir)
-    state.adopt(plan)
-    index = scan(Path(plan.input), plan.format)
+    index = scan(Path(plan.input), plan.format)  # the one pass over every line: counts, repeated ids, content hash
     if index.records == 0:
         raise TroughputError(f"{plan.input} holds no records")
+    plan.input_digest = index.digest
+    state.adopt(plan)
     (state.root / "index.json").write_text(json.dumps(asdict(index)))
     if plan.scale == "slurm":
         from harness.batch.slurm import run_array
@@ -61,7 +62,7 @@ def make_pool(plan: Plan, state: JobState, run_id: str) -> Any:
 
 def load_index(state: JobState) -> Index:
     data = json.loads((state.root / "index.json").read_text())
-    return Index(data["records"], {int(k): v for k, v in data["duplicates"].items()})
+    return Index(data["records"], {int(k): v for k, v in data["duplicates"].items()}, data.get("digest", ""))
 
 
 def peak_rss_bytes() -> int:

@@ -8,10 +8,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.errors import TroughputError
 
+# What must match when a job with committed shards is resumed: the input (path and a sha256 of every
+# byte, from the scan), how it is split and read, and everything that shapes an answer.
 IDENTITY = ("input", "input_digest", "format", "shard_size", "sampling", "default_max_tokens",
-            "engine", "model_name", "knobs", "ordering")  # must match when a job is resumed
+            "allow_remote_images", "engine", "model_name", "model_path", "model_revision", "knobs", "ordering")
 
 
 @dataclass
@@ -41,15 +42,17 @@ class Plan:
     scale: str = "local"                                   # local | ray | slurm
     ray: dict[str, Any] = field(default_factory=dict)      # address, actors, num_cpus, num_gpus
     slurm: dict[str, Any] = field(default_factory=dict)    # tasks, cluster, and submitit's parameters
-    input_digest: str = ""
-
-    def __post_init__(self) -> None:
-        if not self.input_digest:
-            self.input_digest = input_digest(Path(self.input))
+    input_digest: str = ""  # "sha256:<hex>" of the whole input, set from the scan (``harness.batch.shards.scan``)
+    model_revision: str | None = None  # ``model_revision(model)`` when the plan was built
 
     @property
     def model_name(self) -> str:
         return str(self.model.get("name"))
+
+    @property
+    def model_path(self) -> str | None:
+        return self.model.get("path")
+
 
     def identity(self) -> dict[str, Any]:
         return {key: getattr(self, key) for key in IDENTITY}
@@ -62,16 +65,32 @@ class Plan:
         return cls(**json.loads(text))
 
 
-def input_digest(path: Path) -> str:
-    """Size and a sha256 of the first and last MiB: changes when the file's records change, cheap on huge files."""
-    try:
+def describe_change(key: str, before: Any, now: Any) -> str:
+    """One changed identity field, said so that the user sees what differs."""
+    if key == "input_digest":
+        if before and not str(before).startswith("sha256:"):
+            return (f"input_digest: {before!r} was recorded by an older troughput from the file's size and its first "
+                    f"and last MiB, which cannot be compared with the whole-file hash {now!r}")
+        return f"the input file's contents (sha256 of every byte: {before} then, {now} now)"
+    return f"{key}: {before!r} then, {now!r} now"
+
+
+def model_revision(model: dict[str, Any]) -> str | None:
+    """The model's revision: the one its config names (a hub model), else a digest of its local directory.
+
+    The directory digest covers every file's name and size and the text of its small JSON
+    files (config, tokenizer, generation config): cheap, and changed by any rebuild or swap
+    of weights of another size; same-size weights rewritten in place are not seen.
+    """
+    if model.get("revision"):
+        return str(model["revision"])
+    root = Path(str(model.get("local_dir") or model.get("path") or ""))
+    if not root.is_dir():
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
         size = path.stat().st_size
-        digest = hashlib.sha256(str(size).encode())
-        with path.open("rb") as f:
-            digest.update(f.read(1 << 20))
-            if size > 2 << 20:
-                f.seek(size - (1 << 20))
-                digest.update(f.read())
-    except OSError as e:
-        raise TroughputError(f"batch input {path}: {e.strerror}") from None
-    return f"{size}:{digest.hexdigest()[:16]}"
+        digest.update(f"{path.relative_to(root)}\0{size}\0".encode())
+        if path.suffix in (".json", ".jinja") and size < 1 << 20:
+            digest.update(path.read_bytes())
+    return f"local:{digest.hexdigest()[:16]}"

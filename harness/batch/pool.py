@@ -1,9 +1,12 @@
 """This node's engines for a batch job: one ``engines.batch_worker`` per replica, started once, fed shards.
 
 Each replica gets its own GPUs or CPU cores (``harness.replicas.device_envs``, as a
-measured run's replicas do) and up to ``in_flight`` shards at a time (one generating, the
-rest queued on its stdin, so the engine never waits for the driver). Events from all
-workers arrive on one queue as ``(worker, event)``; a worker that ends says ``exit``.
+measured run's replicas do) and ``in_flight`` shards at once, all fed to its engine; beyond
+that, another shard whenever fewer than ``feed_below(shard_size)`` of the requests handed to it
+are unfinished (a shard commits only when its longest request finishes, so on skewed output
+lengths shards-in-flight alone would let the engine's queue run dry behind a few long tails),
+up to ``MAX_IN_FLIGHT_FACTOR × in_flight`` shards. Events from all workers arrive on one queue
+as ``(worker, event)``; a worker that ends says ``exit``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,15 @@ from harness.replicas import device_envs
 from harness.runner import _kill_group
 
 
+MAX_IN_FLIGHT_FACTOR = 4  # bounds the shards one engine holds (work redone after a crash)
+
+
+def feed_below(shard_size: int) -> int:
+    """Unfinished requests under which an engine is handed another shard: two shards' worth, at least 512
+    (about twice a typical ``max_num_seqs``), so that freed sequence slots always find queued requests."""
+    return max(2 * shard_size, 512)
+
+
 class LocalPool:
     """Batch workers on this node."""
 
@@ -32,6 +44,9 @@ class LocalPool:
         self.run_dir, self.log_dir = run_dir, log_dir
         self.procs: list[subprocess.Popen] = []
         self.outstanding: list[int] = []
+        self.sent: list[int] = []      # requests submitted to each worker
+        self.pending: list[int] = []   # its engine's unfinished requests, as last reported
+        self.fed: list[int] = []       # requests the worker had fed by then (-1: never reported)
         self.alive: list[bool] = []
         self.events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         self.log_paths: list[Path] = []
@@ -62,6 +77,9 @@ class LocalPool:
                                          f"to an interpreter that has the engine installed") from None
             self.procs.append(proc)
             self.outstanding.append(0)
+            self.sent.append(0)
+            self.pending.append(0)
+            self.fed.append(-1)
             self.alive.append(True)
             threading.Thread(target=self._follow, args=(i, proc), daemon=True).start()
 
@@ -71,14 +89,28 @@ class LocalPool:
                 self.events.put((i, json.loads(line)))
         self.events.put((i, {"event": "exit", "code": proc.wait()}))
 
-    def free(self) -> int:
-        """How many more shards the live workers can take now."""
-        return sum(self.plan.in_flight - n for n, alive in zip(self.outstanding, self.alive) if alive)
+    def _takes(self, i: int) -> bool:
+        """Whether worker ``i`` should be handed another shard now."""
+        if not self.alive[i]:
+            return False
+        if self.outstanding[i] < self.plan.in_flight:
+            return True
+        if self.fed[i] < 0:  # the worker has not said how many requests it holds (a serial feeder never does)
+            return False
+        unfinished = self.pending[i] + self.sent[i] - self.fed[i]  # reported, plus sent but not yet fed
+        return (self.outstanding[i] < MAX_IN_FLIGHT_FACTOR * self.plan.in_flight
+                and unfinished < feed_below(self.plan.shard_size))
 
-    def submit(self, shard_dir: Path, index: int) -> int:
-        """Queue a shard on the live worker with the fewest; return that worker's number."""
-        i = min((n, i) for i, (n, alive) in enumerate(zip(self.outstanding, self.alive)) if alive)[1]
+    def free(self) -> int:
+        """How many more shards the live workers can take now (0 or more; one at a time past ``in_flight``)."""
+        return sum(max(self.plan.in_flight - n, 1) for i, n in enumerate(self.outstanding) if self._takes(i))
+
+    def submit(self, shard_dir: Path, index: int, requests: int = 0) -> int:
+        """Queue a shard on a live worker that takes one (the fewest shards first); return its number."""
+        takers = [i for i in range(len(self.procs)) if self._takes(i)] or [i for i, a in enumerate(self.alive) if a]
+        i = min((self.outstanding[i], i) for i in takers)[1]
         self.outstanding[i] += 1
+        self.sent[i] += requests
         try:
             self.procs[i].stdin.write(json.dumps({"shard": str(shard_dir), "index": index}) + "\n")  # type: ignore[union-attr]
             self.procs[i].stdin.flush()  # type: ignore[union-attr]
@@ -91,6 +123,8 @@ class LocalPool:
             i, event = self.events.get(timeout=timeout)
         except queue.Empty:
             return None
+        if event["event"] == "progress" and "pending" in event:
+            self.pending[i], self.fed[i] = int(event["pending"]), int(event["fed"])
         if event["event"] in ("shard_done", "shard_failed"):
             self.outstanding[i] = max(0, self.outstanding[i] - 1)
         if event["event"] in ("exit", "shard_failed"):

@@ -111,8 +111,8 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
     if plan.engine == "ray":
         return _through_ray_llm(ds, plan, opts, here)
     ds = ds.map_batches(EngineStage, batch_size=1, fn_constructor_kwargs={"job": job},
-                        compute=ActorPoolStrategy(size=opts["actors"],
-                                                  max_concurrent_calls_per_actor=plan.in_flight),
+                        compute=ActorPoolStrategy(size=opts["actors"], max_concurrent_calls_per_actor=plan.in_flight,
+                                                  enable_true_multi_threading=True),  # calls feed one engine
                         **engine_resources(opts))
     return ds.map_batches(commit, batch_size=1, num_cpus=SMALL_TASK_CPUS, label_selector=here,
                           fn_kwargs={"plan_json": plan_json, "job": job_id(plan)})

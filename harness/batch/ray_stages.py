@@ -2,7 +2,8 @@
 
 ``ShardSource`` (read: the input streamed once, one row per uncommitted shard) → ``convert``
 (tasks: chat template, tokenization, images; each record an ``Item``) → ``EngineStage`` (an
-actor pool: one of troughput's engine adapters per actor, started once, shard after shard) →
+actor pool: one of troughput's engine adapters per actor, started once, fed the next shard while
+the current one generates) →
 ``commit`` (tasks: OpenAI output lines, the shard committed in ``batch.output_dir`` as on one
 node; a row of its ``meta.json`` for the driver's progress). Rows carry pickled Python objects
 (``Item``, ``Request``, the engine's result) in binary columns, keyed by the ``shard`` column:
@@ -13,9 +14,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import itertools
 import os
 import pickle
+import queue
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -85,7 +89,15 @@ def convert(batch: dict[str, np.ndarray], plan_json: str, duplicates: dict[int, 
 
 
 class EngineStage:
-    """One engine (``engines.batch_worker.start_engine``) in a Ray Data actor: started once, a shard per call."""
+    """One engine in a Ray Data actor: started once, fed across shards as the local worker feeds it.
+
+    Ray Data runs up to ``batch.in_flight`` calls at once on the actor (threads:
+    ``max_concurrent_calls_per_actor`` with ``enable_true_multi_threading``). Each call hands its
+    shard to the actor's one feeding loop (``engines.batch_worker.feed_until_closed`` on a
+    thread of its own, over the engine's ``Feeder``) and waits for that shard alone, so the next
+    shard is in the engine while the current one finishes. An engine failure ends the loop and
+    fails every call, as an exception in the stage (Ray Data stops the job; committed shards stay).
+    """
 
     def __init__(self, job: dict[str, Any]):
         import ray
@@ -95,16 +107,59 @@ class EngineStage:
         self.engine, start = start_engine(job)
         self.about = {"engine_pid": os.getpid(), "engine_node": ray.get_runtime_context().get_node_id(),
                       "startup_s": start.get("startup_s"), "code_dir": str(Path(__file__).resolve().parents[2])}
+        self.commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self.waiting: dict[str, tuple[threading.Event, dict[str, Any]]] = {}
+        self.lock = threading.Lock()
+        self.failure: str | None = None
+        self.calls = itertools.count()
+        threading.Thread(target=self._feed, name="troughput-feed", daemon=True).start()
+
+    def _feed(self) -> None:
+        from engines.batch_worker import feed_until_closed
+
+        feeder = None
+        try:
+            feeder = self.engine.feeder()
+            feed_until_closed(self.engine, feeder, self.commands, self._finished, progress=False)
+        except BaseException as e:  # noqa: BLE001 - every waiting call raises it
+            self.failure = f"{type(e).__name__}: {e}"
+        finally:
+            if feeder is not None:
+                feeder.close()
+            with self.lock:
+                self.failure = self.failure or "the engine's feeding loop ended"
+                for event, _ in self.waiting.values():
+                    event.set()
+
+    def _finished(self, key: str, result: dict[str, Any]) -> None:
+        with self.lock:
+            event, slot = self.waiting[key]
+        slot["result"] = result
+        event.set()
+
+    def generate(self, shard: int, requests: list[Any]) -> dict[str, Any]:
+        """Feed one shard to the engine and wait for its ``result.json`` contents (other shards may be in it)."""
+        key, event, slot = f"{shard}/{next(self.calls)}", threading.Event(), {}
+        with self.lock:
+            if self.failure:
+                raise RuntimeError(f"the engine failed: {self.failure}")
+            self.waiting[key] = (event, slot)
+        self.commands.put({"shard": key, "requests": requests})
+        event.wait()
+        with self.lock:
+            del self.waiting[key]
+        if "result" not in slot:
+            raise RuntimeError(f"the engine failed: {self.failure}")
+        return slot["result"]
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        from engines.batch_worker import run_shard
         from engines.worker import peak_rss_bytes
 
         results = []
         for shard, requests, images in zip(batch["shard"], batch["requests"], batch["images"]):
             requests = _local_images(pickle.loads(requests), pickle.loads(images))
             started = time.time()
-            result = run_shard(self.engine, requests, int(shard))
+            result = self.generate(int(shard), requests)
             result["extra"] = {**self.about, "started_at": started, "peak_rss_bytes": peak_rss_bytes()}
             results.append(pickle.dumps(result))
         return {"shard": batch["shard"], "items": batch["items"], "result": _binary(results)}

@@ -3,7 +3,10 @@
 Measured rates are this invocation's: output tokens over ``generation_s`` (from the moment
 every engine was up to the last shard committed; engine start excluded, as a measured
 run's timed pass excludes it). ``predicted_job_s`` is this job's output tokens at the
-predicted rate, beside ``generation_s``.
+predicted rate, beside ``generation_s``. ``startup_s`` holds the engines' start (and replica
+start-up inside shards, ``engine=ray``), ``wall_s`` the whole invocation; ``engine_s`` sums the
+engine-busy seconds the shards account for and ``engine_idle_s`` the seconds engines waited with
+nothing fed (``engines.batch_worker``): the same rate definition as a measured run's row.
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
         "shards_failed": len(run.shards_failed),
         "requests_ok": run.requests_ok, "requests_failed": run.requests_failed,
         "input_tokens": run.prompt_tokens, "output_tokens": run.output_tokens,
-        "startup_s": run.startup_s, "engine_s": run.engine_s, "generation_s": run.generation_s, "wall_s": wall_s,
+        "startup_s": run.startup_s, "engine_s": run.engine_s,
+        "engine_idle_s": run.engine_idle_s, "engine_steps": run.engine_steps, "generation_s": run.generation_s, "wall_s": wall_s,
         "output_tok_s": rate, "req_s": req_rate,
         "peak_driver_rss_bytes": peak_driver_rss_bytes, "peak_worker_rss_bytes": run.peak_worker_rss_bytes or None,
         **prefixed("config_source", plan.source),

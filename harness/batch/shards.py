@@ -37,26 +37,30 @@ class Index:
 
     records: int
     duplicates: dict[int, int]  # record number -> number of the record that first used its id
+    digest: str = ""            # "sha256:<hex>" of the whole file, bytes as read
 
     def shards(self, size: int) -> int:
         return -(-self.records // size)
 
 
 def scan(path: Path, fmt: str) -> Index:
-    """Count the records and find repeated ids, holding 16 bytes per record (64-bit id digests and numbers).
+    """Count the records, find repeated ids and hash the whole file, in one pass holding 16 bytes per record.
 
     A record's id is its ``custom_id`` (OpenAI Batch) or ``id``, else the default id the
-    workload loader would give it; records that are no JSON objects have none.
+    workload loader would give it; records that are no JSON objects have none. The sha256
+    of every byte read is the job's input identity: any edit, anywhere, changes it.
     """
     digests, numbers = array("Q"), array("Q")
     count = 0
-    for _, n, record in read_records(path, fmt):
+    content = hashlib.sha256()
+    for _, n, record in read_records(path, fmt, content):
         count += 1
         key = _id_key(fmt, n, record)
         if key is not None:
             digests.append(int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little"))
             numbers.append(n)
-    return Index(count, _repeats(np.frombuffer(digests, dtype=np.uint64), np.frombuffer(numbers, dtype=np.uint64)))
+    return Index(count, _repeats(np.frombuffer(digests, dtype=np.uint64), np.frombuffer(numbers, dtype=np.uint64)),
+                 f"sha256:{content.hexdigest()}")
 
 
 def _repeats(digests: np.ndarray, numbers: np.ndarray) -> dict[int, int]:

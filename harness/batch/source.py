@@ -1,7 +1,8 @@
 """Where a batch job's config comes from, and what it predicted: a decision, a tuned engine file, or overrides.
 
-- ``batch.decision=<id>``: the recorded decision's chosen engine, native knobs and ordering
-  (``<results_dir>/decisions/<id>.json``); predicted: its chosen config's measured rates.
+- ``batch.decision=<id>``: the recorded decision's chosen engine, native knobs, replicas and ordering
+  (``<results_dir>/decisions/<id>.json``; ``knob.replicas`` becomes ``engine.replicas``, never an
+  engine argument); predicted: its chosen config's measured rates.
 - ``batch.engine_file=<path>``: an engine file written by ``troughput-tune`` (``sweeps.best``);
   predicted: the rates of the run its header names (``<results_dir>/runs/<run_id>.json``).
 - neither: the composed config as it is (plain overrides); nothing predicted.
@@ -59,9 +60,12 @@ def _from_decision(cfg: DictConfig, results: Path, decision_id: str) -> tuple[Di
         raise TroughputError(f"batch.decision fixes the engine and ordering; drop {' '.join(fixed)}")
     composed = hydra.compose(config_name="batch", overrides=[f"engine={engine}", f"ordering={ordering or 'as_given'}",
                                                              *overrides])
+    knobs = chosen_knobs(decision)
+    replicas = knobs.pop("replicas", 1)  # the runs' rows record engine.replicas > 1 as knob.replicas: no engine knob
     with open_dict(composed):
-        composed.engine.knobs = chosen_knobs(decision)
+        composed.engine.knobs = knobs
         composed.engine.canonical = {}
+        composed.engine.replicas = int(replicas)
     return composed, {"kind": "decision", "id": decision_id, "verdict": decision.get("verdict"),
                       "workload": decision.get("workload"), "rests_on": decision.get("chosen.run_ids"),
                       "predicted_output_tok_s": decision.get("chosen.output_tok_s"),

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harness.batch.plan import Plan
+from harness.batch.plan import IDENTITY, Plan, describe_change
 from harness.errors import TroughputError
 
 OUTPUT, ERRORS, META = "output.jsonl", "errors.jsonl", "meta.json"
@@ -43,13 +43,15 @@ class JobState:
         """
         path = self.root / "plan.json"
         if path.exists() and self.committed():
-            before = Plan.from_json(path.read_text()).identity()
-            changed = [k for k, v in plan.identity().items() if before.get(k) != v]
+            before = _identity(json.loads(path.read_text()))
+            now = plan.identity()
+            changed = [k for k, v in now.items() if before.get(k) != v]
             if changed:
                 raise TroughputError(
-                    f"{self.root} holds a batch job with a different {', '.join(changed)} "
-                    f"({'; '.join(f'{k}: {before.get(k)!r} then, {plan.identity()[k]!r} now' for k in changed)}); "
-                    f"use another batch.output_dir, or delete this one to start over")
+                    f"{self.root} holds {len(self.committed())} committed shards of a batch job with a different "
+                    f"{', '.join(changed)} ({'; '.join(describe_change(k, before.get(k), now[k]) for k in changed)}); "
+                    f"resuming would mix their answers with this job's: use another batch.output_dir, or delete "
+                    f"this one to start over")
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
         _write_whole(path, plan.to_json())  # this invocation's settings (replicas, scale) for its tasks
@@ -106,6 +108,12 @@ class JobState:
             targets.append(target)
         shutil.rmtree(self.work_dir, ignore_errors=True)
         return targets[0], targets[1]
+
+
+def _identity(recorded: dict[str, Any]) -> dict[str, Any]:
+    """A recorded plan's identity; fields an older plan.json lacks compare as their default."""
+    plan = Plan(**{k: v for k, v in recorded.items() if k in Plan.__dataclass_fields__})
+    return {key: getattr(plan, key) for key in IDENTITY}
 
 
 def _write_lines(path: Path, lines: list[dict]) -> None:

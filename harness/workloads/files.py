@@ -8,6 +8,7 @@ ShareGPT) and the fault.
 
 from __future__ import annotations
 
+import io
 import json
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -117,24 +118,50 @@ class RequestIds:
         return rid
 
 
-def read_records(path: Path, fmt: str) -> Records:
+def read_records(path: Path, fmt: str, digest: Any = None) -> Records:
     """``(place, number, record)`` for each record of ``path``; a line that is no JSON (or no UTF-8) comes as a
-    ``RecordError`` in place of the record."""
-    return READERS[fmt](path)
+    ``RecordError`` in place of the record. ``digest`` (a ``hashlib`` object), where given, is fed every byte of
+    the file as it is read, so one pass both parses and hashes the whole file."""
+    return READERS[fmt](path, digest)
 
 
-def _json_lines(path: Path) -> Records:
+def _json_lines(path: Path, digest: Any = None) -> Records:
     """Each non-blank line parsed as JSON, with its 1-based line number, read one line at a time."""
-    for n, line in raw_lines(path):
+    for n, line in raw_lines(path, digest):
         yield f"line {n}", n, line if isinstance(line, RecordError) else parse_line(line)
 
 
-def raw_lines(path: Path) -> Iterator[tuple[int, str | RecordError]]:
+class _Hashing(io.RawIOBase):
+    """A binary file that feeds ``digest`` every byte read from it."""
+
+    def __init__(self, raw: Any, digest: Any):
+        self.raw, self.digest = raw, digest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        n = self.raw.readinto(buffer)
+        if n:
+            self.digest.update(memoryview(buffer)[:n])
+        return n
+
+    def close(self) -> None:
+        self.raw.close()
+        super().close()
+
+
+def _open_binary(path: Path, digest: Any = None) -> Any:
+    f = path.open("rb")
+    return f if digest is None else io.BufferedReader(_Hashing(f, digest), 1 << 20)
+
+
+def raw_lines(path: Path, digest: Any = None) -> Iterator[tuple[int, str | RecordError]]:
     """``(line number, text)`` for each non-blank line, split on newlines and decoded one by one.
 
     A line that is not UTF-8 comes as a ``RecordError`` in place of its text, named exactly.
     """
-    with path.open("rb") as f:
+    with _open_binary(path, digest) as f:
         for n, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
@@ -153,72 +180,78 @@ def parse_line(line: str) -> Any:
         return RecordError(f"invalid JSON ({e.msg}, column {e.colno})")
 
 
-def _json_list(path: Path, chunk_chars: int = 1 << 20) -> Records:
+def _json_list(path: Path, digest: Any = None, chunk_chars: int = 1 << 20) -> Records:
     """The items of a JSON list, with their 0-based index, decoded one item at a time (bounded memory)."""
+    with io.TextIOWrapper(_open_binary(path, digest), encoding="utf-8-sig") as f:
+        yield from _json_items(path, f, chunk_chars)
+        while digest is not None and f.buffer.read(chunk_chars):  # the bytes after the list, into the digest
+            pass
+
+
+def _json_items(path: Path, f: Any, chunk_chars: int) -> Records:
     decoder = json.JSONDecoder()
-    with path.open(encoding="utf-8-sig") as f:
-        buffer, pos = "", 0
-        lines_before, column_before = 0, 0  # where the buffer starts: newlines dropped, characters since the last
+    buffer, pos = "", 0
+    lines_before, column_before = 0, 0  # where the buffer starts: newlines dropped, characters since the last
 
-        def fill() -> bool:
-            nonlocal buffer, lines_before, column_before, pos
-            try:
-                more = f.read(chunk_chars)
-            except UnicodeDecodeError as e:
-                raise TroughputError(f"{path}: not UTF-8 text ({e.reason})") from None
-            if not more:
-                return False  # the buffer stays as it is, so error positions still point into it
-            dropped, last = buffer.count("\n", 0, pos), buffer.rfind("\n", 0, pos)
-            lines_before += dropped
-            column_before = pos - last - 1 if dropped else column_before + pos
-            buffer, pos = buffer[pos:] + more, 0
-            return True
+    def fill() -> bool:
+        nonlocal buffer, lines_before, column_before, pos
+        try:
+            more = f.read(chunk_chars)
+        except UnicodeDecodeError as e:
+            raise TroughputError(f"{path}: not UTF-8 text ({e.reason})") from None
+        if not more:
+            return False  # the buffer stays as it is, so error positions still point into it
+        dropped, last = buffer.count("\n", 0, pos), buffer.rfind("\n", 0, pos)
+        lines_before += dropped
+        column_before = pos - last - 1 if dropped else column_before + pos
+        buffer, pos = buffer[pos:] + more, 0
+        return True
 
-        def skip_space() -> str:
-            nonlocal pos
-            while True:
-                while pos < len(buffer) and buffer[pos] in " \t\r\n":
-                    pos += 1
-                if pos < len(buffer) or not fill():
-                    return buffer[pos] if pos < len(buffer) else ""
-
-        def fail(message: str, at: int) -> TroughputError:
-            line = lines_before + buffer.count("\n", 0, at) + 1
-            last = buffer.rfind("\n", 0, at)
-            column = at - last if last >= 0 else column_before + at + 1
-            return TroughputError(f"{path}: invalid JSON at line {line}, column {column}: {message}")
-
-        first = skip_space()
-        if first != "[":
-            try:
-                data = json.loads(buffer[pos:] + f.read())
-            except json.JSONDecodeError as e:
-                raise TroughputError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
-            raise TroughputError(f"{path}: expected a JSON list of records, got {kind(data)}")
-        pos += 1
-        index = 0
+    def skip_space() -> str:
+        nonlocal pos
         while True:
-            if skip_space() == "]" and index == 0:
-                return
-            while True:  # an item must end inside the buffer; read on until it does
-                try:
-                    record, end = decoder.raw_decode(buffer, pos)
-                    break
-                except json.JSONDecodeError as e:
-                    if not fill():
-                        raise fail(e.msg, e.pos) from None
-            yield f"record {index}", index, record
-            pos, index = end, index + 1
-            separator = skip_space()
-            if separator == "]":
-                return
-            if separator != ",":
-                raise fail("Expecting ',' delimiter" if separator else "Expecting ']'", pos)
-            pos += 1
-            skip_space()
+            while pos < len(buffer) and buffer[pos] in " \t\r\n":
+                pos += 1
+            if pos < len(buffer) or not fill():
+                return buffer[pos] if pos < len(buffer) else ""
+
+    def fail(message: str, at: int) -> TroughputError:
+        line = lines_before + buffer.count("\n", 0, at) + 1
+        last = buffer.rfind("\n", 0, at)
+        column = at - last if last >= 0 else column_before + at + 1
+        return TroughputError(f"{path}: invalid JSON at line {line}, column {column}: {message}")
+
+    first = skip_space()
+    if first != "[":
+        try:
+            data = json.loads(buffer[pos:] + f.read())
+        except json.JSONDecodeError as e:
+            raise TroughputError(f"{path}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
+        raise TroughputError(f"{path}: expected a JSON list of records, got {kind(data)}")
+    pos += 1
+    index = 0
+    while True:
+        if skip_space() == "]" and index == 0:
+            return
+        while True:  # an item must end inside the buffer; read on until it does
+            try:
+                record, end = decoder.raw_decode(buffer, pos)
+                break
+            except json.JSONDecodeError as e:
+                if not fill():
+                    raise fail(e.msg, e.pos) from None
+        yield f"record {index}", index, record
+        pos, index = end, index + 1
+        separator = skip_space()
+        if separator == "]":
+            return
+        if separator != ",":
+            raise fail("Expecting ',' delimiter" if separator else "Expecting ']'", pos)
+        pos += 1
+        skip_space()
 
 
-READERS: dict[str, Callable[[Path], Records]] = {
+READERS: dict[str, Callable[[Path, Any], Records]] = {
     "openai_batch": _json_lines, "sharegpt": _json_list, "jsonl": _json_lines}
 # format -> (prefix of default ids, whether clashing ids are renamed rather than an error)
 ID_RULES: dict[str, tuple[str, bool]] = {"openai_batch": ("", False), "sharegpt": ("sharegpt", True),

@@ -300,3 +300,39 @@ def test_flush_backs_off_within_its_bound():
     assert reason and "'busy'" in reason
     assert sum(sleeps) <= 5.0 and sleeps[:3] == [0.05, 0.1, 0.2] and max(sleeps) == 1.0
     assert Busy.calls == len(sleeps) + 1
+
+
+async def _async_generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, **rest):
+    check_fields(SNAPSHOT, "SamplingParams", sampling_params)
+    self.calls.append({"input_ids": input_ids, "sampling_params": sampling_params, "image_data": image_data})
+    if input_ids == [666]:
+        raise ValueError("prompt too long")
+    return output([7] * sampling_params["max_new_tokens"], len(input_ids), cached=1, retractions=1)
+
+
+FakeAsyncSglangEngine = fake_class(SNAPSHOT, "Engine", {"async_generate": _async_generate, "shutdown": _shutdown,
+                                                        "get_server_info": _get_server_info}, init=_init)
+
+
+def test_the_feeder_runs_one_async_generate_per_request_and_returns_whole_shards(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=FakeAsyncSglangEngine,
+                                                                     __version__="0.5.23-fake"))
+    engine = SglangEngine(MODEL, {})
+    engine.start()
+    feeder = engine.feeder()
+    try:
+        feeder.feed("a", [Request("a0", [1, 2, 3], 2), Request("a1", [666], 2)])
+        feeder.feed("b", [Request("b0", [4], 3, images=[str(tmp_path / "x.png")])])
+        got = {}
+        for _ in range(100):
+            got.update({out.shard: out for out in feeder.collect(timeout=0.05)})
+            if len(got) == 2:
+                break
+    finally:
+        feeder.close()
+    assert feeder.idle()
+    assert [c.id for c in got["a"].completions] == ["a0"] and "prompt too long" in got["a"].errors["a1"]
+    assert [len(c.output_token_ids) for c in got["b"].completions] == [3]
+    image_call = next(c for c in engine.llm.calls if c["input_ids"] == [4])
+    assert image_call["image_data"] == [str(tmp_path / "x.png")]
+    assert engine.stats().prefix_cache_queries == 3 + 1

@@ -8,6 +8,7 @@ recorded API (``engines/snapshots/tensorrt_llm-1.2.1.json``): ``LLM(**kwargs)`` 
 the adapter reads a name TensorRT-LLM does not have.
 """
 
+import asyncio
 import importlib.util
 import json
 import sys
@@ -39,8 +40,24 @@ def request_output(prompt_ids, token_ids, reused_blocks=None, last_token_s=None)
             timing_metrics=RecordedObject(SNAPSHOT, "TimingMetrics", last_token_time=timedelta(seconds=last_token_s)))
     sequence = RecordedObject(SNAPSHOT, "CompletionOutput", token_ids=token_ids, request_perf_metrics=metrics,
                               finish_reason="length", text="")
-    return RecordedObject(SNAPSHOT, "RequestOutput", methods={"result": lambda self, timeout=None: self},
+    in_loop = _running_loop()
+
+    async def aresult(self):
+        # the real result has an asyncio queue only when generate_async ran inside an event loop
+        assert in_loop, "The asyncio event loop was not present during initialization"
+        return self
+
+    return RecordedObject(SNAPSHOT, "RequestOutput", methods={"result": lambda self, timeout=None: self,
+                                                              "aresult": aresult},
                           prompt_token_ids=prompt_ids, outputs=[sequence])
+
+
+def _running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def iteration(n, paused=None, reused=None):
@@ -473,3 +490,22 @@ def test_start_stats_of_another_shape_leave_an_ok_row_with_null_columns_and_warn
     assert "['build_engine'] is text ('40 s')" in warnings and "tokens_per_block is missing" in warnings
     assert columns["compile_s"] == pytest.approx(2.0) and columns["output_tokens"] == 2
     assert columns["cached_tokens"] is None and columns["prefix_cache_hit_rate"] is None
+
+
+def test_the_feeder_awaits_each_request_generated_inside_its_event_loop(fake_trtllm):
+    engine = TrtllmEngine(MODEL, {"backend": "pytorch"})
+    engine.start()
+    feeder = engine.feeder()
+    try:
+        feeder.feed("a", [Request("a0", list(range(40)), 2), Request("a1", [1], 3)])
+        feeder.feed("b", [Request("b0", [2, 3], 1)])
+        got = {}
+        for _ in range(100):
+            got.update({out.shard: out for out in feeder.collect(timeout=0.05)})
+            if len(got) == 2:
+                break
+    finally:
+        feeder.close()
+    assert [[len(c.output_token_ids) for c in got[s].completions] for s in "ab"] == [[2, 3], [1]]
+    assert not got["a"].errors and feeder.idle()
+    assert engine.stats().prefix_cache_hits == 32   # two reused 16-token blocks of a0's prompt

@@ -133,3 +133,47 @@ def test_slurm_array_through_submitit_local(tmp_path: Path) -> None:
     assert len(task_logs) == 2, "two array tasks ran"
     [row] = read_rows(tmp_path / "results", "batch")
     assert row["scale"] == "slurm" and row["shards_run"] == 5 and row["requests_ok"] == 10
+
+
+def _shard_metas(out: Path) -> list[dict]:
+    return [json.loads((d / "meta.json").read_text()) for d in sorted((out / "shards").iterdir())]
+
+
+def test_a_streaming_engine_is_fed_the_next_shard_while_the_current_one_generates(tmp_path: Path) -> None:
+    """Shard 1 reaches the engine with shard 0 (two in flight): fed at once, no idle wait, its span covers shard 0's."""
+    path = numbered(tmp_path / "batch.jsonl", 12, max_tokens=4)
+    spans = {}
+    for mode, knobs in (("stream", ["+engine.knobs.token_s=0.05"]), ("serial", ["+engine.knobs.step_s=0.2"])):
+        out = tmp_path / mode
+        proc = troughput_batch(tmp_path, FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
+                               "batch.shard_size=4", "batch.in_flight=2", "+engine.knobs.max_num_seqs=4", *knobs)
+        assert proc.returncode == 0, proc.stderr
+        assert len(read_jsonl(out / "output.jsonl")) == 12
+        spans[mode] = _shard_metas(out)
+    stream, serial = spans["stream"], spans["serial"]
+    assert stream[1]["idle_before_s"] == 0.0
+    assert stream[1]["span_s"] > stream[1]["engine_s"] + 0.1  # it waited in the engine behind shard 0
+    assert all(m["span_s"] == m["engine_s"] for m in serial)   # one generate per shard: no overlap
+    rows = {r["output_dir"]: r for r in read_rows(tmp_path / "results", "batch")}
+    assert rows[str(tmp_path / "stream")]["engine_idle_s"] >= 0.0
+
+
+def test_a_decision_whose_winner_has_two_replicas_drives_a_job_with_two_engines(tmp_path: Path) -> None:
+    from harness.results import write_row
+
+    write_row(tmp_path / "results", {
+        "decision_id": "d2", "model": "tiny", "verdict": "clear winner", "workload": "unique",
+        "chosen.engine": "vllm", "chosen.ordering": "as_given", "chosen.knob.max_num_seqs": 16,
+        "chosen.knob.replicas": 2, "chosen.output_tok_s": 900.0, "chosen.req_s": 90.0},
+        kind="decisions", id_key="decision_id")
+    path = numbered(tmp_path / "batch.jsonl", 8)
+    out = tmp_path / "out"
+    # the decision's vLLM config on the scripted engine (engine.name is no engine/ordering choice, so it may be set)
+    proc = troughput_batch(tmp_path, "batch.decision=d2", FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
+                           "batch.shard_size=2")
+    assert proc.returncode == 0, proc.stderr
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["replicas"] == 2 and "knob.replicas" not in row
+    assert row["knob.max_num_seqs"] == 16 and row["requests_ok"] == 8
+    logs = sorted(p.name.rsplit(".", 2)[-2] for p in (tmp_path / "results" / "logs").glob("*.worker*.log"))
+    assert logs == ["worker1", "worker2"], "two engines, one per replica"

@@ -11,7 +11,7 @@ import pytest
 from harness.batch.convert import convert_shard
 from harness.batch.images import image_resolver
 from harness.batch.output import ENGINE_FAULT, failure, success
-from harness.batch.plan import Plan
+from harness.batch.plan import Plan, model_revision
 from harness.batch.shards import iter_shards, scan
 from harness.batch.state import JobState
 from harness.errors import TroughputError
@@ -101,19 +101,64 @@ def test_a_shard_commits_once_and_merges_in_order(tmp_path: Path) -> None:
     assert not list(state.root.rglob(".commit-*")), "no half-written shard is left"
 
 
+def _plan(path: Path, out: Path, **fields) -> Plan:
+    plan = Plan(input=str(path), format="openai_batch", output_dir=str(out), shard_size=2, engine="vllm",
+                model={"name": "tiny", "path": "/m"}, knobs={}, ordering={"name": "as_given"}, python="python",
+                **fields)
+    plan.input_digest = scan(path, "openai_batch").digest
+    return plan
+
+
 def test_an_output_folder_holds_one_job(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "b.jsonl", [completion("a", "x")])
-    plan = Plan(input=str(path), format="openai_batch", output_dir=str(tmp_path / "out"), shard_size=10,
-                engine="vllm", model={"name": "tiny"}, knobs={}, ordering={"name": "as_given"}, python="python")
+    plan = _plan(path, tmp_path / "out")
     state = JobState(plan.output_dir)
     state.adopt(plan)
     state.adopt(Plan.from_json(plan.to_json()))
     write_jsonl(path, [completion("a", "changed")])
-    changed = Plan(**{**json.loads(plan.to_json()), "input_digest": ""})
-    state.adopt(changed)  # nothing committed yet: nothing to mix with
+    state.adopt(_plan(path, tmp_path / "out"))  # nothing committed yet: nothing to mix with
     state.commit(0, [], [], {"index": 0})
     with pytest.raises(TroughputError, match="different input_digest"):
         state.adopt(plan)
+
+
+@pytest.mark.parametrize(("edit", "count"), [("middle", 12_000), ("last line", 6_000)])
+def test_a_same_size_edit_anywhere_is_refused_once_a_shard_is_committed(tmp_path: Path, edit: str, count: int) -> None:
+    """The whole file is hashed: a same-size edit in the middle of a ~3 MB file, or of the last line of a ~1.5 MB
+    one (both unseen by the old digest of the size and the first and last MiB), is refused."""
+    records = [completion(f"r{i}", f"prompt {i:05d} " + "x" * 200, max_tokens=2) for i in range(count)]
+    path = write_jsonl(tmp_path / "b.jsonl", records)
+    state = JobState(tmp_path / "out")
+    state.adopt(_plan(path, tmp_path / "out"))
+    state.commit(0, [], [], {"index": 0})
+    data = bytearray(path.read_bytes())
+    at = len(data) // 2 if edit == "middle" else data.rindex(b"prompt %05d" % (count - 1)) + len("prompt 0000")
+    data[at:at + 1] = b"Q" if data[at:at + 1] != b"Q" else b"R"
+    path.write_bytes(bytes(data))
+    assert path.stat().st_size == len(data)
+    with pytest.raises(TroughputError, match=r"the input file's contents \(sha256 of every byte: sha256:"):
+        state.adopt(_plan(path, tmp_path / "out"))
+
+
+def test_the_model_and_remote_images_are_part_of_the_job(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "b.jsonl", [completion("a", "x")])
+    state = JobState(tmp_path / "out")
+    state.adopt(_plan(path, tmp_path / "out", model_revision="local:aaaa"))
+    state.commit(0, [], [], {"index": 0})
+    with pytest.raises(TroughputError, match="model_revision: 'local:aaaa' then, 'local:bbbb' now"):
+        state.adopt(_plan(path, tmp_path / "out", model_revision="local:bbbb"))
+    with pytest.raises(TroughputError, match="different allow_remote_images"):
+        state.adopt(_plan(path, tmp_path / "out", model_revision="local:aaaa", allow_remote_images=True))
+
+
+def test_a_local_models_revision_changes_with_its_files(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"layers": 4}')
+    (tmp_path / "model.safetensors").write_bytes(b"0" * 100)
+    first = model_revision({"path": str(tmp_path)})
+    assert first == model_revision({"path": str(tmp_path)}) and first.startswith("local:")
+    (tmp_path / "config.json").write_text('{"layers": 5}')
+    assert model_revision({"path": str(tmp_path)}) != first
+    assert model_revision({"path": "org/model", "revision": "abc123"}) == "abc123"
 
 
 def test_images_from_data_urls_local_paths_and_remote_only_when_allowed(tmp_path: Path) -> None:

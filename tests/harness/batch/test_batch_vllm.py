@@ -61,3 +61,23 @@ def test_openai_batch_file_on_the_tiny_vlm(tmp_path: Path) -> None:
     [row] = read_rows(tmp_path / "results", "batch")
     assert row["status"] == "ok" and (row["requests_ok"], row["requests_failed"]) == (6, 1)
     (tmp_path / "shown.json").write_text(json.dumps({"outputs": outputs, "errors": errors}, ensure_ascii=False))
+
+
+def test_vllm_is_fed_the_next_shards_while_the_first_generates(tmp_path: Path) -> None:
+    """Shards 0-2 reach the running engine together (three in flight): no idle wait before shard 1, and it
+    waits in the engine behind shard 0 (its span is longer than the engine time it accounts for)."""
+    path = write_jsonl(tmp_path / "batch.jsonl", [completion(f"c{i}", f"count {i}", max_tokens=4 + 7 * (i % 5))
+                                                   for i in range(40)])
+    out = tmp_path / "out"
+    proc = troughput_batch(tmp_path, f"batch.input={path}", f"batch.output_dir={out}", "batch.shard_size=8",
+                           "batch.sampling=benchmark")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lengths = {o["custom_id"]: o["response"]["body"]["usage"]["completion_tokens"]
+               for o in read_jsonl(out / "output.jsonl")}
+    assert lengths == {f"c{i}": 4 + 7 * (i % 5) for i in range(40)}, "exact lengths, every request once"
+    metas = [json.loads((out / "shards" / f"{i:08d}" / "meta.json").read_text()) for i in range(5)]
+    assert metas[1]["idle_before_s"] == 0.0 and metas[1]["span_s"] > metas[1]["engine_s"]
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["engine_s"] == pytest.approx(sum(m["engine_s"] for m in metas))
+    assert row["engine_s"] <= row["generation_s"] + 0.5, "engine-busy time never exceeds the window"
+    assert row["engine_steps"] >= max(lengths.values()), "vLLM's steps are counted"

@@ -341,12 +341,12 @@ def test_sharegpt_is_read_one_record_at_a_time_at_any_chunk_size(tmp_path: Path,
     records = [{"id": f"é{i}", "conversations": [{"from": "human", "value": "q ] , [" * i}]} for i in range(5)]
     path = tmp_path / "conv.json"
     path.write_text("[\n" + ",\n  ".join(json.dumps(r, ensure_ascii=False) for r in records) + "\n]\n", encoding="utf-8")
-    assert [(w, n, r) for w, n, r in _json_list(path, chunk)] == [(f"record {i}", i, r) for i, r in enumerate(records)]
+    assert [(w, n, r) for w, n, r in _json_list(path, chunk_chars=chunk)] == [(f"record {i}", i, r) for i, r in enumerate(records)]
     path.write_text('[{"conversations": []},\n  {oops}]')
     with pytest.raises(TroughputError, match=r"invalid JSON at line 2, column 4"):
-        list(_json_list(path, chunk))
+        list(_json_list(path, chunk_chars=chunk))
     path.write_text('[{"a": 1} {"b": 2}]')
     with pytest.raises(TroughputError, match=r"line 1, column 11: Expecting ',' delimiter"):
-        list(_json_list(path, chunk))
+        list(_json_list(path, chunk_chars=chunk))
     path.write_text("[]")
-    assert list(_json_list(path, chunk)) == []
+    assert list(_json_list(path, chunk_chars=chunk)) == []
