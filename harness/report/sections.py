@@ -113,13 +113,13 @@ def headline(report) -> Section:
                          fmt(config.get("total_tok_s")), fmt(config.get("req_s")),
                          fmt(config.get("preemptions"), "int"), fmt(config.get("prefix_cache_hit_rate"), "share"),
                          fmt(config.get("ideal_prefix_hit_rate"), "share"), fmt(config.get("sol_fraction"), "sol"),
-                         fmt(config.get("j_per_output_token"), "j"),
+                         fmt(config.get("j_per_output_token"), "j"), fmt(config.get("energy_j")),
                          fmt(config.get("startup_s"), "s"), fmt(config.get("compile_s"), "s"),
                          *quality_cells(config), margin, verdict])
             ids.append(f"headline-{config['config_id']}")
     table = Table(["workload", "engine", "config", "role", "output tok/s", "95% interval", "runs × passes",
                    "CV across runs", f"× {BASELINE_ENGINE}", "total tok/s", "req/s", "preemptions",
-                   "prefix-cache hit", "ideal hit (ceiling)", "of speed of light", "J / output token", "startup s", "compile s",
+                   "prefix-cache hit", "ideal hit (ceiling)", "of speed of light", "J / output token", "energy J", "startup s", "compile s",
                    *QUALITY_HEADERS, "margin [CI]", "verdict"],
                   rows, id="headline", row_ids=ids)
     lead = ("Per workload, the best measured config of each engine side by side (and the runner-up when it is a "

@@ -72,7 +72,8 @@ def test_both_reports_show_the_winner_the_rows_give(tmp_path, results, compariso
     assert {r["verdict"] for r in headline if r["role"] == "winner"} == {CLEAR}
     engines_per_workload = {w: {r["engine"] for r in headline if r["workload"] == w} for w in winners}
     assert all(e == {"vllm", "sglang"} for e in engines_per_workload.values()), "engines side by side"
-    for column in ("total tok/s", "req/s", "preemptions", "prefix-cache hit", "startup s", "compile s", "margin [CI]"):
+    for column in ("total tok/s", "req/s", "preemptions", "prefix-cache hit", "J / output token", "energy J",
+                   "startup s", "compile s", "margin [CI]"):
         assert column in headline[0] or column.replace("[", "\\[").replace("]", "\\]") in headline[0]
 
 
