@@ -38,8 +38,11 @@ def runtime_env(plan: Plan) -> dict[str, Any]:
 
 
 def settings(plan: Plan) -> dict[str, Any]:
-    """``batch.ray`` checked: actors, CPUs and GPUs per actor, placement bundles."""
-    ray = {"actors": 1, "num_cpus": 1, "num_gpus": 0, "bundles": None, **(plan.ray or {})}
+    """``batch.ray`` checked: actors (unset: ``engine.replicas``, so a decision's replicas are its engine actors),
+    CPUs and GPUs per actor, placement bundles."""
+    ray = {"actors": None, "num_cpus": 1, "num_gpus": 0, "bundles": None, **(plan.ray or {})}
+    if ray["actors"] is None:
+        ray["actors"] = plan.replicas
     if isinstance(ray["actors"], bool) or not isinstance(ray["actors"], int) or ray["actors"] < 1:
         raise TroughputError(f"batch.ray.actors={ray['actors']!r}: must be an integer >= 1")
     for key in ("num_cpus", "num_gpus"):

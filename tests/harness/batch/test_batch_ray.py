@@ -74,6 +74,12 @@ def test_ray_settings_are_checked_before_joining(tmp_path: Path, ray: dict, name
         settings(_plan(tmp_path, ray=ray))
 
 
+def test_unset_actors_follow_the_replicas_of_the_config_or_decision(tmp_path: Path) -> None:
+    assert settings(_plan(tmp_path, ray={}, replicas=2))["actors"] == 2, "a decision's replicas are its engine actors"
+    assert settings(_plan(tmp_path, ray={"actors": None}, replicas=3))["actors"] == 3
+    assert settings(_plan(tmp_path, ray={"actors": 4}, replicas=2))["actors"] == 4, "batch.ray.actors, when set, wins"
+
+
 def test_bundles_give_each_engine_actor_a_placement_group() -> None:
     resources = engine_resources({"bundles": [{"GPU": 1, "CPU": 1}] * 2, "num_cpus": 1, "num_gpus": 1})
     assert (resources["num_cpus"], resources["num_gpus"]) == (0, 0) and callable(resources["ray_remote_args_fn"])
