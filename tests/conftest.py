@@ -55,6 +55,21 @@ def engine_marker_is_honest(request, tmp_path_factory, monkeypatch):
                     pytrace=False)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """A test that asks for ``ray_head`` must be marked ``engine`` and ``xdist_group("ray")``; checked before
+    the head starts, since ``ray start`` runs without PYTHONPATH (tests/ray_head.py), out of the guard's sight,
+    and a second pytest worker outside the group would start a second head."""
+    if "ray_head" not in getattr(item, "fixturenames", ()):
+        return
+    groups = [m.args[0] if m.args else m.kwargs.get("name") for m in item.iter_markers("xdist_group")]
+    missing = [what for what, ok in (("@pytest.mark.engine", item.get_closest_marker("engine") is not None),
+                                     ('@pytest.mark.xdist_group("ray")', "ray" in groups)) if not ok]
+    if missing:
+        pytest.fail(f"{item.nodeid} uses the ray_head fixture (a Ray cluster) but is not marked "
+                    f"{' and '.join(missing)}", pytrace=False)
+
+
 def _ray_connected() -> bool:
     ray = sys.modules.get("ray")
     return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
@@ -87,7 +102,8 @@ def compose(*overrides: str, config_name: str = "config"):
 
 @pytest.fixture(scope="session")
 def ray_head():
-    """The session's one Ray head (tests/ray_head.py); its users are marked ``engine`` and ``xdist_group("ray")``."""
+    """The session's one Ray head (tests/ray_head.py); its users are marked ``engine`` and ``xdist_group("ray")``
+    (``pytest_runtest_setup`` above fails one that is not)."""
     from tests.ray_head import RAY, start_head
 
     if not RAY.exists():

@@ -1,8 +1,9 @@
 """engine=ray: Ray Data LLM's vLLM processor on the CPU build with the tiny model.
 
-Knob checks run without Ray. Two real Ray Data jobs: one against a Ray head started here as
-its own process on the loopback address (joined by address, then stopped), one on a local
-Ray the adapter starts itself, whose engine replica is killed mid-job.
+Knob checks run without a Ray cluster. Two real Ray Data jobs, both on the session's Ray head
+(``ray_head``: its own process on the loopback address, joined by address): a troughput-run row,
+and a job whose engine replica is killed mid-job. A local Ray the adapter starts itself (no
+``engine.address``) is not started by any test.
 """
 
 from __future__ import annotations
