@@ -222,3 +222,15 @@ def test_a_prediction_from_another_host_is_labelled_not_comparable() -> None:
            "config_source.predicted_host_id": "amx-host", "env.host_id": "avx2-host", "env.host": "EPYC"}
     assert "NOT COMPARABLE" in summary(row | {"predicted_other_host": True})
     assert "NOT COMPARABLE" not in summary(row | {"predicted_other_host": False})
+
+
+@pytest.mark.parametrize("scale", ["local", "slurm"])
+def test_engine_ray_outside_batch_scale_ray_is_refused_before_anything_runs(tmp_path: Path, scale: str) -> None:
+    from harness.batch.launch import run_job
+
+    path = write_jsonl(tmp_path / "b.jsonl", [completion("a", "x")])
+    plan = _plan(path, tmp_path / "out")
+    plan.engine, plan.scale = "ray", scale
+    with pytest.raises(TroughputError, match="use batch.scale=ray"):
+        run_job(plan, progress=False)
+    assert not (tmp_path / "out").exists(), "refused before the folder is adopted"
