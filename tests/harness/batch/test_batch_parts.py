@@ -234,3 +234,19 @@ def test_engine_ray_outside_batch_scale_ray_is_refused_before_anything_runs(tmp_
     with pytest.raises(TroughputError, match="use batch.scale=ray"):
         run_job(plan, progress=False)
     assert not (tmp_path / "out").exists(), "refused before the folder is adopted"
+
+
+def test_a_truncated_jpeg_is_the_record_s_error_not_the_engine_s(tmp_path: Path) -> None:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.effect_noise((64, 64), 50).convert("RGB").save(buffer, format="JPEG")
+    cut = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+    with Image.open(io.BytesIO(cut)) as image:
+        image.verify()  # passes: PIL's verify() does not decode a JPEG's pixels
+    resolve = image_resolver("<image>", tmp_path / "store", tmp_path, allow_remote=False)
+    url = "data:image/jpeg;base64," + base64.b64encode(cut).decode()
+    with pytest.raises(Exception, match="line 3: not a readable image"):
+        resolve({"type": "image_url", "image_url": {"url": url}}, "line 3")
