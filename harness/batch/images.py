@@ -102,6 +102,9 @@ def _check(data: bytes, at: str) -> str:
     try:
         with Image.open(io.BytesIO(data)) as image:
             image.verify()
-            return (image.format or "img").lower()
-    except (UnidentifiedImageError, OSError, SyntaxError) as e:
+            kind = (image.format or "img").lower()
+        with Image.open(io.BytesIO(data)) as image:  # decoded as the engines will: verify() passes a truncated JPEG,
+            image.convert("RGB")                     # whose OSError in an engine would end the worker, not the request
+        return kind
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as e:
         raise RecordError(f"{at}: not a readable image ({e})") from None

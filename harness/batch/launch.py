@@ -25,6 +25,11 @@ def run_job(plan: Plan, progress: bool = True) -> dict[str, Any]:
     """Run what is left of ``plan``'s job; merge the outputs when every shard is committed; return its row."""
     if plan.scale not in SCALES:
         raise TroughputError(f"batch.scale={plan.scale!r}: use one of {', '.join(SCALES)}")
+    if plan.engine == "ray" and plan.scale != "ray":  # its local worker would run one Ray Data job per shard
+        raise TroughputError(f"engine=ray with batch.scale={plan.scale} would start its vLLM replicas again for "
+                             "every shard (each generate call is one Ray Data job): use batch.scale=ray, where Ray "
+                             "Data LLM's processor is the engine stage, started once (no batch.ray.address: a local "
+                             "Ray)")
     started, t0, run_id = datetime.now(timezone.utc), time.monotonic(), new_run_id()
     state = JobState(plan.output_dir)
     index = scan(Path(plan.input), plan.format)  # the one pass over every line: counts, repeated ids, content hash

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 from engines.common import PROJECT_ROOT
@@ -70,6 +71,7 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) ->
 
     total = sum(shard_records(index, plan.shard_size, i) for i in range(index.shards(plan.shard_size)))
     bar = Progress(total, total - sum(shard_records(index, plan.shard_size, i) for i in todo), progress)
+    began: float | None = None  # when the pipeline starts (after joining the cluster)
     try:
         cluster = connect(opts.get("address") or None, None, runtime_env=runtime_env(plan))
     except (ConnectionError, RuntimeError, ValueError) as e:
@@ -79,6 +81,7 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) ->
         from ray.data import DataContext
 
         DataContext.get_current().enable_progress_bars = False
+        began = time.time()
         for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus}).iter_rows():
             meta = json.loads(row["meta"])
             if not meta.get("dropped"):
@@ -90,7 +93,7 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) ->
     finally:
         bar.close()
         ray.shutdown()
-    return tally(state, sorted(state.committed() - before), run)
+    return tally(state, sorted(state.committed() - before), run, began)
 
 
 def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) -> Any:
@@ -153,8 +156,13 @@ def engine_resources(opts: dict[str, Any]) -> dict[str, Any]:
     return {"num_cpus": 0, "num_gpus": 0, "ray_remote_args_fn": in_placement_group}
 
 
-def tally(state: JobState, indices: list[int], run: ShardsRun) -> ShardsRun:
-    """``run`` with the shards ``indices`` (committed by this invocation) counted from their ``meta.json``."""
+def tally(state: JobState, indices: list[int], run: ShardsRun, began: float | None = None) -> ShardsRun:
+    """``run`` with the shards ``indices`` (committed by this invocation) counted from their ``meta.json``.
+
+    ``began``: when the pipeline started (``time.time()``); where no shard records its engine's start
+    (``engine=ray``: Ray Data LLM starts its replicas inside the pipeline), ``startup_s`` is the time
+    until the first request reached an engine, as ``troughput-run engine=ray`` counts it.
+    """
     starts, ends, startups = [], [], []
     for i in indices:
         meta = state.meta(i)
@@ -168,4 +176,6 @@ def tally(state: JobState, indices: list[int], run: ShardsRun) -> ShardsRun:
     if starts:  # first shard's generation to last commit; engine start-up outside, restarts inside
         run.generation_s = max(ends) - min(starts)
     run.startup_s = max(startups, default=None)
+    if run.startup_s is None and starts and began is not None:
+        run.startup_s = max(0.0, min(starts) - began)
     return run

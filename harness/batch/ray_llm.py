@@ -77,20 +77,24 @@ class ShardAssembler:
         self.plan, self.job = plan_of(plan_json), job
         self.state, self.tok = JobState(self.plan.output_dir), tokenizer_of(self.plan.model["local_dir"])
         self.headers: dict[int, dict[str, Any]] = {}
-        self.rows: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        self.rows: dict[int, dict[str, dict[str, Any]]] = defaultdict(dict)  # shard -> request id -> row
+        self.done: set[int] = set()  # shards committed (or found committed) by this actor
 
     def __call__(self, batch: Any) -> dict[str, np.ndarray]:
         metas = []
         for row in batch.to_dict("records"):
             shard = int(row["troughput_shard"])
+            if shard in self.done:  # a retried block re-emitted a row of a shard already committed
+                continue
             if row.get("__inference_error__") == HEADER:
                 self.headers[shard] = row
-            else:
-                self.rows[shard].append(row)
+            else:  # by id: a re-emitted row counts once, so a shard never commits with a request missing
+                self.rows[shard].setdefault(str(row["troughput_id"]), row)
             header = self.headers.get(shard)
-            if header is not None and len(self.rows[shard]) == int(header["troughput_expect"]):
-                metas.append(json.dumps(self._commit(shard, header, self.rows.pop(shard))))
+            if header is not None and len(self.rows[shard]) >= int(header["troughput_expect"]):
+                metas.append(json.dumps(self._commit(shard, header, list(self.rows.pop(shard).values()))))
                 del self.headers[shard]
+                self.done.add(shard)
         return {"meta": np.array(metas, dtype=object)}
 
     def _commit(self, shard: int, header: dict[str, Any], rows: list[dict[str, Any]]) -> dict[str, Any]:

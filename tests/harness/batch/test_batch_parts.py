@@ -222,3 +222,31 @@ def test_a_prediction_from_another_host_is_labelled_not_comparable() -> None:
            "config_source.predicted_host_id": "amx-host", "env.host_id": "avx2-host", "env.host": "EPYC"}
     assert "NOT COMPARABLE" in summary(row | {"predicted_other_host": True})
     assert "NOT COMPARABLE" not in summary(row | {"predicted_other_host": False})
+
+
+@pytest.mark.parametrize("scale", ["local", "slurm"])
+def test_engine_ray_outside_batch_scale_ray_is_refused_before_anything_runs(tmp_path: Path, scale: str) -> None:
+    from harness.batch.launch import run_job
+
+    path = write_jsonl(tmp_path / "b.jsonl", [completion("a", "x")])
+    plan = _plan(path, tmp_path / "out")
+    plan.engine, plan.scale = "ray", scale
+    with pytest.raises(TroughputError, match="use batch.scale=ray"):
+        run_job(plan, progress=False)
+    assert not (tmp_path / "out").exists(), "refused before the folder is adopted"
+
+
+def test_a_truncated_jpeg_is_the_record_s_error_not_the_engine_s(tmp_path: Path) -> None:
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.effect_noise((64, 64), 50).convert("RGB").save(buffer, format="JPEG")
+    cut = buffer.getvalue()[: len(buffer.getvalue()) // 2]
+    with Image.open(io.BytesIO(cut)) as image:
+        image.verify()  # passes: PIL's verify() does not decode a JPEG's pixels
+    resolve = image_resolver("<image>", tmp_path / "store", tmp_path, allow_remote=False)
+    url = "data:image/jpeg;base64," + base64.b64encode(cut).decode()
+    with pytest.raises(Exception, match="line 3: not a readable image"):
+        resolve({"type": "image_url", "image_url": {"url": url}}, "line 3")

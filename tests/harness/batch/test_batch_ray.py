@@ -84,3 +84,20 @@ def test_bundles_give_each_engine_actor_a_placement_group() -> None:
     resources = engine_resources({"bundles": [{"GPU": 1, "CPU": 1}] * 2, "num_cpus": 1, "num_gpus": 1})
     assert (resources["num_cpus"], resources["num_gpus"]) == (0, 0) and callable(resources["ray_remote_args_fn"])
     assert engine_resources({"num_cpus": 2, "num_gpus": 1}) == {"num_cpus": 2.0, "num_gpus": 1.0}
+
+
+def test_without_an_engine_start_in_the_shards_start_up_is_the_wait_for_the_first_request(tmp_path: Path) -> None:
+    from harness.batch.job import ShardsRun
+    from harness.batch.ray_job import tally
+    from harness.batch.state import JobState
+
+    state = JobState(tmp_path / "out")
+    state.shards_dir.mkdir(parents=True)
+    state.work_dir.mkdir(parents=True)
+    shard = {"ok": 1, "failed": 0, "prompt_tokens": 1, "output_tokens": 4, "engine_s": 1.0}
+    state.commit(0, [], [], {**shard, "started_at": 130.0, "committed_at": 140.0})  # engine=ray: no startup_s
+    state.commit(1, [], [], {**shard, "started_at": 135.0, "committed_at": 150.0})
+    run = tally(state, [0, 1], ShardsRun(), began=100.0)
+    assert (run.startup_s, run.generation_s, run.output_tokens) == (30.0, 20.0, 8)
+    state.commit(2, [], [], {**shard, "started_at": 160.0, "committed_at": 170.0, "startup_s": 12.0})
+    assert tally(state, [2], ShardsRun(), began=100.0).startup_s == 12.0, "an engine actor's own start wins"

@@ -1,0 +1,128 @@
+"""``engines.feeding`` and the batch worker's feeding loop on a scripted engine (no real engine starts)."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import time
+
+import pytest
+
+from engines.base import Completion, EngineStats, Request
+from engines.batch_worker import feed_until_closed
+from engines.feeding import AsyncFeeder, ShardOutput, generate_isolating
+
+
+def _request(rid: str, tokens: int = 2) -> Request:
+    return Request(rid, [1, 2], tokens)
+
+
+async def _run(request: Request) -> Completion:
+    """Rejects ``bad*`` (``ValueError``), fails on ``boom`` (an engine fault), else sleeps 10 ms per token."""
+    if request.id.startswith("bad"):
+        raise ValueError("prompt too long")
+    if request.id == "boom":
+        raise RuntimeError("engine died")
+    await asyncio.sleep(0.01 * request.max_tokens)
+    return Completion(request.id, 2, [7] * request.max_tokens)
+
+
+def _collect(feeder: AsyncFeeder, shards: int, deadline_s: float = 20.0) -> list[ShardOutput]:
+    outs: list[ShardOutput] = []
+    deadline = time.monotonic() + deadline_s
+    while len(outs) < shards and time.monotonic() < deadline:
+        outs += feeder.collect(timeout=0.05)
+    return outs
+
+
+def test_async_feeder_returns_shards_as_they_finish_with_rejected_requests_as_errors() -> None:
+    feeder = AsyncFeeder(_run)
+    try:
+        feeder.feed("slow", [_request("s1", 100), _request("bad-1")])
+        feeder.feed("empty", [])
+        feeder.feed("fast", [_request("f1", 1), _request("f2", 1)])
+        outs = _collect(feeder, 3)
+    finally:
+        feeder.close()
+    assert [o.shard for o in outs] == ["empty", "fast", "slow"], "in the order they finish, not as fed"
+    by = {o.shard: o for o in outs}
+    assert [c.id for c in by["slow"].completions] == ["s1"] and list(by["slow"].errors) == ["bad-1"]
+    assert "rejected" in by["slow"].errors["bad-1"] and by["empty"].completions == [] and feeder.idle()
+
+
+def test_an_engine_fault_in_the_async_feeder_is_raised_not_taken_for_a_request_error() -> None:
+    feeder = AsyncFeeder(_run)
+    try:
+        feeder.feed("s", [_request("a"), _request("boom")])
+        with pytest.raises(RuntimeError, match="engine died"):
+            _collect(feeder, 1)
+    finally:
+        feeder.close()
+
+
+class _Serial:
+    """A blocking engine that rejects (``ValueError``) any batch holding a ``bad*`` request."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def generate(self, requests: list[Request]) -> list[Completion]:
+        self.calls += 1
+        if any(r.id.startswith("bad") for r in requests):
+            raise ValueError("bad input")
+        return [Completion(r.id, 2, [7] * r.max_tokens) for r in requests]
+
+    def simulated_seconds(self) -> None:
+        return None
+
+    def startup_in_last_generate(self) -> float:
+        return 0.0
+
+
+def test_a_rejected_request_is_narrowed_down_by_halving_and_the_rest_run() -> None:
+    done, errors = {}, {}
+    generate_isolating(_Serial(), [_request(i) for i in ("a", "b", "bad-c", "d", "e")], done, errors, {})
+    assert sorted(done) == ["a", "b", "d", "e"] and list(errors) == ["bad-c"]
+
+
+class _Engine:
+    """What ``feed_until_closed`` asks of an engine besides its feeder."""
+
+    name = "scripted"
+    supports_constraints = supports_sampling = False
+
+    def stats(self) -> EngineStats:
+        return EngineStats()
+
+
+def test_the_feeding_loop_finishes_every_shard_once_and_screens_what_the_engine_lacks() -> None:
+    commands: queue.Queue = queue.Queue()
+    unsupported = Request("c1", [1], 2, constraint={"kind": "json_object", "value": None})
+    for key, requests in (("0", [_request("a", 30), _request("bad-b")]), ("1", [unsupported]),
+                          ("2", [_request("d", 1)])):
+        commands.put({"shard": key, "requests": requests})
+    commands.put(None)
+    results: dict[str, dict] = {}
+    feeder = AsyncFeeder(_run)
+    try:
+        feed_until_closed(_Engine(), feeder, commands, lambda key, result: results.setdefault(key, result),
+                          progress=False)
+    finally:
+        feeder.close()
+    assert sorted(results) == ["0", "1", "2"]
+    ids = [c["id"] for r in results.values() for c in r["completions"]]
+    errors = [e for r in results.values() for e in r["errors"]]
+    assert sorted(ids) == ["a", "d"] and sorted(errors) == ["bad-b", "c1"], "every request once: done or an error"
+    assert "cannot constrain" in results["1"]["errors"]["c1"] and results["1"]["measured"]["requests"] == 0
+    assert results["0"]["measured"]["output_tokens"] == 30 and results["0"]["measured"]["span_s"] > 0
+
+
+def test_an_engine_fault_ends_the_feeding_loop() -> None:
+    commands: queue.Queue = queue.Queue()
+    commands.put({"shard": "0", "requests": [_request("boom")]})  # no end of input: the loop must still end
+    feeder = AsyncFeeder(_run)
+    try:
+        with pytest.raises(RuntimeError, match="engine died"):
+            feed_until_closed(_Engine(), feeder, commands, lambda key, result: None, progress=False)
+    finally:
+        feeder.close()
