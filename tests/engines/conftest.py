@@ -167,3 +167,16 @@ def run_worker(tmp_path, engine: str, model: dict[str, Any], requests: list,
     worker.run_job(job)
     result = json.loads((job / "result.json").read_text())
     return result, measurement_columns(result)
+
+
+def collect_shards(feeder: Any, count: int, polls: int = 100) -> dict[str, Any]:
+    """Poll ``feeder`` until ``count`` shards came back (at most ``polls`` times), then close it; by shard."""
+    got: dict[str, Any] = {}
+    try:
+        for _ in range(polls):
+            got.update({out.shard: out for out in feeder.collect(timeout=0.05)})
+            if len(got) == count:
+                break
+    finally:
+        feeder.close()
+    return got

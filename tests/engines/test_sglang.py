@@ -20,7 +20,7 @@ from engines.knobs import to_native
 from engines.sglang import SglangEngine, flush_radix_cache, to_completion
 from engines.snapshots import load
 from tests.engines.conftest import (RecordedDict, RecordedObject, UnrecordedName, check_fields, checked_method,
-                                    fake_class, run_worker)
+                                    collect_shards, fake_class, run_worker)
 
 SNAPSHOT = load("sglang")
 MODEL = {"path": "/models/llama", "name": "llama"}
@@ -320,16 +320,9 @@ def test_the_feeder_runs_one_async_generate_per_request_and_returns_whole_shards
     engine = SglangEngine(MODEL, {})
     engine.start()
     feeder = engine.feeder()
-    try:
-        feeder.feed("a", [Request("a0", [1, 2, 3], 2), Request("a1", [666], 2)])
-        feeder.feed("b", [Request("b0", [4], 3, images=[str(tmp_path / "x.png")])])
-        got = {}
-        for _ in range(100):
-            got.update({out.shard: out for out in feeder.collect(timeout=0.05)})
-            if len(got) == 2:
-                break
-    finally:
-        feeder.close()
+    feeder.feed("a", [Request("a0", [1, 2, 3], 2), Request("a1", [666], 2)])
+    feeder.feed("b", [Request("b0", [4], 3, images=[str(tmp_path / "x.png")])])
+    got = collect_shards(feeder, 2)
     assert feeder.idle()
     assert [c.id for c in got["a"].completions] == ["a0"] and "prompt too long" in got["a"].errors["a1"]
     assert [len(c.output_token_ids) for c in got["b"].completions] == [3]

@@ -23,7 +23,8 @@ from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
 from engines.snapshots import Snapshot, load
 from engines.trtllm import IterationTally, TrtllmEngine, to_completion
-from tests.engines.conftest import RecordedDict, RecordedObject, UnrecordedName, check_fields, fake_class, run_worker
+from tests.engines.conftest import (RecordedDict, RecordedObject, UnrecordedName, check_fields, collect_shards,
+                                    fake_class, run_worker)
 
 SNAPSHOT = load("trtllm")
 MODEL = {"path": "/models/llama", "name": "llama"}
@@ -496,16 +497,9 @@ def test_the_feeder_awaits_each_request_generated_inside_its_event_loop(fake_trt
     engine = TrtllmEngine(MODEL, {"backend": "pytorch"})
     engine.start()
     feeder = engine.feeder()
-    try:
-        feeder.feed("a", [Request("a0", list(range(40)), 2), Request("a1", [1], 3)])
-        feeder.feed("b", [Request("b0", [2, 3], 1)])
-        got = {}
-        for _ in range(100):
-            got.update({out.shard: out for out in feeder.collect(timeout=0.05)})
-            if len(got) == 2:
-                break
-    finally:
-        feeder.close()
+    feeder.feed("a", [Request("a0", list(range(40)), 2), Request("a1", [1], 3)])
+    feeder.feed("b", [Request("b0", [2, 3], 1)])
+    got = collect_shards(feeder, 2)
     assert [[len(c.output_token_ids) for c in got[s].completions] for s in "ab"] == [[2, 3], [1]]
     assert not got["a"].errors and feeder.idle()
     assert engine.stats().prefix_cache_hits == 32   # two reused 16-token blocks of a0's prompt
