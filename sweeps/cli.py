@@ -11,6 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engines.base import KnobError
 from engines.common import PROJECT_ROOT
+from harness.environment import capture
 from harness.errors import TroughputError
 from harness.spec import build_inputs, build_spec
 from harness.verdict import MIN_RUNS
@@ -19,7 +20,7 @@ from sweeps.objective import Objective
 from sweeps.seeds import enqueue_seeds
 from sweeps.space import SearchSpace
 from sweeps.space_choice import with_default_space
-from sweeps.study import fail_stale_trials, finished_trials, open_study, run_trials
+from sweeps.study import check_one_host, fail_stale_trials, finished_trials, open_study, run_trials
 
 log = logging.getLogger("troughput.tune")
 
@@ -32,6 +33,7 @@ def tune(cfg: DictConfig) -> dict:
         cfg.quality.reference = "default"   # the quality guard compares every trial with the default config
     space = SearchSpace(OmegaConf.to_container(cfg.tune.space, resolve=True))
     study = open_study(cfg, objective)
+    check_one_host(study, capture()["env.host_id"], bool(cfg.tune.get("mixed_hosts", False)))
     base = OmegaConf.to_container(cfg, resolve=True)
     inputs = build_inputs(cfg)  # once per study: every trial and confirmation run reuses model and workload
     make_spec = partial(build_spec, inputs=inputs)

@@ -138,6 +138,21 @@ def trial_budget(cfg: DictConfig, study: optuna.Study) -> int:
     return seeds + min(n_trials, study.sampler.size)
 
 
+def check_one_host(study: optuna.Study, host_id: str | None, mixed_hosts: bool = False) -> None:
+    """Refuse to add this host's trials to a study whose trials ran on another kind of machine.
+
+    Optuna ranks every trial of a study against every other, so trials from hosts with other
+    ``env.host_id`` (another CPU, ISA or GPU) would be compared as if alike. ``tune.mixed_hosts=true``
+    allows it (the rows still name their host); a study on identical cluster nodes shares one id.
+    """
+    others = sorted({t.user_attrs["host_id"] for t in study.get_trials(deepcopy=False)
+                     if t.user_attrs.get("host_id") not in (None, host_id)})
+    if others and not mixed_hosts:
+        raise TroughputError(f"study {study.study_name!r} holds trials from host(s) {', '.join(others)}, and this host "
+                             f"is {host_id}: their rates are not comparable. Use another tune.study_name, or "
+                             "tune.mixed_hosts=true to mix them knowingly")
+
+
 def fail_stale_trials(study: optuna.Study, stale_after_s: float) -> int:
     """Mark trials left RUNNING by a killed tuner as failed; returns how many.
 
@@ -237,6 +252,7 @@ def _run_one(cfg, study, trial, space, objective, base, make_spec) -> None:
         row = execute(spec, progress=bool(cfg.run.progress))
     trial.set_user_attr("run_id", row["run_id"])
     trial.set_user_attr("status", row["status"])
+    trial.set_user_attr("host_id", row.get("env.host_id"))
     if row["status"] != "ok":
         if row["status"] in MEMORY_STATUSES:
             space.learn_memory_edge(values)

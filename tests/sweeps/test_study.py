@@ -62,6 +62,7 @@ def test_every_trial_is_a_row_and_memory_failures_cap_later_proposals(tmp_path, 
     for trial in trials:
         row = rows[trial.user_attrs["run_id"]]
         assert row["study"] == study.study_name and row["trial"] == trial.number
+        assert trial.user_attrs["host_id"] == row["env.host_id"], "the trial names its host, as its row does"
         assert (trial.state == optuna.trial.TrialState.COMPLETE) == (row["status"] == "ok")
     failed = [t for t in trials if t.state == optuna.trial.TrialState.FAIL]
     for t in failed:
@@ -195,3 +196,18 @@ def test_two_workers_share_one_study_without_duplicates_or_losses(tmp_path):
     assert sorted(r["trial"] for r in rows) == list(range(8))
     extra = [t for t in trials if t.number >= 8]
     assert all(t.user_attrs.get("reason") == "over budget: not run" for t in extra)
+
+
+def test_a_study_with_trials_from_another_kind_of_host_is_refused_unless_mixing_is_asked_for():
+    from harness.errors import TroughputError
+    from sweeps.study import check_one_host
+
+    study = optuna.create_study(study_name="cell", direction="maximize")
+    for host in ("aaaa", None):   # None: a trial from before rows named their host
+        trial = study.ask()
+        trial.set_user_attr("host_id", host)
+        study.tell(trial, 1.0)
+    check_one_host(study, "aaaa")   # this host's own trials (and unnamed ones) mix
+    with pytest.raises(TroughputError, match=r"study 'cell' holds trials from host\(s\) aaaa, and this host is bbbb"):
+        check_one_host(study, "bbbb")
+    check_one_host(study, "bbbb", mixed_hosts=True)
