@@ -85,14 +85,18 @@ def _fetch(url: str, at: str) -> bytes:
 
 
 def _store(data: bytes, store: Path, at: str) -> str:
-    suffix = _check(data, at)
-    path = store / f"{hashlib.sha256(data).hexdigest()}.{suffix}"
+    return str(stored(data, store, "." + _check(data, at)))
+
+
+def stored(data: bytes, store: Path, suffix: str) -> Path:
+    """``data`` in ``store`` named by its SHA-256 (plus ``suffix``), written once and atomically."""
+    path = store / f"{hashlib.sha256(data).hexdigest()}{suffix}"
     if not path.exists():
         store.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(data)
         os.replace(tmp, path)
-    return str(path)
+    return path
 
 
 def _check(data: bytes, at: str) -> str:

@@ -13,7 +13,6 @@ Ray Data does not keep order, and a block may hold several shards.
 from __future__ import annotations
 
 import functools
-import hashlib
 import itertools
 import os
 import pickle
@@ -27,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from harness.batch.convert import convert_shard
-from harness.batch.images import image_resolver
+from harness.batch.images import image_resolver, stored
 from harness.batch.plan import Plan
 from harness.batch.shards import Index, Shard, iter_shards
 from harness.batch.state import JobState
@@ -172,20 +171,9 @@ def _local_images(requests: list[Any], images: dict[str, bytes]) -> list[Any]:
     if not images or all(Path(p).is_file() for p in images):
         return requests
     store = Path(tempfile.gettempdir()) / "troughput-images"
-    store.mkdir(parents=True, exist_ok=True)
-    local = {}
-    for path, data in images.items():
-        name = hashlib.sha256(data).hexdigest() + Path(path).suffix
-        local[path] = path if Path(path).is_file() else str(_write_once(store / name, data))
+    local = {path: path if Path(path).is_file() else str(stored(data, store, Path(path).suffix))
+             for path, data in images.items()}
     return [replace(r, images=[local[p] for p in r.images]) if r.images else r for r in requests]
-
-
-def _write_once(path: Path, data: bytes) -> Path:
-    if not path.is_file():
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    return path
 
 
 def commit(batch: dict[str, np.ndarray], plan_json: str, job: str) -> dict[str, np.ndarray]:
