@@ -99,12 +99,10 @@ class EngineStage:
     """
 
     def __init__(self, job: dict[str, Any]):
-        import ray
-
         from engines.batch_worker import start_engine
 
         self.engine, start = start_engine(job)
-        self.about = {"engine_pid": os.getpid(), "engine_node": ray.get_runtime_context().get_node_id(),
+        self.about = {"engine_pid": os.getpid(), "engine_node": _node_id(),
                       "startup_s": start.get("startup_s"), "code_dir": str(Path(__file__).resolve().parents[2])}
         self.commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.waiting: dict[str, tuple[threading.Event, dict[str, Any]]] = {}
@@ -162,6 +160,13 @@ class EngineStage:
             result["extra"] = {**self.about, "started_at": started, "peak_rss_bytes": peak_rss_bytes()}
             results.append(pickle.dumps(result))
         return {"shard": batch["shard"], "items": batch["items"], "result": _binary(results)}
+
+
+def _node_id() -> str | None:
+    """The Ray node this actor runs on; ``None`` outside a Ray worker (the stage built directly)."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def _local_images(requests: list[Any], images: dict[str, bytes]) -> list[Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -31,33 +32,41 @@ def test_shards_run_through_a_ray_data_pipeline_of_a_running_cluster(tmp_path: P
     assert metas and all("runtime_resources" in m["code_dir"] for m in metas), "code reaches actors by runtime_env"
 
 
-@pytest.mark.engine   # joins the session's Ray head and runs two Ray Data jobs
-@pytest.mark.xdist_group("ray")
-def test_the_engine_actor_is_fed_the_next_shard_while_the_current_one_generates(tmp_path: Path,
-                                                                                ray_head: RayHead) -> None:
-    """One actor, two calls in flight: a shard reaches the engine before the one ahead of it finished.
+def _stage_overlap(knobs: dict) -> list[dict]:
+    """Two shards handed to one ``EngineStage`` from two threads (as Ray Data's concurrent calls), the
+    second while the first generates; their ``result.json`` contents, in shard order."""
+    import threading
 
-    Its span (feed to last finish) then exceeds the engine time it accounts for (from the previous
-    shard's finish), with no idle wait before it; with one blocking generate per shard (``step_s``)
-    the two are equal for every shard.
-    """
-    path = numbered(tmp_path / "batch.jsonl", 16, max_tokens=4)
-    metas = {}
-    for mode, knob in (("stream", "+engine.knobs.token_s=0.5"), ("serial", "+engine.knobs.step_s=1.0")):
-        out = tmp_path / mode
-        proc = troughput_batch(tmp_path, f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark",
-                               f"batch.input={path}", f"batch.output_dir={out}", "batch.shard_size=4",
-                               "batch.in_flight=2", "+engine.knobs.max_num_seqs=4", knob, "batch.scale=ray",
-                               f"batch.ray.address={ray_head.address}", "batch.ray.actors=1", env=ray_head.driver_env)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        assert [o["custom_id"] for o in read_jsonl(out / "output.jsonl")] == [f"req-{i}" for i in range(16)]
-        metas[mode] = [read_jsonl(p)[0] for p in sorted((out / "shards").glob("*/meta.json"))]
-        assert len(metas[mode]) == 4 and len({m["engine_pid"] for m in metas[mode]}) == 1
-    overlapped = [m for m in metas["stream"] if m["span_s"] > m["engine_s"] + 0.2 and m["idle_before_s"] == 0.0]
-    assert overlapped, f"no shard was fed while another generated: {metas['stream']}"
-    assert all(abs(m["span_s"] - m["engine_s"]) < 1e-6 for m in metas["serial"]), metas["serial"]
-    rows = {r["output_dir"]: r for r in read_rows(tmp_path / "results", "batch")}
-    assert rows[str(tmp_path / "stream")]["engine_idle_s"] >= 0.0
+    from engines.base import Request
+    from harness.batch.ray_stages import EngineStage
+
+    stage = EngineStage({"engine": FAKE_ENGINE, "knobs": {"max_num_seqs": 4, **knobs}, "model": {}})
+    results: dict[int, dict] = {}
+
+    def call(shard: int) -> None:
+        results[shard] = stage.generate(shard, [Request(f"{shard}-{i}", [1, 2, 3], 4) for i in range(4)])
+
+    first = threading.Thread(target=call, args=(0,))
+    first.start()
+    time.sleep(0.3)   # the first shard is generating (4 tokens at token_s or one step_s): feed the next
+    second = threading.Thread(target=call, args=(1,))
+    second.start()
+    first.join(60), second.join(60)
+    return [results[0], results[1]]
+
+
+@pytest.mark.engine   # imports Ray (no cluster): the stage's node id
+def test_the_engine_stage_takes_the_next_shard_while_the_current_one_generates() -> None:
+    """Ray Data runs ``batch.in_flight`` calls at once on the engine actor; the stage feeds each to the one
+    engine at once: the second shard's span (feed to last finish) exceeds the engine time it accounts
+    for (from the first one's finish), with no idle wait. With one blocking generate per shard
+    (``step_s``) the second waits its turn and the two are equal."""
+    streamed = _stage_overlap({"token_s": 0.5})
+    assert len(streamed[1]["completions"]) == 4
+    assert streamed[1]["measured"]["span_s"] > streamed[1]["measured"]["wall_s"] + 0.2, streamed[1]
+    assert streamed[1]["measured"]["idle_before_s"] == 0.0, streamed[1]
+    serial = _stage_overlap({"step_s": 1.0})
+    assert all(abs(r["measured"]["span_s"] - r["measured"]["wall_s"]) < 1e-6 for r in serial), serial
 
 
 def _plan(tmp_path: Path, **fields) -> Plan:
