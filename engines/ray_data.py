@@ -270,5 +270,6 @@ UNIT = RayUnit(
                            python=">=3.11,<3.15"),
     },
     tune_spaces={"cpu": "ray_cpu", "gpu": "ray_gpu"},
+    quantization="engine_kwargs.quantization",
     reserved=frozenset({"model_source", "task_type", *STAGES_OFF, *(f"engine_kwargs.{k}" for k in RESERVED_ENGINE_ARGS)}),
 )

@@ -18,7 +18,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from engines.knobs import flatten, to_native
+from engines.knobs import defaults_to_native, to_native
 from harness.errors import TroughputError
 from harness.models import resolve_model
 from harness.rounds import wants_rounds
@@ -88,20 +88,26 @@ def quality_settings(cfg: DictConfig) -> dict[str, Any]:
 
 
 def layered_knobs(cfg: DictConfig, general_only: bool = False) -> dict[str, Any]:
-    """The engine's native knobs: hardware, then model (general), then engine native and canonical."""
+    """The engine's native knobs: hardware, then model defaults (general), then engine native and canonical.
+
+    The hardware and model configs hold engine-neutral canonical defaults (``canonical:``); each
+    engine takes those its unit maps and takes (``engines.knobs.defaults_to_native``).
+    """
     engine = cfg.engine.name
-    layers = [(cfg.hardware.get("knobs") or {}).get(engine), (cfg.model.get("knobs") or {}).get(engine),
-              cfg.engine.knobs, cfg.engine.get("canonical")]
-    if general_only:
-        layers[2:] = [None, None]
     general: dict[str, Any] = {}
+    for group in ("hardware", "model"):   # general to specific, merged leaf by leaf
+        node = cfg[group]
+        if node.get("knobs"):
+            raise TroughputError(f"{group}.knobs of the {group} config {node.get('name')!r}: per-engine knob blocks "
+                                 f"are gone; set engine-neutral defaults under {group}.canonical (docs/knobs.md) "
+                                 "or an engine's own knobs under engine.knobs")
+        general.update(defaults_to_native(engine, (_container(node.canonical) if node.get("canonical") else {}),
+                                          f"{group}.canonical of the {group} config {node.get('name')!r}"))
     knobs: dict[str, Any] = {}
-    for index, layer in enumerate(layers):
-        values = OmegaConf.to_container(layer, resolve=True) if layer is not None else {}
-        if index < 2:  # hardware and model are the general layers: native names, merged leaf by leaf
-            general.update(flatten(values))
-        else:
-            knobs.update({name: value for name, value in values.items() if value is not None})
+    if not general_only:
+        for layer in (cfg.engine.knobs, cfg.engine.get("canonical")):
+            values = _container(layer) if layer is not None else {}
+            knobs.update({name: value for name, value in (values or {}).items() if value is not None})
     return to_native(engine, knobs, base=general)
 
 
