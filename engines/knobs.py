@@ -313,6 +313,10 @@ def knob_table_markdown() -> str:
     for spec in TABLE.values():
         cells = [_cell(u.knobs.get(spec.name)) for u in engines]
         lines.append(f"| `{spec.name}` | {spec.meaning} | {spec.values} | " + " | ".join(cells) + " |")
+    taken = ["every one it maps" if u.takes_defaults is None else
+             (", ".join(f"`{n}`" for n in sorted(u.takes_defaults)) or "none") for u in engines]
+    lines.append("| *model and hardware defaults* | the `canonical:` defaults of `conf/model/`, `conf/hardware/` it "
+                 "takes (others are skipped) | | " + " | ".join(taken) + " |")
     return "\n".join(lines)
 
 
