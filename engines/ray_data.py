@@ -271,5 +271,6 @@ UNIT = RayUnit(
     },
     tune_spaces={"cpu": "ray_cpu", "gpu": "ray_gpu"},
     quantization="engine_kwargs.quantization",
+    hardware_env=VLLM_UNIT.hardware_env,   # its engine is vLLM
     reserved=frozenset({"model_source", "task_type", *STAGES_OFF, *(f"engine_kwargs.{k}" for k in RESERVED_ENGINE_ARGS)}),
 )

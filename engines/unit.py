@@ -84,6 +84,8 @@ class EngineUnit:
             no mapping for, is skipped (an explicit ``engine.canonical`` knob it lacks is an error).
         quantization: the native knob naming its weight quantization (dotted), for the performance model.
         snapshot: its recorded API snapshot, a JSON file name in ``engines/snapshots/``.
+        hardware_env: hardware kind (``cpu``, ``gpu``) -> environment variables its worker gets on that
+            kind, under the hardware config's engine-neutral ``env`` and the engine config's own ``env``.
         conf: a directory holding the engine's ``engine/<name>.yaml`` (and any ``tune/<space>.yaml`` it
             names), for an engine outside this repository; Hydra searches it
             (``hydra_plugins/troughput_engines``). ``None``: the file lives in troughput's ``conf/``.
@@ -103,6 +105,7 @@ class EngineUnit:
     snapshot: str | None = None
     acceptance: bool = False
     conf: str | None = None
+    hardware_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if "default" not in self.environments:

@@ -18,6 +18,7 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from engines import find_unit
 from engines.knobs import defaults_to_native, to_native
 from harness.errors import TroughputError
 from harness.models import resolve_model
@@ -65,7 +66,7 @@ def build_spec(cfg: DictConfig, inputs: CellInputs | None = None) -> RunSpec:
     return RunSpec(
         engine=engine, model=inputs.model, workload=inputs.workload, knobs=layered_knobs(cfg),
         ordering=_container(cfg.ordering), python=inputs.python,
-        env={**cfg.hardware.get("env", {}), **cfg.engine.env}, repeats=int(cfg.run.repeats),
+        env=worker_env(cfg), repeats=int(cfg.run.repeats),
         warmup_requests=int(cfg.run.warmup_requests), time_limit_s=float(cfg.run.time_limit_s),
         memory_limit_bytes=cfg.run.get("memory_limit_bytes"),
         results_dir=Path(cfg.run.results_dir), save_outputs=bool(cfg.run.save_outputs), labels=labels(cfg),
@@ -73,6 +74,15 @@ def build_spec(cfg: DictConfig, inputs: CellInputs | None = None) -> RunSpec:
         workload_cfg=inputs.workload_cfg, replicas=_replicas(cfg.engine.get("replicas", 1)),
         quality=quality_settings(cfg),
     )
+
+
+def worker_env(cfg: DictConfig) -> dict[str, Any]:
+    """The worker's environment variables: the hardware's, the engine unit's for this hardware kind, the engine's."""
+    found = find_unit(cfg.engine.name)
+    kind = (cfg.hardware.get("spec") or {}).get("kind", "cpu")
+    own = dict(found.hardware_env.get(kind, {})) if found else {}
+    return {**(_container(cfg.hardware.env) if cfg.hardware.get("env") else {}), **own,
+            **(_container(cfg.engine.env) if cfg.engine.get("env") else {})}
 
 
 def quality_settings(cfg: DictConfig) -> dict[str, Any]:
