@@ -46,13 +46,13 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from engines import requirements, unit  # noqa: E402
+from engines import requirements, unit, units  # noqa: E402
 from engines.common import env_python, python_variable  # noqa: E402
 from harness.engine_env import describe_host  # noqa: E402
 from harness.report.document import fmt  # noqa: E402
 from harness.results import read_rows  # noqa: E402
 
-ENGINES = ("vllm", "sglang", "trtllm")
+ENGINES = tuple(u.name for u in units() if u.acceptance)   # each unit says whether the matrix runs it
 WORKLOADS = ("unique", "prefix_heavy")
 SIZES = {  # per mode: workload -> overrides
     "gpu": {"unique": ["workload.num_requests=256", "workload.input_len.low=128", "workload.input_len.high=512",

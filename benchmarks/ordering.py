@@ -40,7 +40,7 @@ PREFIX_DEFAULTS = [
     "workload.prefix_len={kind: fixed, value: 1536}",
     "workload.suffix_len={kind: uniform, low: 16, high: 48}",
     "workload.output_len={kind: fixed, value: 4}",
-    "hardware.knobs.vllm.kv_cache_memory_bytes=2621440",  # 2.5 MiB: 80 blocks of 32 tokens on the tiny model
+    "hardware.canonical.kv_memory_bytes=2621440",  # 2.5 MiB: 80 blocks of 32 tokens on the tiny model
 ]
 COMMON_DEFAULTS = ["engine.knobs.max_num_seqs=8", "run.warmup_requests=4", "run.repeats=3"]
 

@@ -69,7 +69,7 @@ CELLS = {
     "sim_h100": Cell([*SIM, "workload=backlog_long"], SIM_REALTIME, grid_points=4),  # long outputs: the hard one
     "sim_h100_short": Cell([*SIM, "workload=backlog"], SIM_REALTIME, grid_points=3),  # defaults already at 99.6%
     "cpu": Cell(["engine=vllm", "hardware=cpu", "workload=backlog_cpu", "tune=vllm_cpu_backlog",
-                 "hardware.knobs.vllm.kv_cache_memory_bytes=16777216", "run.repeats=1",
+                 "hardware.canonical.kv_memory_bytes=16777216", "run.repeats=1",
                  "run.memory_limit_bytes=3000000000"],
                 {"engine.canonical.max_seqs": 32, "engine.canonical.max_tokens_per_step": 1024,
                  "engine.canonical.chunked_prefill": True}, grid_points=5),

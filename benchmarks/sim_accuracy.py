@@ -44,7 +44,7 @@ from harness.runner import execute  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 WORKLOAD = ["workload=unique", "workload.num_requests=160", "workload.input_len={kind: uniform, low: 32, high: 256}",
-            "workload.output_len={kind: uniform, low: 16, high: 96}", "model.knobs.vllm.max_model_len=512"]
+            "workload.output_len={kind: uniform, low: 16, high: 96}", "model.canonical.context_length=512"]
 MiB = 1 << 20
 # (max_num_seqs, max_num_batched_tokens, kv_cache_memory_bytes, chunked prefill)
 CALIBRATION = [(256, None, 256 * MiB, True), (8, 512, 256 * MiB, True), (64, 1024, 1 * MiB, True),
@@ -57,7 +57,7 @@ HELD_OUT = [(4, 1024, 256 * MiB, True), (12, 768, 256 * MiB, True), (64, 2048, 2
 
 def overrides(setting: tuple, engine: str, results: Path, repeats: int) -> list[str]:
     seqs, tokens, kv, chunked = setting
-    knobs = [f"engine.knobs.max_num_seqs={seqs}", f"hardware.knobs.vllm.kv_cache_memory_bytes={kv}",
+    knobs = [f"engine.knobs.max_num_seqs={seqs}", f"hardware.canonical.kv_memory_bytes={kv}",
              f"engine.knobs.enable_chunked_prefill={str(chunked).lower()}"]
     if tokens:
         knobs.append(f"engine.knobs.max_num_batched_tokens={tokens}")

@@ -1,31 +1,73 @@
-"""Engine units, chosen by name; each adapter module is imported only when asked for.
+"""Engine units, found through the ``troughput.engines`` entry-point group; each imported only when asked for.
 
-``ENGINES`` maps an ``engine=`` name to the adapter module whose ``UNIT``
-(``engines.unit.EngineUnit``) declares everything troughput knows about that engine.
-Adapter modules import their engine package lazily, so reading a unit is cheap.
+An entry point names a unit: ``vllm = "engines.vllm:UNIT"`` (``pyproject.toml``). troughput's
+own engines are registered there like a plugin's: a separately installed package adds an
+engine with an entry point of its own, and no edit here. Each unit
+(``engines.unit.EngineUnit``) declares everything troughput knows about its engine.
+
+``registry()`` reads, in this order (a later source overrides an earlier one's name):
+the group in this source checkout's ``pyproject.toml`` (so a checkout whose editable
+install predates a change still sees its own engines), every installed distribution's
+entry points, and ``TROUGHPUT_ENGINES`` (JSON ``{name: "module:attr"}``), which the
+driver sets for its engine workers (``registry_env``): a worker under another interpreter,
+or on a Ray node that got troughput as a ``working_dir``, needs no package metadata.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
+import os
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
 
 from engines.base import Engine, KnobError
 from engines.unit import EngineUnit
 
-ENGINES: dict[str, str] = {
-    "vllm": "engines.vllm",
-    "sglang": "engines.sglang",
-    "trtllm": "engines.trtllm",
-    "hf": "engines.hf",
-    "sim": "engines.sim",
-    "ray": "engines.ray_data",
-}
+GROUP = "troughput.engines"
+ENV_VAR = "TROUGHPUT_ENGINES"
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+@lru_cache(maxsize=None)
+def registry() -> dict[str, str]:
+    """``engine=`` name -> ``"module:attr"`` of its unit, from the sources in the module docstring."""
+    found = _checkout_group()
+    for entry in metadata.entry_points(group=GROUP):
+        if entry.name not in found or entry.dist is None or entry.dist.name != "troughput":
+            found[entry.name] = entry.value
+    found.update(json.loads(os.environ.get(ENV_VAR) or "{}"))
+    return found
+
+
+def registry_env() -> dict[str, str]:
+    """The environment variable that hands this process's registry to an engine worker."""
+    return {ENV_VAR: json.dumps(registry())}
+
+
+def _checkout_group() -> dict[str, str]:
+    """The group as this source checkout's ``pyproject.toml`` declares it; empty where there is none (or no tomllib)."""
+    try:
+        import tomllib
+        project = tomllib.loads(PYPROJECT.read_text())
+    except (ImportError, OSError, ValueError):
+        return {}
+    if project.get("project", {}).get("name") != "troughput":
+        return {}
+    return dict(project["project"].get("entry-points", {}).get(GROUP, {}))
 
 
 def find_unit(name: str) -> EngineUnit | None:
     """The unit registered under ``name``; ``None`` for an unknown name or a ``module:Class`` path."""
-    module = ENGINES.get(name)
-    return importlib.import_module(module).UNIT if module else None
+    target = registry().get(name)
+    if target is None:
+        return None
+    module_name, attr = target.split(":")
+    found = getattr(importlib.import_module(module_name), attr)
+    if not isinstance(found, EngineUnit) or found.name != name:
+        raise KnobError(f"entry point {name} = {target!r} ({GROUP}) is not an EngineUnit named {name!r}")
+    return found
 
 
 def unit(name: str) -> EngineUnit:
@@ -36,14 +78,15 @@ def unit(name: str) -> EngineUnit:
     """
     found = find_unit(name)
     if found is None:
-        raise KnobError(f"unknown engine {name!r}; known engines: {', '.join(ENGINES)}, "
+        known = ", ".join(registry()) or f"none (no {GROUP} entry points: is troughput installed?)"
+        raise KnobError(f"unknown engine {name!r}; known engines: {known}, "
                         "or a 'module:Class' path of your own adapter")
     return found
 
 
 def units() -> list[EngineUnit]:
     """Every registered unit, in registry order."""
-    return [unit(name) for name in ENGINES]
+    return [unit(name) for name in registry()]
 
 
 def get_engine_class(name: str) -> type[Engine]:
@@ -57,4 +100,5 @@ def get_engine_class(name: str) -> type[Engine]:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-__all__ = ["ENGINES", "Engine", "EngineUnit", "KnobError", "find_unit", "get_engine_class", "unit", "units"]
+__all__ = ["ENV_VAR", "GROUP", "Engine", "EngineUnit", "KnobError", "find_unit", "get_engine_class", "registry",
+           "registry_env", "unit", "units"]

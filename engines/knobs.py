@@ -135,6 +135,12 @@ TABLE: dict[str, Canonical] = {c.name: c for c in [
               "the engine's names (checked)", _choice),
     Canonical("json_any_whitespace", "a JSON grammar allows any whitespace (false: compact JSON only)",
               "true / false", _boolean),
+    Canonical("context_length", "longest sequence (prompt + output) the engine is configured for", "int > 0",
+              _positive_int),
+    Canonical("kv_memory_bytes", "KV cache size in bytes (instead of a memory fraction)", "int > 0", _positive_int),
+    Canonical("eager", "run without CUDA graphs or compilation (faster start)", "true / false", _boolean),
+    Canonical("kv_block_size", "tokens per KV cache block (page)", "int > 0", _positive_int),
+    Canonical("images_per_prompt", "most images one prompt may carry", "int > 0", _positive_int),
 ]}
 
 
@@ -241,6 +247,31 @@ def to_native(engine: str, knobs: dict[str, Any], base: dict[str, Any] | None = 
     return nest({**merged, **mapped})
 
 
+def defaults_to_native(engine: str, canonical: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """A model or hardware config's canonical defaults as ``engine``'s flat native knobs.
+
+    Only the defaults the engine's unit takes (``EngineUnit.defaults``) land; the others are
+    skipped, as are all for an adapter given as ``module:Class``. ``where`` names the config
+    (``conf/hardware/cpu.yaml``) in errors.
+
+    Raises:
+        KnobError: a name that is no canonical knob, or a value out of its range.
+    """
+    from engines import find_unit
+
+    unknown = sorted(set(canonical) - set(TABLE))
+    if unknown:
+        raise KnobError(f"{where}: canonical: {unknown} are not canonical knobs; known: {', '.join(TABLE)}")
+    unit = find_unit(engine)
+    taken = unit.defaults(canonical) if unit else {}
+    native: dict[str, Any] = {}
+    for name in TABLE:
+        if name in taken:
+            _check_value(TABLE[name], unit.knobs[name], taken[name], f"{unit.label} ({where})")
+            native.update(flatten(nest(unit.knobs[name].to_native(taken[name]))))
+    return native
+
+
 def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     """Flat ``top`` over flat ``base``: a name in ``top`` replaces that name, its parents and children."""
     def shadowed(name: str) -> bool:
@@ -282,6 +313,10 @@ def knob_table_markdown() -> str:
     for spec in TABLE.values():
         cells = [_cell(u.knobs.get(spec.name)) for u in engines]
         lines.append(f"| `{spec.name}` | {spec.meaning} | {spec.values} | " + " | ".join(cells) + " |")
+    taken = ["every one it maps" if u.takes_defaults is None else
+             (", ".join(f"`{n}`" for n in sorted(u.takes_defaults)) or "none") for u in engines]
+    lines.append("| *model and hardware defaults* | the `canonical:` defaults of `conf/model/`, `conf/hardware/` it "
+                 "takes (others are skipped) | | " + " | ".join(taken) + " |")
     return "\n".join(lines)
 
 
@@ -292,5 +327,6 @@ def _cell(mapping: NativeMapping | None) -> str:
     return f"{names} ({mapping.note})" if mapping.note else names
 
 
-__all__ = ["TABLE", "Canonical", "NativeMapping", "canonical_of", "canonical_view", "engine_label", "flatten",
+__all__ = ["TABLE", "Canonical", "NativeMapping", "canonical_of", "canonical_view", "defaults_to_native",
+           "engine_label", "flatten",
            "inverted", "knob_table_markdown", "lookup", "mappings", "nest", "prefixed", "to_native"]

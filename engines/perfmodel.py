@@ -187,9 +187,12 @@ class Efficiency:
         return asdict(self)
 
 
-# Where an engine takes its weight quantization (no canonical knob exists for it); fp8 is what the model prices.
-WEIGHT_QUANTIZATION = {"vllm": "quantization", "sim": "quantization", "sglang": "quantization",
-                       "trtllm": "quant_config.quant_algo"}
+def weight_quantization_knob(engine: str) -> str:
+    """Where ``engine`` takes its weight quantization (its unit's ``quantization``; no canonical knob exists)."""
+    from engines import find_unit
+
+    found = find_unit(engine)
+    return (found.quantization if found else None) or "quantization"
 
 
 @dataclass(frozen=True)
@@ -207,11 +210,11 @@ class Precision:
         KV dtype: canonical ``kv_cache_dtype`` (vLLM/SGLang ``kv_cache_dtype``, TensorRT-LLM
         ``kv_cache_config.dtype``). Devices: canonical ``tensor_parallel`` × ``pipeline_parallel``
         (vLLM ``tensor_parallel_size``, SGLang ``tp_size``/``pp_size``, ...). Weights: fp8 where the
-        engine's quantization knob says so (``WEIGHT_QUANTIZATION``), else the checkpoint's dtype.
+        engine's quantization knob says so (``weight_quantization_knob``), else the checkpoint's dtype.
         """
         knobs = dict(knobs or {})
         view = canonical_view(engine, knobs)
-        quant = str(lookup(knobs, WEIGHT_QUANTIZATION.get(engine, "quantization")) or "").lower()
+        quant = str(lookup(knobs, weight_quantization_knob(engine)) or "").lower()
         kv_dtype = str(view.get("kv_cache_dtype") or "auto").lower()
         weight = 1 if quant.startswith("fp8") else model.dtype_bytes
         kv = 1 if kv_dtype.startswith("fp8") else DTYPE_BYTES.get(kv_dtype, model.dtype_bytes)

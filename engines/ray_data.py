@@ -270,5 +270,7 @@ UNIT = RayUnit(
                            python=">=3.11,<3.15"),
     },
     tune_spaces={"cpu": "ray_cpu", "gpu": "ray_gpu"},
+    quantization="engine_kwargs.quantization",
+    hardware_env=VLLM_UNIT.hardware_env,   # its engine is vLLM
     reserved=frozenset({"model_source", "task_type", *STAGES_OFF, *(f"engine_kwargs.{k}" for k in RESERVED_ENGINE_ARGS)}),
 )

@@ -303,6 +303,9 @@ UNIT = EngineUnit(
         "schedule_policy": NativeMapping(("schedule_policy",), choices=POLICIES),
         "grammar_backend": NativeMapping(("grammar_backend",), choices=GRAMMAR_BACKENDS),
         "json_any_whitespace": inverted("constrained_json_disable_any_whitespace"),
+        "context_length": NativeMapping(("context_length",)),
+        "eager": NativeMapping(("disable_cuda_graph",)),
+        "kv_block_size": NativeMapping(("page_size",)),
     },
     # sglang 0.5.23 requires Python >= 3.11 and brings the whole CUDA stack (torch 2.14.1,
     # sglang-kernel, flashinfer) as plain dependencies; its extras are optional features.
@@ -311,6 +314,9 @@ UNIT = EngineUnit(
     environments={"default": Environment("sglang", ("python3.12", "python3.11"), ("sglang==0.5.23",),
                                          cuda="13.0", glibc="2.34", python=">=3.11")},
     tune_spaces={"gpu": "sglang_h100"},
+    # the model and hardware configs' defaults are vLLM's sizes (context, CPU KV budget): SGLang keeps its own
+    takes_defaults=frozenset(),
+    quantization="quantization", snapshot="sglang-0.5.23.json", acceptance=True,
     # set by the adapter from the model config; a user setting it would point the engine elsewhere
     reserved=frozenset({"model_path"}),
 )

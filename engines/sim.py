@@ -239,7 +239,8 @@ def _model_spec(model: Mapping[str, Any]) -> ModelSpec:
 
 
 # The simulator takes vLLM's native names: its canonical knobs are vLLM's, less what it does not model.
-_FROM_VLLM = ("max_seqs", "max_tokens_per_step", "kv_memory_fraction", "prefix_caching", "chunked_prefill")
+_FROM_VLLM = ("max_seqs", "max_tokens_per_step", "kv_memory_fraction", "prefix_caching", "chunked_prefill",
+              "context_length", "kv_memory_bytes", "kv_block_size")
 
 UNIT = EngineUnit(
     name="sim", label="simulator (vLLM-style)", adapter="engines.sim:SimEngine",
@@ -253,4 +254,7 @@ UNIT = EngineUnit(
     # pure Python on troughput's own environment: nothing to build
     environments={"default": Environment("engines.sim", needs_gpu=False)},
     tune_spaces={"cpu": "sim_cpu", "gpu": "sim_h100"},
+    # conf/engine/sim.yaml reads the model and hardware defaults into its own knobs (as vLLM would get them)
+    takes_defaults=frozenset(),
+    quantization="quantization",
 )

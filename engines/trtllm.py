@@ -396,6 +396,8 @@ UNIT = EngineUnit(
         "speculative": NativeMapping(("speculative_config",)),
         "schedule_policy": NativeMapping(("scheduler_config.waiting_queue_policy",), choices=("fcfs",)),
         "grammar_backend": NativeMapping(("guided_decoding_backend",), choices=GRAMMAR_BACKENDS),
+        "context_length": NativeMapping(("max_seq_len",)),
+        "kv_block_size": NativeMapping(("kv_cache_config.tokens_per_block",)),
     },
     # PyPI's tensorrt_llm is a stub that fetches the wheel from NVIDIA's index; Python 3.10 or 3.12.
     # NVIDIA's Linux pip guide (docs/source/installation/linux.md, 1.2 line): CUDA toolkit 13.1 with
@@ -412,5 +414,9 @@ UNIT = EngineUnit(
         notes=("TensorRT-LLM links against MPI: install it first (Ubuntu: `apt-get install -y libopenmpi-dev`)",
                "CUDA toolkit 13.1 with CUDA_HOME set (e.g. `export CUDA_HOME=/usr/local/cuda-13.1`)"))},
     tune_spaces={"gpu": "trtllm_h100"},
+    # the model and hardware configs' defaults are vLLM's sizes: TensorRT-LLM sizes max_seq_len from the
+    # workload itself (see the module docstring)
+    takes_defaults=frozenset(),
+    quantization="quant_config.quant_algo", snapshot="tensorrt_llm-1.2.1.json", acceptance=True,
     reserved=frozenset({"model"}),   # set by the adapter from the model config
 )

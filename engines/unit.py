@@ -79,6 +79,18 @@ class EngineUnit:
         tune_spaces: hardware kind (``cpu``, ``gpu``) -> ``conf/tune/<name>.yaml``; a kind not
             listed gets ``FALLBACK_SPACE``.
         reserved: native knobs troughput sets itself (a user setting one is an error).
+        takes_defaults: the canonical knobs this engine takes from the model and hardware configs'
+            ``canonical:`` defaults; ``None``: every one it maps. A default it does not take, or has
+            no mapping for, is skipped (an explicit ``engine.canonical`` knob it lacks is an error).
+        quantization: the native knob naming its weight quantization (dotted), for the performance model.
+        snapshot: its recorded API snapshot, a JSON file name in ``engines/snapshots/``.
+        hardware_env: hardware kind (``cpu``, ``gpu``) -> environment variables its worker gets on that
+            kind, under the hardware config's engine-neutral ``env`` and the engine config's own ``env``.
+        conf: a directory holding the engine's ``engine/<name>.yaml`` (and any ``tune/<space>.yaml`` it
+            names), for an engine outside this repository; Hydra searches it
+            (``hydra_plugins/troughput_engines``). ``None``: the file lives in troughput's ``conf/``.
+        acceptance: whether the GPU acceptance matrix (``benchmarks/gpu_acceptance.py``) runs it, with its
+            tune space's "batch recipe" seed.
     """
 
     name: str
@@ -88,6 +100,12 @@ class EngineUnit:
     environments: Mapping[str, Environment]
     tune_spaces: Mapping[str, str] = field(default_factory=dict)
     reserved: frozenset[str] = frozenset()
+    takes_defaults: frozenset[str] | None = None
+    quantization: str | None = None
+    snapshot: str | None = None
+    acceptance: bool = False
+    conf: str | None = None
+    hardware_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if "default" not in self.environments:
@@ -112,6 +130,11 @@ class EngineUnit:
             raise KnobError(f"{self.label} has no {variant!r} environment; it has "
                             f"{', '.join(self.environments)}")
         return self.environments[variant]
+
+    def defaults(self, canonical: Mapping[str, Any]) -> dict[str, Any]:
+        """The model or hardware config's canonical defaults this engine takes (see ``takes_defaults``)."""
+        return {name: value for name, value in canonical.items() if value is not None and name in self.knobs
+                and (self.takes_defaults is None or name in self.takes_defaults)}
 
     def check_reserved(self, knobs: Mapping[str, Any]) -> None:
         """Raise ``KnobError`` when ``knobs`` set a native knob troughput sets itself."""

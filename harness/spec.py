@@ -18,7 +18,8 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from engines.knobs import flatten, to_native
+from engines import find_unit
+from engines.knobs import defaults_to_native, to_native
 from harness.errors import TroughputError
 from harness.models import resolve_model
 from harness.rounds import wants_rounds
@@ -65,7 +66,7 @@ def build_spec(cfg: DictConfig, inputs: CellInputs | None = None) -> RunSpec:
     return RunSpec(
         engine=engine, model=inputs.model, workload=inputs.workload, knobs=layered_knobs(cfg),
         ordering=_container(cfg.ordering), python=inputs.python,
-        env={**cfg.hardware.get("env", {}), **cfg.engine.env}, repeats=int(cfg.run.repeats),
+        env=worker_env(cfg), repeats=int(cfg.run.repeats),
         warmup_requests=int(cfg.run.warmup_requests), time_limit_s=float(cfg.run.time_limit_s),
         memory_limit_bytes=cfg.run.get("memory_limit_bytes"),
         results_dir=Path(cfg.run.results_dir), save_outputs=bool(cfg.run.save_outputs), labels=labels(cfg),
@@ -73,6 +74,15 @@ def build_spec(cfg: DictConfig, inputs: CellInputs | None = None) -> RunSpec:
         workload_cfg=inputs.workload_cfg, replicas=_replicas(cfg.engine.get("replicas", 1)),
         quality=quality_settings(cfg),
     )
+
+
+def worker_env(cfg: DictConfig) -> dict[str, Any]:
+    """The worker's environment variables: the hardware's, the engine unit's for this hardware kind, the engine's."""
+    found = find_unit(cfg.engine.name)
+    kind = (cfg.hardware.get("spec") or {}).get("kind", "cpu")
+    own = dict(found.hardware_env.get(kind, {})) if found else {}
+    return {**(_container(cfg.hardware.env) if cfg.hardware.get("env") else {}), **own,
+            **(_container(cfg.engine.env) if cfg.engine.get("env") else {})}
 
 
 def quality_settings(cfg: DictConfig) -> dict[str, Any]:
@@ -88,20 +98,26 @@ def quality_settings(cfg: DictConfig) -> dict[str, Any]:
 
 
 def layered_knobs(cfg: DictConfig, general_only: bool = False) -> dict[str, Any]:
-    """The engine's native knobs: hardware, then model (general), then engine native and canonical."""
+    """The engine's native knobs: hardware, then model defaults (general), then engine native and canonical.
+
+    The hardware and model configs hold engine-neutral canonical defaults (``canonical:``); each
+    engine takes those its unit maps and takes (``engines.knobs.defaults_to_native``).
+    """
     engine = cfg.engine.name
-    layers = [(cfg.hardware.get("knobs") or {}).get(engine), (cfg.model.get("knobs") or {}).get(engine),
-              cfg.engine.knobs, cfg.engine.get("canonical")]
-    if general_only:
-        layers[2:] = [None, None]
     general: dict[str, Any] = {}
+    for group in ("hardware", "model"):   # general to specific, merged leaf by leaf
+        node = cfg[group]
+        if node.get("knobs"):
+            raise TroughputError(f"{group}.knobs of the {group} config {node.get('name')!r}: per-engine knob blocks "
+                                 f"are gone; set engine-neutral defaults under {group}.canonical (docs/knobs.md) "
+                                 "or an engine's own knobs under engine.knobs")
+        general.update(defaults_to_native(engine, (_container(node.canonical) if node.get("canonical") else {}),
+                                          f"{group}.canonical of the {group} config {node.get('name')!r}"))
     knobs: dict[str, Any] = {}
-    for index, layer in enumerate(layers):
-        values = OmegaConf.to_container(layer, resolve=True) if layer is not None else {}
-        if index < 2:  # hardware and model are the general layers: native names, merged leaf by leaf
-            general.update(flatten(values))
-        else:
-            knobs.update({name: value for name, value in values.items() if value is not None})
+    if not general_only:
+        for layer in (cfg.engine.knobs, cfg.engine.get("canonical")):
+            values = _container(layer) if layer is not None else {}
+            knobs.update({name: value for name, value in (values or {}).items() if value is not None})
     return to_native(engine, knobs, base=general)
 
 

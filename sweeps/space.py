@@ -8,7 +8,7 @@ A space (``conf/tune/<name>.yaml``) maps dotted config paths to distributions::
       ordering: {type: categorical, choices: [as_given, shuffled]}
     constraints:
       - {param: engine.canonical.max_tokens_per_step, at_least: engine.canonical.max_seqs}
-      - {param: engine.canonical.max_tokens_per_step, at_least: model.knobs.vllm.max_model_len,
+      - {param: engine.canonical.max_tokens_per_step, at_least: model.canonical.context_length,
          unless: engine.canonical.chunked_prefill}
 
 Parameters are suggested in order; an ``at_least`` bound is read from a parameter

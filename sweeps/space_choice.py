@@ -1,7 +1,8 @@
 """Which search space a study gets when none is named: the one its engine's unit declares.
 
 ``conf/tuning.yaml`` selects ``tune: auto``; the engine's unit maps hardware kinds to
-``conf/tune/<name>.yaml`` files (``EngineUnit.tune_spaces``), and any kind it does not
+``conf/tune/<name>.yaml`` files (``EngineUnit.tune_spaces``; an engine with a config directory of its
+own, ``EngineUnit.conf``, may keep them in its ``tune/``), and any kind it does not
 list gets the generic space of canonical knobs. So every ``engine=`` × ``hardware=``
 pair has a space, and ``tune=<file>`` still picks one by hand. A space file may also
 name its ``objective`` (``conf/tune/ray_cpu.yaml``: ``job_time``); ``tune.objective=`` on
@@ -9,6 +10,8 @@ the command line still wins.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -36,7 +39,9 @@ def with_default_space(cfg: DictConfig) -> DictConfig:
     if not cfg.tune.get("auto"):
         return cfg
     name = space_name(cfg)
-    path = TUNE_DIR / f"{name}.yaml"
+    own = unit(cfg.engine.name).conf
+    path = Path(own) / "tune" / f"{name}.yaml" if own and (Path(own) / "tune" / f"{name}.yaml").is_file() \
+        else TUNE_DIR / f"{name}.yaml"
     if not path.is_file():
         raise TroughputError(f"engine {cfg.engine.name}'s unit names the search space {name!r}, but {path} "
                              f"does not exist; add it or pick one with tune=<file in {TUNE_DIR}>")

@@ -35,7 +35,7 @@ def test_knobs_merge_hardware_then_model_then_engine(tmp_path: Path):
     from harness.spec import build_spec
 
     cfg = compose("workload=unique", "workload.num_requests=3", "engine.knobs.max_num_seqs=8",
-                  "hardware.knobs.vllm.block_size=16", "model.knobs.vllm.max_model_len=512",
+                  "hardware.canonical.kv_block_size=16", "model.canonical.context_length=512",
                   f"run.image_dir={tmp_path}")
     spec = build_spec(cfg)
     assert spec.knobs["max_num_seqs"] == 8 and spec.knobs["block_size"] == 16
@@ -83,7 +83,7 @@ def test_tuning_picks_the_space_of_the_engine_and_hardware():
 
     cfg = with_default_space(compose(config_name="tuning"))
     assert "engine.canonical.max_seqs" in cfg.tune.space.params
-    assert cfg.tune.heuristic.memory_bytes == cfg.hardware.knobs.vllm.kv_cache_memory_bytes
+    assert cfg.tune.heuristic.memory_bytes == cfg.hardware.canonical.kv_memory_bytes
     assert cfg.tune.heuristic.params["engine.knobs.kv_cache_memory_bytes"] == cfg.tune.heuristic.memory_bytes, \
         "the heuristic's trial runs on the KV budget it was computed from"
 

@@ -23,7 +23,6 @@ from typing import Any
 from engines.base import KnobError
 
 SNAPSHOT_DIR = Path(__file__).resolve().parent
-FILES = {"sglang": "sglang-0.5.23.json", "trtllm": "tensorrt_llm-1.2.1.json"}
 
 
 @dataclass(frozen=True)
@@ -97,8 +96,14 @@ class Snapshot:
 
 @lru_cache(maxsize=None)
 def load(engine: str) -> Snapshot:
-    """The recorded snapshot of ``engine`` (``sglang`` or ``trtllm``)."""
-    path = SNAPSHOT_DIR / FILES[engine]
+    """The recorded snapshot of ``engine``: the file its unit names (``EngineUnit.snapshot``), in this folder
+    unless the unit gives an absolute path."""
+    from engines import unit
+
+    name = unit(engine).snapshot
+    if name is None:
+        raise KnobError(f"engine {engine!r} declares no API snapshot (EngineUnit.snapshot)")
+    path = SNAPSHOT_DIR / name
     return Snapshot(json.loads(path.read_text()), path)
 
 

@@ -10,13 +10,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from engines.base import KnobError
+from engines.knobs import canonical_view
 from engines.common import PROJECT_ROOT
 from harness.batch.launch import run_job
 from harness.batch.plan import Plan, model_revision
 from harness.batch.source import apply_source
 from harness.errors import TroughputError
 from harness.models import resolve_model
-from harness.spec import command_line, layered_knobs
+from harness.spec import command_line, layered_knobs, worker_env
 from harness.workloads.files import source
 
 
@@ -32,12 +33,12 @@ def build_plan(cfg: DictConfig) -> Plan:
         input=str(path.resolve()), format=fmt, output_dir=str(Path(cfg.batch.output_dir).resolve()),
         shard_size=_positive(cfg.batch.shard_size, "batch.shard_size"), engine=cfg.engine.name, model=model,
         knobs=knobs, ordering=_plain(cfg.ordering), python=python,
-        env={**_plain(cfg.hardware.get("env", {})), **_plain(cfg.engine.env)},
+        env=worker_env(cfg),
         replicas=_positive(cfg.engine.get("replicas", 1), "engine.replicas"),
         device_kind=str((cfg.hardware.get("spec") or {}).get("kind", "cpu")),
         in_flight=_positive(cfg.batch.in_flight, "batch.in_flight"), sampling=cfg.batch.sampling,
         default_max_tokens=cfg.batch.default_max_tokens, allow_remote_images=bool(cfg.batch.allow_remote_images),
-        max_model_len=knobs.get("max_model_len"), results_dir=str(Path(cfg.run.results_dir).resolve()),
+        max_model_len=canonical_view(cfg.engine.name, knobs).get("context_length"), results_dir=str(Path(cfg.run.results_dir).resolve()),
         source=origin, labels=labels, model_revision=model_revision(model), scale=cfg.batch.scale, ray=_plain(cfg.batch.ray), slurm=_plain(cfg.batch.slurm))
 
 

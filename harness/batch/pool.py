@@ -20,6 +20,7 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
+from engines import registry_env
 from engines.common import PROJECT_ROOT
 from harness.batch.plan import Plan
 from harness.errors import TroughputError
@@ -55,7 +56,7 @@ class LocalPool:
         """Start one worker per replica; their engines come up in the background (``started`` events)."""
         plan = self.plan
         extra = device_envs(plan.replicas, plan.device_kind, plan.env)
-        env = {**os.environ, **{k: str(v) for k, v in plan.env.items()},
+        env = {**os.environ, **{k: str(v) for k, v in plan.env.items()}, **registry_env(),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
         job = {"engine": plan.engine, "knobs": plan.knobs,
                "model": {**plan.model, **engine_limits(plan)}}

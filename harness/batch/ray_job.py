@@ -16,6 +16,7 @@ import logging
 import time
 from typing import Any
 
+from engines import registry_env
 from engines.common import PROJECT_ROOT
 from harness.batch.job import ShardsRun, job_id, shard_records
 from harness.batch.plan import Plan
@@ -35,7 +36,7 @@ SMALL_TASK_CPUS = 0.25  # read, convert and commit tasks: whole CPUs would starv
 def runtime_env(plan: Plan) -> dict[str, Any]:
     """troughput's code for every worker, and the job's environment variables (``hardware.env``, ``engine.env``)."""
     return {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES,
-            "env_vars": {k: str(v) for k, v in plan.env.items()}}
+            "env_vars": {**{k: str(v) for k, v in plan.env.items()}, **registry_env()}}   # no metadata on nodes
 
 
 def settings(plan: Plan) -> dict[str, Any]:

@@ -18,8 +18,8 @@ pytestmark = pytest.mark.engine
 # prefix and its 4 running requests fit (16 + 4 x 2 blocks), four unrelated requests (4 x 18) do not.
 OVERRIDES = ["workload=prefix_heavy", "workload.num_groups=6", "workload.prompts_per_group=4",
              "workload.prefix_len={kind: fixed, value: 512}", "workload.suffix_len={kind: uniform, low: 16, high: 32}",
-             "workload.output_len={kind: fixed, value: 2}", "model.knobs.vllm.max_model_len=1024",
-             "hardware.knobs.vllm.kv_cache_memory_bytes=1310720", "engine.knobs.max_num_seqs=4",
+             "workload.output_len={kind: fixed, value: 2}", "model.canonical.context_length=1024",
+             "hardware.canonical.kv_memory_bytes=1310720", "engine.knobs.max_num_seqs=4",
              "run.warmup_requests=0", "run.progress=false"]
 POLICIES = ("as_given", "shuffled", "prefix_grouped")
 

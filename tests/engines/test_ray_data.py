@@ -59,7 +59,7 @@ def test_canonical_knobs_land_in_engine_kwargs_and_replicas_count_as_devices():
     cfg = compose("engine=ray", "engine.canonical.max_seqs=8", "engine.knobs.concurrency=[1,3]")
     knobs = layered_knobs(cfg)
     assert knobs["engine_kwargs"]["max_num_seqs"] == 8 and knobs["concurrency"] == [1, 3]
-    assert knobs["engine_kwargs"]["kv_cache_memory_bytes"] == cfg.hardware.knobs.vllm.kv_cache_memory_bytes
+    assert knobs["engine_kwargs"]["kv_cache_memory_bytes"] == cfg.hardware.canonical.kv_memory_bytes
     ray = unit("ray")
     assert ray.devices(knobs) == 3 and ray.devices({**knobs, **ray.knobs["tensor_parallel"].to_native(2)}) == 6
 

@@ -358,10 +358,10 @@ def test_the_h100_space_never_proposes_a_budget_below_the_prompts_without_chunke
     from tests.conftest import ROOT
 
     space = SearchSpace(yaml.safe_load((ROOT / "conf" / "tune" / "trtllm_h100.yaml").read_text())["space"])
-    base = {"model": {"knobs": {"vllm": {"max_model_len": 8192}}}}
+    base = {"model": {"canonical": {"context_length": 8192}}}
     values = {"engine.canonical.chunked_prefill": False, "engine.canonical.max_seqs": 16,
               "engine.canonical.max_tokens_per_step": 4096}
-    assert "max_tokens_per_step=4096 < model.knobs.vllm.max_model_len=8192" in space.check(values, base)
+    assert "max_tokens_per_step=4096 < model.canonical.context_length=8192" in space.check(values, base)
     assert space.check({**values, "engine.canonical.chunked_prefill": True}, base) is None
     assert space.clip(values, base)["engine.canonical.max_tokens_per_step"] == 8192
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from engines import ENGINES, KnobError, get_engine_class, unit, units
+from engines import KnobError, get_engine_class, registry, unit, units
 from engines.knobs import TABLE
 from engines.unit import FALLBACK_SPACE
 from tests.conftest import ROOT
@@ -10,7 +10,7 @@ from tests.conftest import ROOT
 KINDS = ("cpu", "gpu")
 
 
-@pytest.mark.parametrize("name", list(ENGINES))
+@pytest.mark.parametrize("name", list(registry()))
 def test_every_engine_declares_mapping_environment_devices_and_tune_spaces(name):
     declared = unit(name)
     assert declared.name == name and declared.label
@@ -27,7 +27,7 @@ def test_every_engine_declares_mapping_environment_devices_and_tune_spaces(name)
     assert get_engine_class(name).name == name
 
 
-@pytest.mark.parametrize("name", [n for n in ENGINES if "tensor_parallel" in unit(n).knobs])
+@pytest.mark.parametrize("name", [n for n in registry() if "tensor_parallel" in unit(n).knobs])
 def test_devices_read_each_engines_own_tensor_parallel_name(name):
     declared = unit(name)
     native = declared.knobs["tensor_parallel"].to_native(4)
@@ -40,7 +40,7 @@ def test_the_knob_table_and_troughput_env_list_every_unit():
 
     header = knob_table_markdown().splitlines()[0]
     assert all(u.label in header for u in units())
-    for name in ENGINES:
+    for name in registry():
         envs.spec_for(name)   # every engine has a recipe troughput-env can print
 
 
@@ -49,3 +49,37 @@ def test_an_unknown_engine_lists_the_known_ones_and_reserved_knobs_are_refused()
         unit("nope")
     with pytest.raises(KnobError, match=r"vLLM knobs \['model'\] are set by troughput itself"):
         unit("vllm").check_reserved({"model": "x", "max_num_seqs": 4})
+
+
+def test_the_built_in_engines_are_entry_points_and_the_driver_hands_its_registry_to_workers(monkeypatch):
+    """pyproject.toml's ``troughput.engines`` group names each built-in unit, one per ``conf/engine/`` file."""
+    import json
+    import tomllib
+
+    import engines
+
+    group = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][engines.GROUP]
+    assert set(group) == {p.stem for p in (ROOT / "conf" / "engine").glob("*.yaml")}
+    assert all(unit(name).name == name for name in group)
+    monkeypatch.setenv(engines.ENV_VAR, json.dumps({"vllm": "engines.sim:UNIT"}))
+    engines.registry.cache_clear()
+    try:
+        with pytest.raises(KnobError, match="is not an EngineUnit named 'vllm'"):
+            unit("vllm")
+    finally:
+        monkeypatch.delenv(engines.ENV_VAR)
+        engines.registry.cache_clear()
+    assert json.loads(engines.registry_env()[engines.ENV_VAR]) == engines.registry()
+
+
+def test_model_and_hardware_defaults_are_skipped_where_an_engine_does_not_take_them_but_explicit_knobs_are_not():
+    from engines.knobs import defaults_to_native, to_native
+
+    cpu = {"kv_memory_bytes": 1 << 28, "eager": True, "kv_block_size": 32, "context_length": 2048}
+    assert defaults_to_native("vllm", cpu, "hardware") == {"kv_cache_memory_bytes": 1 << 28, "enforce_eager": True,
+                                                           "block_size": 32, "max_model_len": 2048}
+    assert defaults_to_native("trtllm", cpu, "hardware") == {}, "TensorRT-LLM takes none (takes_defaults)"
+    with pytest.raises(KnobError, match="canonical knob 'eager' has no TensorRT-LLM equivalent"):
+        to_native("trtllm", {"eager": True})
+    with pytest.raises(KnobError, match=r"hardware: canonical: \['eagre'\] are not canonical knobs"):
+        defaults_to_native("vllm", {"eagre": True}, "hardware")

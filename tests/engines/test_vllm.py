@@ -40,8 +40,8 @@ def test_prefix_caching_off_reports_zero(tmp_path):
 @pytest.mark.parametrize("kv_bytes, preempted", [(1 << 20, True), (64 << 20, False)])
 def test_tiny_kv_cache_preempts_and_roomy_one_does_not(tmp_path, kv_bytes, preempted):
     row = run(tmp_path, "workload=unique", "workload.num_requests=64", "workload.input_len=64",
-              "workload.output_len=64", "run.warmup_requests=0", "model.knobs.vllm.max_model_len=256",
-              "engine.knobs.max_num_seqs=64", f"hardware.knobs.vllm.kv_cache_memory_bytes={kv_bytes}")
+              "workload.output_len=64", "run.warmup_requests=0", "model.canonical.context_length=256",
+              "engine.knobs.max_num_seqs=64", f"hardware.canonical.kv_memory_bytes={kv_bytes}")
     assert row["status"] == "ok", row["error"]
     assert row["output_tokens"] == 64 * 64
     assert (row["preemptions"] > 0) == preempted
