@@ -48,9 +48,9 @@ import yaml  # noqa: E402
 
 from engines import requirements, unit, units  # noqa: E402
 from engines.common import env_python, python_variable  # noqa: E402
-from harness.engine_env import describe_host  # noqa: E402
+from harness.core.engine_env import describe_host  # noqa: E402
 from harness.report.document import fmt  # noqa: E402
-from harness.results import read_rows  # noqa: E402
+from harness.run.results import read_rows  # noqa: E402
 
 ENGINES = tuple(u.name for u in units() if u.acceptance)   # each unit says whether the matrix runs it
 WORKLOADS = ("unique", "prefix_heavy")

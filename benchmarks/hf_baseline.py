@@ -6,7 +6,7 @@
 Set-ups: ``hf`` static without early stop (finished rows idle as padding), ``hf`` static with
 early stop, ``hf`` continuous (transformers' own continuous batching), and ``vllm``. Each is
 composed as ``troughput-run`` would compose it (default ``workload=unique``: varied prompt and
-output lengths) and run through ``harness.runner.execute`` (its own worker process, warm-up,
+output lengths) and run through ``harness.run.runner.execute`` (its own worker process, warm-up,
 one timed pass), so every number is a results row. OVERRIDES (Hydra) apply to all four;
 ``--hf`` overrides (e.g. ``--hf engine.knobs.batch_size=16``) to the three hf set-ups only.
 
@@ -19,7 +19,7 @@ what vLLM picks for itself. Each row records the dtype that actually ran
 
 The order of the set-ups rotates each round. Each round prints output tok/s and dtype, the
 padded decode slots of the static set-ups, continuous batching's preemptions, and the ratios;
-the end prints the median of each ratio and the verdict of ``harness.verdict`` on the two
+the end prints the median of each ratio and the verdict of ``harness.report.verdict`` on the two
 sides' per-round rates. Always exits 0.
 """
 
@@ -47,7 +47,7 @@ def compose_specs(overrides: list[str], hf_overrides: list[str], results_dir: Pa
     """One ``RunSpec`` per set-up, all at ``dtype``; all must hold the same workload."""
     from hydra import compose, initialize_config_dir
 
-    from harness.spec import build_spec
+    from harness.run.spec import build_spec
 
     specs = {}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
@@ -67,7 +67,7 @@ def compose_specs(overrides: list[str], hf_overrides: list[str], results_dir: Pa
 
 def run_round(specs: dict[str, Any], index: int) -> dict[str, dict[str, Any]]:
     """Every set-up once, starting at a different one each round; the rows by set-up."""
-    from harness.runner import execute
+    from harness.run.runner import execute
 
     names = list(specs)
     order = names[index % len(names):] + names[:index % len(names)]
@@ -114,7 +114,7 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     results_dir = args.results_dir or Path(tempfile.mkdtemp(prefix="troughput-hf-baseline-"))
     specs = compose_specs(overrides, args.hf, results_dir, args.dtype)
-    from harness.verdict import compare
+    from harness.report.verdict import compare
     workload = specs["vllm"].workload
     print(f"workload {workload.name} ({len(workload.requests)} requests, "
           f"{sum(r.max_tokens for r in workload.requests)} output tokens, "

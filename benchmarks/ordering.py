@@ -12,7 +12,7 @@ too little for all groups' prefixes, so eviction matters). The workload keeps it
 is what a user who does not reorder gets; ``workload.arrival=grouped`` shows the strawman where the
 file is already grouped. Overrides on the command line win.
 One workload is built; each round runs every policy once (the order of the policies rotates from
-round to round), each run a normal ``harness.runner.execute``: its own worker process, warm-up,
+round to round), each run a normal ``harness.run.runner.execute``: its own worker process, warm-up,
 then ``run.repeats`` timed passes with the caches reset before each (the median pass counts),
 with the policy's parameters from ``conf/ordering/<name>.yaml``.
 
@@ -73,8 +73,8 @@ def main() -> None:
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from harness.spec import build_spec
-    from harness.runner import execute
+    from harness.run.spec import build_spec
+    from harness.run.runner import execute
 
     named_workload = any(o.lstrip("+~").startswith("workload=") for o in overrides)
     overrides = [*COMMON_DEFAULTS, *([] if named_workload else PREFIX_DEFAULTS), *overrides]
@@ -131,7 +131,7 @@ def print_table(policies: list[str], baselines: list[str], runs: dict[str, list[
               f"{statistics.median(s['hit_rate'] for s in ok):9.3f} {ok[0]['ideal']:7.3f} "
               f"{statistics.median(s['preemptions'] or 0 for s in ok):8.0f} "
               f"{statistics.median(s['tok_s'] for s in ok):10.1f}{cells}")
-    from harness.verdict import compare
+    from harness.report.verdict import compare
 
     for (name, base), values in ratios.items():
         if values and name != base:

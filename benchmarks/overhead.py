@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/overhead.py [--rounds 4] [--results-dir DIR] [HYDRA_OVERRIDES ...]
 
 The config is composed as ``troughput-run`` would compose it (default ``workload=unique``) and
-turned into a ``RunSpec`` by ``harness.spec.build_spec``. Each round runs, in alternating
-order, one troughput run (``harness.runner.execute``: its own worker process, warm-up, one timed
+turned into a ``RunSpec`` by ``harness.run.spec.build_spec``. Each round runs, in alternating
+order, one troughput run (``harness.run.runner.execute``: its own worker process, warm-up, one timed
 pass) and one ``vllm bench throughput`` in a fresh subprocess of the engine's interpreter, with
 the same environment variables (``spec.env``) and the same engine knobs (``spec.knobs``, passed as
 ``--kebab-case`` flags and checked against the parsed arguments). Each round prints both output
-tok/s and troughput/vLLM; the end prints the verdict of ``harness.verdict`` on the two sides'
+tok/s and troughput/vLLM; the end prints the verdict of ``harness.report.verdict`` on the two sides'
 per-round rates (ratio and interval; "equivalent" means the harness costs less than the
 minimum effect). Exits 1 when a check below failed in any round, or a side failed to run (such
 a round is not counted).
@@ -112,7 +112,7 @@ def run_vllm_bench(spec: Any, requests: list[Any], work: Path, tag: str) -> tupl
 def run_troughput(spec: Any, round_index: int) -> tuple[float | None, int, str, dict[str, list[int]]]:
     """One harness run (worker process, warm-up, timed pass, outputs saved); (output tok/s or None, output
     tokens, note, token ids per request id)."""
-    from harness.runner import execute
+    from harness.run.runner import execute
 
     spec.labels["overhead_round"] = round_index
     spec.save_outputs = True
@@ -261,8 +261,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT))
     from hydra import compose, initialize_config_dir
 
-    from harness.spec import build_spec
-    from harness.ordering import apply_ordering
+    from harness.run.spec import build_spec
+    from harness.ordering.policies import apply_ordering
 
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=overrides)
@@ -275,7 +275,7 @@ def main() -> None:
           f"{sum(r.max_tokens for r in requests)} output tokens), warm-up {spec.warmup_requests}, "
           f"knobs {spec.knobs}, env {spec.env}; rows and logs in {spec.results_dir}", flush=True)
 
-    from harness.verdict import compare
+    from harness.report.verdict import compare
 
     rates: dict[str, list[float]] = {"troughput": [], "vllm": []}
     failed_checks, failed_runs = 0, 0

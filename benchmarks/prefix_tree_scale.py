@@ -22,7 +22,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.prefix_tree import PrefixTree  # noqa: E402
+from harness.workloads.prefix_tree import PrefixTree  # noqa: E402
 
 
 def make_prompts(args: argparse.Namespace, rng: np.random.Generator) -> list[list[int]]:

@@ -5,7 +5,7 @@
 
 Each size is ``workload.num_requests`` of the workload (default ``workload=unique``); each round runs
 every size once per engine, ``engine=ray`` and ``engine=vllm`` in turn (which goes first alternates
-by round and size), each run a normal ``harness.runner.execute`` (its own worker process) with no
+by round and size), each run a normal ``harness.run.runner.execute`` (its own worker process) with no
 warm-up and one pass, as a batch job runs. ``--ray``/``--vllm`` add overrides to one side only
 (e.g. ``--ray engine.knobs.concurrency=2 --vllm engine.replicas=2``).
 
@@ -80,8 +80,8 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))
     from hydra import compose, initialize_config_dir
 
-    from harness.runner import execute
-    from harness.spec import build_inputs, build_spec
+    from harness.run.runner import execute
+    from harness.run.spec import build_inputs, build_spec
 
     own = {"ray": args.ray, "vllm": args.vllm}
     measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -123,7 +123,7 @@ def main() -> int:
 
 def summarize(sizes: list[int], measured: dict[tuple[str, int], list[dict[str, Any]]]) -> None:
     """The medians per size and engine, their ratio and the rule's verdict, and where Ray catches up."""
-    from harness.verdict import compare
+    from harness.report.verdict import compare
 
     print("\nmedians over rounds (job = worker launch to exit; tok/s = output tokens / timed pass)")
     print(f"{'requests':>8} | {'Ray job s':>9} | {'vLLM job s':>10} | {'Ray/vLLM job':>12} | "
@@ -149,7 +149,7 @@ def summarize(sizes: list[int], measured: dict[tuple[str, int], list[dict[str, A
 
 def rows_of(results_dir: Path) -> tuple[list[int], dict[tuple[str, int], list[dict[str, Any]]]]:
     """The ok rows already in ``results_dir`` by (engine, requests), for ``--summarize``."""
-    from harness.results import read_rows
+    from harness.run.results import read_rows
 
     measured: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for row in read_rows(results_dir):

@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
-from harness.results import read_rows  # noqa: E402
+from harness.run.results import read_rows  # noqa: E402
 from sweeps.study import grid_values, make_sampler  # noqa: E402
 
 SHARES = (0.02, 0.05)

@@ -7,7 +7,7 @@
 2. Every setting's schedule (step trace) is simulated from its real row. A held-out
    setting whose trace equals a fitted one's, or an earlier held-out one's, is dropped
    and named: its prediction would be that setting's, so it would test nothing new.
-3. The calibration fit (``harness.calibrate``, as ``troughput-calibrate``) on the
+3. The calibration fit (``harness.calibration.calibrate``, as ``troughput-calibrate``) on the
    calibration settings only; written to ``conf/calibration/vllm/cpu-tiny.yaml``
    (the CPU default, with the host spec it is relative to) unless ``--no-write``.
 4. ``engine=sim`` runs of the remaining held-out settings with that calibration, through
@@ -35,12 +35,12 @@ from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from harness.calibrate import fit, fitted_host, simulate_row, write_calibration  # noqa: E402
-from harness.spec import build_spec  # noqa: E402
 from engines.common import PROJECT_ROOT  # noqa: E402
-from harness.hostspec import complete_spec  # noqa: E402
-from harness.results import read_rows  # noqa: E402
-from harness.runner import execute  # noqa: E402
+from harness.calibration.calibrate import fit, fitted_host, simulate_row, write_calibration  # noqa: E402
+from harness.run.hostspec import complete_spec  # noqa: E402
+from harness.run.results import read_rows  # noqa: E402
+from harness.run.runner import execute  # noqa: E402
+from harness.run.spec import build_spec  # noqa: E402
 from tests.conftest import compose  # noqa: E402
 
 WORKLOAD = ["workload=unique", "workload.num_requests=160", "workload.input_len={kind: uniform, low: 32, high: 256}",
@@ -110,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     from omegaconf import OmegaConf
 
-    from harness.models import resolve_model
+    from harness.core.models import resolve_model
 
     cfg = compose(*WORKLOAD)
     model = resolve_model(OmegaConf.to_container(cfg.model, resolve=True), sys.executable)

@@ -6,7 +6,7 @@ Each simulated comparison draws n per-run rates a side from one model of run-to-
 spread on these hosts: log-normal with standard deviation ``sigma`` of the log rate
 (≈ the coefficient of variation), optionally with outliers (a share ``outliers`` of runs
 slowed to 0.7×, like the 661 tok/s run in the old README example). Side A's rates are
-``ratio`` × side B's in distribution; ``harness.verdict.compare`` judges A against B.
+``ratio`` × side B's in distribution; ``harness.report.verdict.compare`` judges A against B.
 With ``ratio`` = 1 (A/A) any "clear winner" is false; with ``ratio`` > 1 the share of
 "clear winner" for A is the power.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.verdict import CLEAR, CLOSE, EQUIVALENT, MIN_EFFECT, compare  # noqa: E402
+from harness.report.verdict import CLEAR, CLOSE, EQUIVALENT, MIN_EFFECT, compare  # noqa: E402
 
 # sigma of log per-run rates: a quiet host (README runs 1,014/991/985: 1.5%), typical, noisy, and a host loaded
 # by other agents (docs/verdicts.md's A/A run: about 40%)

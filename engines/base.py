@@ -179,11 +179,10 @@ class Engine(abc.ABC):
     def feeder(self) -> Any:
         """An ``engines.feeding.Feeder`` for this started engine: shards fed while earlier ones generate.
 
-        The default runs one blocking ``generate`` per shard; adapters with a streaming API override it.
+        ``None`` (the default): no streaming API, and ``engines.feeding.feeder_for`` runs one blocking
+        ``generate`` per shard. Adapters with a streaming API override it.
         """
-        from engines.feeding import SerialFeeder
-
-        return SerialFeeder(self)
+        return None
 
     def reset_caches(self) -> None:  # noqa: B027 - optional capability
         """Drop cached prefixes and multimodal inputs (after warm-up, between passes), where the engine can."""

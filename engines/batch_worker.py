@@ -31,7 +31,7 @@ from typing import Any
 
 from engines import get_engine_class
 from engines.base import Engine, Request
-from engines.feeding import Feeder, ShardOutput
+from engines.feeding import Feeder, ShardOutput, feeder_for
 from engines.worker import emit, peak_rss_bytes, pin_to_cores, reserve_stdout_for_events
 
 
@@ -104,7 +104,7 @@ def serve(job_dir: Path) -> int:
         emit("phase", phase="start")
         engine, start = start_engine(job)
         emit("started", start=start)
-        feeder = engine.feeder()
+        feeder = feeder_for(engine)
         feed_until_closed(engine, feeder, _stdin_commands(), _write_result)
         return 0
     except BaseException as e:  # noqa: BLE001 - the driver must hear why

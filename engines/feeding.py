@@ -30,7 +30,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from engines.base import Completion, Request
+from engines.base import Completion, Engine, Request
 
 
 @dataclass
@@ -140,6 +140,11 @@ class SerialFeeder(Feeder):
         out.simulated_span_s = spent.get("simulated")
         out.startup_s = spent.get("startup", 0.0)
         return [out]
+
+
+def feeder_for(engine: Engine) -> Feeder:
+    """The engine's own feeder (``Engine.feeder``), or a ``SerialFeeder`` when it has none."""
+    return engine.feeder() or SerialFeeder(engine)
 
 
 def generate_isolating(engine: Any, requests: list[Request], done: dict[str, Completion],

@@ -17,50 +17,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from engines import find_unit, units
 from engines.base import KnobError
-
-UNSET: Any = object()
-
-
-@dataclass(frozen=True)
-class NativeMapping:
-    """Where one canonical knob lands in one engine's arguments.
-
-    Args:
-        targets: dotted native names written (``kv_cache_config.free_gpu_memory_fraction``);
-            the first one is read back by ``canonical_view``.
-        note: how the value is transformed, for the knob table in docs/knobs.md.
-        forward: canonical value -> ``{dotted native name: value}``; default: the value under every target.
-        backward: flat native knobs -> canonical value or ``UNSET``; default: the first target's value
-            (a mapping when it was given as one).
-        choices: the values this engine accepts, when it takes an enum.
-        prefix: the mapping owns every native name starting with this (SGLang's ``speculative_*``).
-    """
-
-    targets: tuple[str, ...]
-    note: str = ""
-    forward: Callable[[Any], dict[str, Any]] | None = None
-    backward: Callable[[dict[str, Any]], Any] | None = None
-    choices: tuple[Any, ...] | None = None
-    prefix: str | None = None
-
-    def to_native(self, value: Any) -> dict[str, Any]:
-        return self.forward(value) if self.forward else {target: value for target in self.targets}
-
-    def from_native(self, flat: dict[str, Any]) -> Any:
-        if self.backward:
-            return self.backward(flat)
-        target = self.targets[0]
-        if target in flat:
-            return flat[target]
-        children = {k[len(target) + 1:]: v for k, v in flat.items() if k.startswith(target + ".")}
-        return nest(children) if children else UNSET
-
-    def owns(self, native_name: str) -> bool:
-        """Whether setting ``native_name`` would set the same thing as this canonical knob."""
-        if self.prefix is not None and native_name.startswith(self.prefix):
-            return True
-        return any(native_name == t or native_name.startswith(t + ".") for t in self.targets)
+from engines.native import UNSET, NativeMapping, flatten, inverted, lookup, nest, prefixed  # noqa: F401 - the knob API
 
 
 @dataclass(frozen=True)
@@ -95,26 +54,6 @@ def _choice(value: Any) -> str | None:
     return None if isinstance(value, str) else "must be a string"
 
 
-def inverted(target: str) -> NativeMapping:
-    """A boolean knob that lands negated (``prefix_caching`` -> SGLang ``disable_radix_cache``)."""
-    return NativeMapping((target,), note="inverted",
-                         forward=lambda v: {target: not v},
-                         backward=lambda flat: (not flat[target]) if target in flat else UNSET)
-
-
-def prefixed(prefix: str) -> NativeMapping:
-    """A mapping knob whose keys land with ``prefix`` (``speculative`` -> SGLang ``speculative_*``)."""
-    def forward(value: dict[str, Any]) -> dict[str, Any]:
-        return {(k if k.startswith(prefix) else prefix + k): v for k, v in value.items()}
-
-    def backward(flat: dict[str, Any]) -> Any:
-        found = {k[len(prefix):]: v for k, v in flat.items() if k.startswith(prefix)}
-        return found or UNSET
-
-    return NativeMapping((prefix + "*",), note=f"each key k becomes {prefix}k", forward=forward,
-                         backward=backward, prefix=prefix)
-
-
 TABLE: dict[str, Canonical] = {c.name: c for c in [
     Canonical("max_seqs", "sequences running at once", "int > 0", _positive_int),
     Canonical("max_tokens_per_step", "tokens scheduled per engine step (prefill chunk budget)", "int > 0",
@@ -146,66 +85,22 @@ TABLE: dict[str, Canonical] = {c.name: c for c in [
 
 def mappings(engine: str) -> dict[str, NativeMapping]:
     """Canonical name -> native mapping for ``engine`` (none for an adapter given as ``module:Class``)."""
-    from engines import find_unit
-
     unit = find_unit(engine)
     return dict(unit.knobs) if unit else {}
 
 
 def engine_label(engine: str) -> str:
-    from engines import find_unit
-
     unit = find_unit(engine)
     return unit.label if unit else engine
 
 
 def canonical_of(native_name: str) -> str | None:
     """The canonical knob that plainly is ``native_name`` (same value, no transform) in some engine."""
-    from engines import units
-
     for unit in units():
         for name, mapping in unit.knobs.items():
             if mapping.targets == (native_name,) and mapping.forward is None:
                 return name
     return None
-
-
-def flatten(knobs: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested and dotted knobs to one flat dict of dotted names; ``None`` leaves are dropped."""
-    flat: dict[str, Any] = {}
-    for key, value in knobs.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        if isinstance(value, dict) and value:
-            flat.update(flatten(value, name))
-        elif value is not None:
-            flat[name] = value
-    return flat
-
-
-def lookup(values: Any, name: str) -> Any:
-    """``values["a.b"]`` or ``values["a"]["b"]`` for ``name="a.b"``; ``None`` when absent."""
-    if isinstance(values, Mapping) and name in values:
-        return values[name]
-    node: Any = values
-    for part in name.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
-
-
-def nest(flat: dict[str, Any]) -> dict[str, Any]:
-    """Dotted names to nested dicts: ``{"a.b": 1} -> {"a": {"b": 1}}``."""
-    nested: dict[str, Any] = {}
-    for name, value in flat.items():
-        *parents, leaf = name.split(".")
-        node = nested
-        for part in parents:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise KnobError(f"knob {name!r} sets a field inside {part!r}, which is also set to a value")
-        node[leaf] = value
-    return nested
 
 
 def to_native(engine: str, knobs: dict[str, Any], base: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -232,8 +127,6 @@ def to_native(engine: str, knobs: dict[str, Any], base: dict[str, Any] | None = 
             continue
         mapping = own.get(name)
         if mapping is None:
-            from engines import units
-
             having = ", ".join(u.label for u in units() if name in u.knobs) or "no engine"
             raise KnobError(f"canonical knob {name!r} has no {label} equivalent (it exists for {having}); "
                             f"drop it or set a native {label} knob instead")
@@ -257,8 +150,6 @@ def defaults_to_native(engine: str, canonical: Mapping[str, Any], where: str) ->
     Raises:
         KnobError: a name that is no canonical knob, or a value out of its range.
     """
-    from engines import find_unit
-
     unknown = sorted(set(canonical) - set(TABLE))
     if unknown:
         raise KnobError(f"{where}: canonical: {unknown} are not canonical knobs; known: {', '.join(TABLE)}")
@@ -305,8 +196,6 @@ def canonical_view(engine: str, native: dict[str, Any]) -> dict[str, Any]:
 
 def knob_table_markdown() -> str:
     """The canonical knob table as Markdown, one row per knob and one column per engine unit (docs/knobs.md)."""
-    from engines import units
-
     engines = units()
     lines = ["| canonical | meaning | values | " + " | ".join(u.label for u in engines) + " |",
              "|---|---|---|" + "---|" * len(engines)]

@@ -11,7 +11,7 @@ with linear layers and attention overlapping, and no overhead.
 Worker side, standard library only (besides ``engines.knobs``): the simulator (``engines/sim.py``)
 prices its steps with it, the runner computes each row's speed of light with it. It never measures
 anything: a hardware spec comes in complete (a datasheet's, or this host's as measured once by
-``harness.hostspec`` at the start of a run).
+``harness.run.hostspec`` at the start of a run).
 """
 
 from __future__ import annotations
@@ -134,13 +134,13 @@ class HardwareSpec:
 
         Raises:
             ValueError: a rate is missing (a ``cpu`` config leaves them null until
-                ``harness.hostspec.complete_spec`` fills them from this host's measurement).
+                ``harness.run.hostspec.complete_spec`` fills them from this host's measurement).
         """
         values = {f.name: spec.get(f.name) for f in fields(cls) if spec.get(f.name) is not None}
         missing = [name for name in REQUIRED_RATES if name not in values]
         if missing:
             raise ValueError(f"hardware spec {spec.get('name', '')!r} lacks {', '.join(missing)}: give them, or let "
-                             "the runner measure this host at the start of a run (harness.hostspec)")
+                             "the runner measure this host at the start of a run (harness.run.hostspec)")
         values.setdefault("name", "host")
         return cls(**{k: (float(v) if k not in ("name", "source") else str(v)) for k, v in values.items()})
 

@@ -14,12 +14,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engines.base import KnobError
-
-if TYPE_CHECKING:
-    from engines.knobs import NativeMapping
+from engines.native import UNSET, NativeMapping, flatten
 
 FALLBACK_SPACE = "generic"   # conf/tune/generic.yaml: canonical knobs only, for any engine and hardware
 
@@ -113,12 +111,11 @@ class EngineUnit:
 
     def devices(self, knobs: Mapping[str, Any], replicas: Any = 1) -> int:
         """Devices one config occupies: replicas × tensor parallel × pipeline parallel (canonical knobs)."""
-        from engines.knobs import canonical_view
-
-        view = canonical_view(self.name, dict(knobs))
+        flat = flatten(dict(knobs))
         count = device_count(replicas)
         for name in ("tensor_parallel", "pipeline_parallel"):
-            count *= device_count(view.get(name))
+            value = self.knobs[name].from_native(flat) if name in self.knobs else UNSET
+            count *= device_count(None if value is UNSET else value)
         return count
 
     def tune_space(self, hardware_kind: str | None) -> str:

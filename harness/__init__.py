@@ -1,1 +1,1 @@
-"""troughput's driver side: workloads, ordering, runner, results table and the CLI apps."""
+"""troughput's driver side in rooms, by the data flow (docs/design.md#rooms)."""

@@ -14,10 +14,10 @@ from omegaconf import DictConfig
 
 from engines.base import KnobError
 from engines.common import PROJECT_ROOT
-from harness.errors import TroughputError
-from harness.runner import execute
-from harness.spec import build_spec
-from harness.summary import print_summary
+from harness.core.errors import TroughputError
+from harness.run.runner import execute
+from harness.run.spec import build_spec
+from harness.run.summary import print_summary
 
 log = logging.getLogger("troughput")
 
@@ -42,7 +42,7 @@ class SummaryCallback(Callback):
     """At the end of a multirun, print the summary table of the rows it wrote."""
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        from harness.results import read_rows
+        from harness.run.results import read_rows
 
         results_dir = Path(config.run.results_dir)
         rows = [r for r in read_rows(results_dir) if r.get("sweep_id") == config.hydra.sweep.dir]

@@ -4,7 +4,7 @@
 (``engines.knobs.knob_table_markdown``); ``python -m harness.docs --check`` exits 1 when it is stale.
 ``missing_references`` lists the repository paths a page names that do not exist: MkDocs checks
 links between pages inside ``docs/`` only, while pages and the README also name source files
-(``harness/runner.py``) and the README links into ``docs/``.
+(``harness/run/runner.py``) and the README links into ``docs/``.
 """
 
 from __future__ import annotations

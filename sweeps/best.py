@@ -9,8 +9,8 @@ import optuna
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from harness.runner import execute
-from harness.verdict import CLEAR, MIN_EFFECT, Verdict, compare
+from harness.report.verdict import CLEAR, MIN_EFFECT, Verdict, compare
+from harness.run.runner import execute
 from sweeps.command import run_command
 from sweeps.objective import Objective
 from sweeps.ranking import ranked
@@ -65,7 +65,7 @@ def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objecti
             min_effect: float = MIN_EFFECT) -> dict[str, Any]:
     """Run the default config and each candidate side by side for ``rounds`` rounds (order rotating).
 
-    Each candidate is judged against the default by ``harness.verdict.compare`` on the
+    Each candidate is judged against the default by ``harness.report.verdict.compare`` on the
     objective's per-run values (inverted when it is minimised, so a ratio > 1 is better).
     Returns the values per config (``"default"`` and ``"trial <n>"``), each candidate's
     ``verdicts``, and the ``winner``: among candidates the rule calls a clear winner over the

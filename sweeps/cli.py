@@ -11,10 +11,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from engines.base import KnobError
 from engines.common import PROJECT_ROOT
-from harness.environment import capture
-from harness.errors import TroughputError
-from harness.spec import build_inputs, build_spec
-from harness.verdict import MIN_RUNS
+from harness.core.errors import TroughputError
+from harness.report.verdict import MIN_RUNS
+from harness.run.environment import capture
+from harness.run.spec import build_inputs, build_spec
 from sweeps.best import best_trials, confirm, leaders, rejected_faster, write_engine_file
 from sweeps.objective import Objective
 from sweeps.seeds import enqueue_seeds

@@ -2,7 +2,7 @@
 
 - ``output_tok_s`` (default) or ``total_tok_s``: maximise the measured rate.
 - ``job_time``: minimise startup + ``backlog_tokens`` ÷ measured total tok/s
-  (``harness.cost.job_seconds``, which the report's planner uses too), so an
+  (``harness.run.cost.job_seconds``, which the report's planner uses too), so an
   engine that compiles for minutes pays for it on a small backlog (every adapter's
   ``startup_s`` times the engine constructor, compile included; ``compile_s`` is that part).
   Without ``backlog_tokens`` the backlog is the measured workload itself: startup + its
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from harness.cost import job_seconds
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
+from harness.run.cost import job_seconds
 
 OBJECTIVES = ("output_tok_s", "total_tok_s", "job_time")
 FLOORS = {"min_agreement": "agreement", "min_parse_rate": "parse_rate"}   # tune key -> constraint name

@@ -17,7 +17,7 @@ from typing import Any
 import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 log = logging.getLogger(__name__)
 

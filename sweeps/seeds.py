@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import optuna
 
 from engines.perfmodel import ModelSpec
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from sweeps.ranking import ranked
 from sweeps.space import SearchSpace
 

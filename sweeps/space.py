@@ -27,7 +27,7 @@ from typing import Any, Mapping
 import optuna
 
 from engines.knobs import lookup
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 TYPES = ("int", "float", "categorical")
 NOTCH = 0.85  # after a memory failure at value v, propose at most NOTCH * v

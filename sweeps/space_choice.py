@@ -17,7 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from engines import unit
 from engines.common import PROJECT_ROOT
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 TUNE_DIR = PROJECT_ROOT / "conf" / "tune"
 FILLED = ("space", "seeds", "heuristic")   # ``???`` in conf/tune/auto.yaml: taken from the space file

@@ -27,8 +27,8 @@ from typing import Any, Callable
 import optuna
 from omegaconf import DictConfig, OmegaConf
 
-from harness.errors import TroughputError
-from harness.runner import execute
+from harness.core.errors import TroughputError
+from harness.run.runner import execute
 from sweeps.command import run_command
 from sweeps.objective import Objective
 from sweeps.samplers import with_start

@@ -32,7 +32,7 @@ def test_groups_the_issue_asks_for_exist():
 
 
 def test_knobs_merge_hardware_then_model_then_engine(tmp_path: Path):
-    from harness.spec import build_spec
+    from harness.run.spec import build_spec
 
     cfg = compose("workload=unique", "workload.num_requests=3", "engine.knobs.max_num_seqs=8",
                   "hardware.canonical.kv_block_size=16", "model.canonical.context_length=512",

@@ -10,14 +10,14 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from engines.base import KnobError
-from engines.knobs import canonical_view
 from engines.common import PROJECT_ROOT
+from engines.knobs import canonical_view
 from harness.batch.launch import run_job
 from harness.batch.plan import Plan, model_revision
 from harness.batch.source import apply_source
-from harness.errors import TroughputError
-from harness.models import resolve_model
-from harness.spec import command_line, layered_knobs, worker_env
+from harness.core.errors import TroughputError
+from harness.core.models import resolve_model
+from harness.run.spec import command_line, layered_knobs, worker_env
 from harness.workloads.files import source
 
 

@@ -24,8 +24,8 @@ from harness.batch.plan import Plan
 from harness.batch.progress import Progress
 from harness.batch.shards import Index, iter_shards
 from harness.batch.state import JobState
-from harness.ordering import apply_ordering
-from harness.tokens import TextTokenizer
+from harness.core.tokens import TextTokenizer
+from harness.ordering.policies import apply_ordering
 from harness.workloads.records import Options
 
 log = logging.getLogger(__name__)

@@ -11,12 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from harness.batch.job import ShardsRun, run_shards
+from harness.batch.node import load_index, make_pool
 from harness.batch.plan import Plan
 from harness.batch.row import BATCH_TABLE, batch_row
-from harness.batch.shards import Index, scan
+from harness.batch.shards import scan
 from harness.batch.state import JobState
-from harness.errors import TroughputError
-from harness.results import new_run_id, write_row
+from harness.core.errors import TroughputError
+from harness.run.results import new_run_id, write_row
 
 SCALES = ("local", "ray", "slurm")
 
@@ -56,18 +57,6 @@ def run_job(plan: Plan, progress: bool = True) -> dict[str, Any]:
     row = batch_row(plan, run_id, started, index, run, committed, time.monotonic() - t0, peak_rss_bytes(), outputs)
     write_row(plan.results_dir, row, kind=BATCH_TABLE)
     return row
-
-
-def make_pool(plan: Plan, state: JobState, run_id: str) -> Any:
-    """The engines this node drives: local batch workers."""
-    from harness.batch.pool import LocalPool
-
-    return LocalPool(plan, state.work_dir / run_id, Path(plan.results_dir) / "logs")
-
-
-def load_index(state: JobState) -> Index:
-    data = json.loads((state.root / "index.json").read_text())
-    return Index(data["records"], {int(k): v for k, v in data["duplicates"].items()}, data.get("digest", ""))
 
 
 def peak_rss_bytes() -> int:

@@ -1,6 +1,6 @@
 """This node's engines for a batch job: one ``engines.batch_worker`` per replica, started once, fed shards.
 
-Each replica gets its own GPUs or CPU cores (``harness.replicas.device_envs``, as a
+Each replica gets its own GPUs or CPU cores (``harness.run.replicas.device_envs``, as a
 measured run's replicas do) and ``in_flight`` shards at once, all fed to its engine; beyond
 that, another shard whenever fewer than ``feed_below(shard_size)`` of the requests handed to it
 are unfinished (a shard commits only when its longest request finishes, so on skewed output
@@ -23,9 +23,9 @@ from typing import Any
 from engines import registry_env
 from engines.common import PROJECT_ROOT
 from harness.batch.plan import Plan
-from harness.errors import TroughputError
-from harness.replicas import device_envs
-from harness.runner import _kill_group
+from harness.core.errors import TroughputError
+from harness.run.replicas import device_envs
+from harness.run.runner import _kill_group
 
 
 MAX_IN_FLIGHT_FACTOR = 4  # bounds the shards one engine holds (work redone after a crash)

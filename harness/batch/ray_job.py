@@ -23,7 +23,7 @@ from harness.batch.plan import Plan
 from harness.batch.progress import Progress
 from harness.batch.shards import Index
 from harness.batch.state import JobState
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 log = logging.getLogger(__name__)
 

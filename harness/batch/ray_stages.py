@@ -30,7 +30,7 @@ from harness.batch.images import image_resolver, stored
 from harness.batch.plan import Plan
 from harness.batch.shards import Index, Shard, iter_shards
 from harness.batch.state import JobState
-from harness.ordering import apply_ordering
+from harness.ordering.policies import apply_ordering
 from harness.workloads.records import Options
 
 
@@ -63,7 +63,7 @@ def plan_of(plan_json: str) -> Plan:
 
 @functools.lru_cache(maxsize=4)
 def tokenizer_of(local_dir: str) -> Any:
-    from harness.tokens import TextTokenizer
+    from harness.core.tokens import TextTokenizer
 
     return TextTokenizer(Path(local_dir))
 
@@ -113,10 +113,11 @@ class EngineStage:
 
     def _feed(self) -> None:
         from engines.batch_worker import feed_until_closed
+        from engines.feeding import feeder_for
 
         feeder = None
         try:
-            feeder = self.engine.feeder()
+            feeder = feeder_for(self.engine)
             feed_until_closed(self.engine, feeder, self.commands, self._finished, progress=False)
         except BaseException as e:  # noqa: BLE001 - every waiting call raises it
             self.failure = f"{type(e).__name__}: {e}"

@@ -15,11 +15,11 @@ from datetime import datetime
 from typing import Any
 
 from engines.knobs import canonical_view
-from harness import environment
 from harness.batch.job import ShardsRun
 from harness.batch.plan import Plan
 from harness.batch.shards import Index
-from harness.results import prefixed
+from harness.run import environment
+from harness.run.results import prefixed
 
 BATCH_TABLE = "batch"
 

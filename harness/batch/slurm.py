@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from harness.batch.job import ShardsRun, run_shards
+from harness.batch.node import load_index, make_pool
 from harness.batch.plan import Plan
 from harness.batch.state import JobState
-from harness.errors import TroughputError
-from harness.results import new_run_id
+from harness.core.errors import TroughputError
+from harness.run.results import new_run_id
 
 
 def run_array(plan: Plan, state: JobState) -> ShardsRun:
@@ -46,8 +47,6 @@ def run_array(plan: Plan, state: JobState) -> ShardsRun:
 
 def run_task(plan_path: str, task: int, tasks: int) -> dict[str, Any]:
     """One array task: its share of the uncommitted shards, on this node's engines."""
-    from harness.batch.launch import load_index, make_pool
-
     state = JobState(Path(plan_path).parent)
     plan = Plan.from_json(Path(plan_path).read_text())
     run = run_shards(plan, state, load_index(state), lambda i: i % tasks == task,

@@ -23,8 +23,8 @@ import yaml
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from harness.errors import TroughputError
-from harness.results import DECISIONS_DIR, RUNS_DIR
+from harness.core.errors import TroughputError
+from harness.run.results import DECISIONS_DIR, RUNS_DIR
 
 TUNED_HEADER = re.compile(r"^# Tuned by troughput-tune, study (?P<study>.+), trial (?P<trial>\d+), run (?P<run>\S+)")
 ALSO_SET = "# also set: "

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.batch.plan import IDENTITY, Plan, describe_change
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 OUTPUT, ERRORS, META = "output.jsonl", "errors.jsonl", "meta.json"
 

@@ -13,13 +13,11 @@ returns the row's ``quality.*`` columns:
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from engines.base import Completion
 from harness.quality import agreement, expected, reference, structured
-
-if TYPE_CHECKING:
-    from harness.runner import RunSpec
+from harness.quality.subject import RunSpec
 
 
 def wanted(spec: RunSpec) -> bool:
@@ -28,12 +26,13 @@ def wanted(spec: RunSpec) -> bool:
                 or any(r.constraint for r in spec.workload.requests))
 
 
-def assess(spec: RunSpec, run_id: str, completions: list[Completion]) -> dict[str, Any]:
-    """The ``quality.*`` columns of one finished run."""
+def assess(spec: RunSpec, run_id: str, completions: list[Completion],
+           execute: Callable[..., dict[str, Any]]) -> dict[str, Any]:
+    """The ``quality.*`` columns of one finished run; ``execute`` (the runner's) runs the reference config."""
     texts = Texts(spec)
     cols = structured.columns(spec.workload.requests, completions, texts.get)
     if spec.quality.get("reference"):
-        cols.update(_against_reference(spec, run_id, completions))
+        cols.update(_against_reference(spec, run_id, completions, execute))
     answers = dict(spec.workload.expected)
     if spec.quality.get("expected_outputs"):
         answers.update(expected.read_batch_outputs(Path(spec.quality["expected_outputs"])))
@@ -42,13 +41,14 @@ def assess(spec: RunSpec, run_id: str, completions: list[Completion]) -> dict[st
     return cols
 
 
-def _against_reference(spec: RunSpec, run_id: str, completions: list[Completion]) -> dict[str, Any]:
+def _against_reference(spec: RunSpec, run_id: str, completions: list[Completion],
+                       execute: Callable[..., dict[str, Any]]) -> dict[str, Any]:
     if spec.quality["reference"] != "default":
         return {"quality.reference_error": f"unknown quality.reference {spec.quality['reference']!r}; use default"}
     outputs = reference.load(spec)
     cols = reference.describe(spec)
     if outputs is None:
-        outputs, what = reference.compute(spec, run_id)
+        outputs, what = reference.compute(spec, run_id, execute)
         cols["quality.reference_run"] = what if outputs is not None else None
         if outputs is None:
             return {**cols, "quality.reference_error": what}
@@ -68,7 +68,7 @@ class Texts:
 
     def get(self, completion: Completion) -> str:
         if self.tokenizer is None:
-            from harness.tokens import TextTokenizer
+            from harness.core.tokens import TextTokenizer
 
             self.tokenizer = TextTokenizer(Path(self.spec.model["local_dir"]))
         return self.tokenizer.decode(completion.output_token_ids)

@@ -15,7 +15,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 
 def read_batch_outputs(path: Path) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The reference config's outputs: computed once per (engine, model, workload, reference config), then reused.
 
 The reference is the engine's default config on this model and hardware: only the
-hardware and model knob layers (``quality.reference_knobs``, set by ``harness.spec``),
+hardware and model knob layers (``quality.reference_knobs``, set by ``harness.run.spec``),
 one replica, ``as_given`` order. Its greedy outputs are stored under
 ``<results_dir>/references/<key>.jsonl`` (written once, atomically; never rewritten) beside
 ``<key>.json`` saying what they are. The reference run writes a results row of its own
@@ -15,10 +15,9 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
-if TYPE_CHECKING:
-    from harness.runner import RunSpec
+from harness.quality.subject import RunSpec
 
 
 def key(spec: RunSpec) -> str:
@@ -37,10 +36,12 @@ def load(spec: RunSpec) -> dict[str, list[int]] | None:
         return {r["id"]: r["output_token_ids"] for r in map(json.loads, f)}
 
 
-def compute(spec: RunSpec, for_run: str) -> tuple[dict[str, list[int]] | None, str]:
-    """Run the reference config and store its outputs; return them (``None`` on failure) and its run id or error."""
-    from harness.runner import execute
+def compute(spec: RunSpec, for_run: str,
+            execute: Callable[..., dict[str, Any]]) -> tuple[dict[str, list[int]] | None, str]:
+    """Run the reference config with ``execute`` (the runner's) and store its outputs.
 
+    Returns them (``None`` on failure) and the reference's run id or error.
+    """
     reference_spec = replace(
         spec, knobs=dict(spec.quality.get("reference_knobs") or {}), replicas=1, ordering={"name": "as_given"},
         save_outputs=True, quality={},

@@ -25,7 +25,7 @@ def write_report(report: Report, out_dir: str | Path, formats: tuple[str, ...] =
     """Write ``report`` in each of ``formats`` into ``out_dir``; returns the files written."""
     unknown = [f for f in formats if f not in WRITERS]
     if unknown:
-        from harness.errors import TroughputError
+        from harness.core.errors import TroughputError
 
         raise TroughputError(f"unknown report format(s) {unknown}: known formats are {', '.join(WRITERS)}")
     return [WRITERS[f](report, Path(out_dir)) for f in formats]

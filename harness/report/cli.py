@@ -9,11 +9,11 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from harness.report import WRITERS, Filters, PlannerInputs, ReportOptions, build_report, write_report
 from harness.report.document import fmt, fmt_interval
 from harness.report.quality import QualityGuard
-from harness.verdict import MIN_EFFECT
+from harness.report.verdict import MIN_EFFECT
 
 log = logging.getLogger("troughput.report")
 

@@ -23,10 +23,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from harness.report.quality import COLUMNS as QUALITY_COLUMNS
 from harness.report.stats import interval, representative, spread
-from harness.results import read_rows
+from harness.run.results import read_rows
 
 CELL = ["workload", "workload_fingerprint", "model", "hardware", "host_id"]
 UNRECORDED_HOST = "unrecorded"

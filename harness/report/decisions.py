@@ -6,7 +6,7 @@ the passes of its one run) is chosen; the runner-up is the best config of anothe
 engine, or, with one engine only, its second-best config. Rows from different hosts
 (``env.host_id``) are different cells, so configs are never compared across hosts.
 
-The verdict is the one rule of ``harness.verdict`` applied to the two configs' per-run
+The verdict is the one rule of ``harness.report.verdict`` applied to the two configs' per-run
 rates (each run's median pass): ``clear winner``, ``equivalent`` or ``too close to
 call``, with the ratio's interval as the margin; or ``insufficient data`` (no runner-up,
 no successful run, or fewer than ``MIN_RUNS`` independent runs on a side, flagged
@@ -34,8 +34,8 @@ import pandas as pd
 from harness.report.data import CELL, METRIC, cells
 from harness.report.quality import QualityGuard
 from harness.report.stats import STATISTIC
-from harness.results import DECISIONS_DIR, prefixed, new_run_id, read_rows, write_row
-from harness.verdict import (CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, METHOD, MIN_EFFECT, MIN_RUNS, VERDICTS,
+from harness.run.results import DECISIONS_DIR, prefixed, new_run_id, read_rows, write_row
+from harness.report.verdict import (CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, METHOD, MIN_EFFECT, MIN_RUNS, VERDICTS,
                              compare)
 
 __all__ = ["CLEAR", "CLOSE", "EQUIVALENT", "INSUFFICIENT", "METHOD", "MIN_RUNS", "VERDICTS", "decide", "record",
@@ -51,7 +51,7 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
     """One decision per cell of ``configs`` (as built by ``group_configs`` from ``frame``).
 
     ``level`` and the bootstrap settings are for the per-config intervals shown beside the
-    decision; the verdict is ``harness.verdict.compare`` at its α = 0.05 and ``min_effect``.
+    decision; the verdict is ``harness.report.verdict.compare`` at its α = 0.05 and ``min_effect``.
 
     Configs that fail the quality ``guard`` are never chosen nor the runner-up; those that
     measured faster than the chosen one are named in ``rejected_for_quality`` with their gain.

@@ -13,7 +13,7 @@ time = backlog ÷ measured rate + startup (compile included)
 Cost = total hours × GPUs × price per GPU-hour (on a CPU host read it as the machine-hour
 price); per million tokens it is that cost over the backlog's tokens. GPUs per config are
 replicas × tensor parallel × pipeline parallel, and job time is computed, both in
-``harness.cost`` (shared with the tuner's ``job_time`` objective).
+``harness.run.cost`` (shared with the tuner's ``job_time`` objective).
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ from typing import Any
 
 import pandas as pd
 
-from harness.cost import as_number, devices, job_seconds
 from harness.report.data import CELL, METRIC, cells
+from harness.run.cost import as_number, devices, job_seconds
 
 
 @dataclass(frozen=True)

@@ -17,9 +17,9 @@ from harness.report import decisions as decisions_mod
 from harness.report import sections
 from harness.report.data import CELL, Filters, group_configs, load_runs
 from harness.report.planner import PlannerInputs, plan
-from harness.report.quality import QualityGuard
 from harness.report.plots import Plot, all_plots
-from harness.verdict import MIN_EFFECT
+from harness.report.quality import QualityGuard
+from harness.report.verdict import MIN_EFFECT
 
 
 @dataclass(frozen=True)
@@ -32,7 +32,7 @@ class ReportOptions:
     planner: PlannerInputs = field(default_factory=PlannerInputs)
     record: bool = True   # append new decisions to <results_dir>/decisions/
     guard: QualityGuard = field(default_factory=QualityGuard)   # configs too far from the reference are never chosen
-    min_effect: float = MIN_EFFECT   # harness.verdict: a smaller ratio is never a clear winner
+    min_effect: float = MIN_EFFECT   # harness.report.verdict: a smaller ratio is never a clear winner
 
 
 @dataclass

@@ -9,9 +9,9 @@ import pandas as pd
 
 from harness.report.data import CELL, METRIC, RUNS_DISAGREE, cells
 from harness.report.decisions import CLEAR, METHOD, MIN_RUNS
-from harness.verdict import ALPHA
 from harness.report.document import Details, Figure, Paragraph, RowLink, Section, Table, first_line, fmt, fmt_interval
 from harness.report.stats import STATISTIC
+from harness.report.verdict import ALPHA
 
 BASELINE_ENGINE = "hf"   # the Hugging Face transformers baseline (benchmarks/hf_baseline.py)
 

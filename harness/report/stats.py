@@ -4,7 +4,7 @@ A sample is one independent run (its median pass, the ``output_tok_s`` its row r
 once a config has two or more runs; with one run the samples are its passes, which
 share one engine process and cache state. The statistic is the low median of the samples,
 so intervals bracket the headline numbers. These intervals describe one config; verdicts
-between two configs come from ``harness.verdict`` alone.
+between two configs come from ``harness.report.verdict`` alone.
 """
 
 from __future__ import annotations

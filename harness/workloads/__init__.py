@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from engines.decoding import check_constraint
-from harness.errors import TroughputError
-from harness.tokens import TextTokenizer, Vocabulary
+from harness.core.errors import TroughputError
+from harness.core.tokens import TextTokenizer, Vocabulary
 from harness.workloads.base import Workload
 from harness.workloads.synthetic import multimodal, prefix_heavy, unique
 

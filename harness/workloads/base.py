@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import Request
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 
 @dataclass
@@ -58,7 +58,7 @@ class Workload:
                         expected={r.id: self.expected[r.id] for r in kept if r.id in self.expected})
 
     def summary(self) -> dict[str, Any]:
-        """Counts that go into every results row, with the prefix statistics of ``harness.prefix_tree``.
+        """Counts that go into every results row, with the prefix statistics of ``harness.workloads.prefix_tree``.
 
         ``ideal_prefix_hit_tokens_tree`` / ``ideal_prefix_hit_rate``: prompt tokens an unbounded
         prefix cache could serve (token level), and their share of all prompt tokens, the ceiling
@@ -70,7 +70,7 @@ class Workload:
 
     @cached_property
     def _summary(self) -> dict[str, Any]:
-        from harness import prefix_tree
+        from harness.workloads import prefix_tree
 
         images = [img for r in self.requests for img in r.images]
         tree = prefix_tree.PrefixTree(prefix_tree.prompt_keys(self.requests), block_size=16)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import Request
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from harness.workloads.base import Workload
 from harness.workloads.fields import RecordError, kind
 from harness.workloads.records import (CHAT_URL, COMPLETIONS_URL, FileRecord, Options,  # noqa: F401 - re-exported

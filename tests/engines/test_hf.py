@@ -185,8 +185,8 @@ def test_a_request_larger_than_the_kv_cache_fails_clearly(tiny):
 
 
 def _run(tmp_path, *overrides):
-    from harness.spec import build_spec
-    from harness.runner import execute
+    from harness.run.spec import build_spec
+    from harness.run.runner import execute
 
     cfg = compose(*overrides, f"run.results_dir={tmp_path}", "run.progress=false")
     return execute(build_spec(cfg), progress=False)

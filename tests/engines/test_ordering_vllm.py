@@ -7,9 +7,9 @@ send the same order as ``as_given`` and get the same hit count, and this test wo
 
 import pytest
 
-from harness.spec import build_spec
-from harness.ordering import apply_ordering
-from harness.runner import execute
+from harness.ordering.policies import apply_ordering
+from harness.run.runner import execute
+from harness.run.spec import build_spec
 from tests.conftest import compose
 
 pytestmark = pytest.mark.engine

@@ -151,7 +151,7 @@ def test_sol_columns_for_a_row_and_none_when_unknown(h100):
 
 def test_a_rate_above_the_speed_of_light_is_flagged_in_reports_not_shown_as_a_fraction():
     from harness.report.document import SOL_EXCEEDED, fmt
-    from harness.summary import summary_table
+    from harness.run.summary import summary_table
 
     assert fmt(0.42, "sol") == "42.0%" and fmt(3.7, "sol") == SOL_EXCEEDED
     rows = [{"run_id": "a", "status": "ok", "sol_fraction": 3.7}, {"run_id": "b", "status": "ok", "sol_fraction": 0.5}]

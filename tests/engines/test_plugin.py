@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.results import read_rows
+from harness.run.results import read_rows
 from tests.conftest import ROOT
 
 PLUGIN = Path(__file__).parent / "plugin"
@@ -53,7 +53,7 @@ def test_troughput_run_measures_the_plugin_engine(site, tmp_path):
 
 
 def test_troughput_env_and_the_knob_table_know_the_plugin(site):
-    env = run(site, "-m", "harness.engine_env", "echo", "--dry-run", timeout=120)
+    env = run(site, "-m", "harness.core.engine_env", "echo", "--dry-run", timeout=120)
     assert env.returncode == 0 and "Echo (plugin) runs in troughput's own environment" in env.stdout, env.stderr
     table = run(site, "-c", "from engines.knobs import knob_table_markdown; print(knob_table_markdown())",
                 timeout=120)

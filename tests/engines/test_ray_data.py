@@ -17,9 +17,9 @@ import pytest
 from engines import unit
 from engines.base import KnobError, Request
 from engines.ray_data import RayDataEngine, _item
-from harness.models import resolve_model
-from harness.runner import execute
-from harness.spec import build_spec, layered_knobs
+from harness.core.models import resolve_model
+from harness.run.runner import execute
+from harness.run.spec import build_spec, layered_knobs
 from tests.conftest import compose
 
 FIXED = ["workload=unique", "workload.num_requests=16", "workload.input_len=48",

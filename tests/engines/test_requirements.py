@@ -9,10 +9,10 @@ import pytest
 
 from engines import requirements as req
 from engines import unit
-from engines.base import EngineUnavailable
 from engines import common
+from engines.base import EngineUnavailable
 from engines.common import preflight
-from harness import engine_env
+from harness.core import engine_env
 
 # Recorded from `nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.total --format=csv,noheader,nounits`
 # and the header of plain `nvidia-smi` on a two-GPU H100 node with the 535 driver (CUDA 12.2).

@@ -8,8 +8,8 @@ import pytest
 from engines.base import KnobError, Request
 from engines.sim import SimEngine
 from engines.sim_scheduler import Scheduler, SchedulerConfig
-from harness.spec import build_spec
-from harness.runner import execute
+from harness.run.runner import execute
+from harness.run.spec import build_spec
 from tests.conftest import compose
 
 HARDWARE = {"name": "test-gpu", "kind": "gpu", "peak_flops_bf16": 1e14, "bandwidth_bytes_s": 1e12,

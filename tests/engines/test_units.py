@@ -36,7 +36,7 @@ def test_devices_read_each_engines_own_tensor_parallel_name(name):
 
 def test_the_knob_table_and_troughput_env_list_every_unit():
     from engines.knobs import knob_table_markdown
-    from harness import engine_env as envs
+    from harness.core import engine_env as envs
 
     header = knob_table_markdown().splitlines()[0]
     assert all(u.label in header for u in units())

@@ -2,8 +2,8 @@
 
 import pytest
 
-from harness.spec import build_spec
-from harness.runner import execute
+from harness.run.runner import execute
+from harness.run.spec import build_spec
 from tests.conftest import compose
 
 pytestmark = pytest.mark.engine

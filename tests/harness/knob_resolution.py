@@ -2,7 +2,7 @@
 
 ``python -m tests.harness.knob_resolution`` composes ``engine × model × hardware`` (Hydra's
 compose API, as troughput-run does) and writes, per combination, the knobs the runner passes
-to the adapter (``harness.spec.layered_knobs``) and the quality reference's knobs (its general
+to the adapter (``harness.run.spec.layered_knobs``) and the quality reference's knobs (its general
 layers only), or the error a combination raises, to ``tests/harness/data/knob_resolution.json``.
 ``tests/harness/test_knob_resolution.py`` asserts the code still resolves exactly these: moving
 per-engine defaults out of the model and hardware configs must not change what an engine gets.
@@ -24,15 +24,15 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (ROOT / "conf" / group).glob("*.yaml"))
 
 
-def resolve_all() -> dict[str, Any]:
+def resolve_all(engines: tuple[str, ...] = ENGINES) -> dict[str, Any]:
     """``"engine/model/hardware"`` -> ``{"knobs": ..., "reference_knobs": ...}`` or ``{"error": ...}``."""
     from hydra import compose, initialize_config_dir
 
-    from harness.spec import layered_knobs
+    from harness.run.spec import layered_knobs
 
     out: dict[str, Any] = {}
     with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        for engine in ENGINES:
+        for engine in engines:
             for model in options("model"):
                 for hardware in options("hardware"):
                     key = f"{engine}/{model}/{hardware}"

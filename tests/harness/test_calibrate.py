@@ -8,9 +8,9 @@ import yaml
 
 from engines.perfmodel import Efficiency
 from engines.sim import SimEngine
-from harness.calibrate import fit, nelder_mead, simulate_row, unflatten, write_calibration
-from harness.errors import TroughputError
-from harness.results import prefixed
+from harness.calibration.calibrate import fit, nelder_mead, simulate_row, unflatten, write_calibration
+from harness.core.errors import TroughputError
+from harness.run.results import prefixed
 
 HARDWARE = {"name": "test-cpu", "kind": "cpu", "peak_flops_bf16": 5e10, "bandwidth_bytes_s": 1e10,
             "memory_bytes": 8 << 30}

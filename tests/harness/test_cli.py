@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from harness.results import read_rows
+from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE, ROOT
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from engines.base import KnobError
-from harness.spec import build_spec
-from harness.results import read_rows
+from harness.run.results import read_rows
+from harness.run.spec import build_spec
 from tests.conftest import compose
 from tests.harness.test_cli import troughput_run
 

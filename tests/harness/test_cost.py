@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from harness.cost import devices, job_seconds
+from harness.run.cost import devices, job_seconds
 
 
 @pytest.mark.parametrize("engine, knobs, expected", [

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from harness.distributions import sample_lengths
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
+from harness.workloads.distributions import sample_lengths
 
 
 @pytest.mark.parametrize("spec", [

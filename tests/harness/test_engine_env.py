@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from engines import requirements
-from harness import engine_env as envs
+from harness.core import engine_env as envs
 from tests.conftest import ROOT
 
 
@@ -115,7 +115,7 @@ def test_an_interpreter_outside_the_engines_python_range_is_refused(capsys, tmp_
 
 
 def test_the_module_runs_as_a_command():
-    proc = subprocess.run([sys.executable, "-m", "harness.engine_env", "trtllm", "--dry-run", "--python", sys.executable],
+    proc = subprocess.run([sys.executable, "-m", "harness.core.engine_env", "trtllm", "--dry-run", "--python", sys.executable],
                           cwd=ROOT, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert "tensorrt_llm==1.2.1" in proc.stdout and "engine.python=" in proc.stdout

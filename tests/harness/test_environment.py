@@ -1,6 +1,6 @@
 """Every row names its host: CPU model, cores, the ISA flags that change results, GPU, and a stable host id."""
 
-from harness import environment
+from harness.run import environment
 from tests.harness.test_runner import run
 
 AMX = ("flags\t\t: fpu vme sse sse2 avx avx2 avx512f avx512bw avx512_bf16 avx512_vnni amx_bf16 amx_tile amx_int8\n"

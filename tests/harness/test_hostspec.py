@@ -5,9 +5,9 @@ import subprocess
 
 import pytest
 
-import harness.hostspec as hostspec
-from harness.spec import build_spec
-from harness.runner import execute
+import harness.run.hostspec as hostspec
+from harness.run.runner import execute
+from harness.run.spec import build_spec
 from tests.conftest import compose
 
 MEASURED = {"peak_flops_bf16": 5e10, "bandwidth_bytes_s": 1e10, "memory_bytes": 8e9, "name": "host (test)",

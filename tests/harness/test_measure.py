@@ -1,6 +1,6 @@
 """One rate definition for every engine: output tokens over the generation span, start-up apart."""
 
-from harness.measure import measurement_columns
+from harness.run.measure import measurement_columns
 
 
 def _result(inside: float) -> dict:

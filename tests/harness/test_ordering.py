@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from engines.base import Request
-from harness.errors import TroughputError
-from harness.ordering import POLICIES, apply_ordering
-from harness.runner import RunSpec, execute
+from harness.core.errors import TroughputError
+from harness.ordering.policies import POLICIES, apply_ordering
+from harness.run.runner import RunSpec, execute
 from harness.workloads.base import Workload
 from tests.conftest import FAKE_ENGINE, ROOT, compose
 

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-import harness.prefix_tree as prefix_tree
+import harness.workloads.prefix_tree as prefix_tree
 from engines.base import Request
-from harness.prefix_tree import PrefixTree
 from harness.workloads import build_workload
 from harness.workloads.base import Workload
+from harness.workloads.prefix_tree import PrefixTree
 
 
 def brute_ideal(prompts, block):

@@ -5,8 +5,8 @@ import os
 import pytest
 
 from engines.base import Request
-from harness.errors import TroughputError
-from harness.replicas import device_envs, merge_results, shard_requests
+from harness.core.errors import TroughputError
+from harness.run.replicas import device_envs, merge_results, shard_requests
 
 
 def requests(lengths):
@@ -68,8 +68,8 @@ def test_the_replica_that_failed_first_speaks_for_the_run():
 
 
 def test_energy_adds_up_over_gpus_and_is_shared_over_one_cpu_package():
-    from harness.measure import energy_columns
-    from harness.replicas import _merge_energy
+    from harness.run.measure import energy_columns
+    from harness.run.replicas import _merge_energy
 
     gpus = [{"energy_j": 100.0, "energy_j_by_device": {"0": 100.0}, "energy_source": "nvml"},
             {"energy_j": 120.0, "energy_j_by_device": {"1": 120.0}, "energy_source": "nvml"}]

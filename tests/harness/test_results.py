@@ -3,7 +3,7 @@ import multiprocessing
 
 import pytest
 
-from harness.results import prefixed, new_run_id, read_results, read_rows, write_row
+from harness.run.results import prefixed, new_run_id, read_results, read_rows, write_row
 
 
 def _write_many(args):

@@ -2,10 +2,10 @@
 
 import pytest
 
-from harness.errors import TroughputError
-from harness.results import read_rows
-from harness.rounds import wants_rounds
-from harness.verdict import CLEAR, compare
+from harness.core.errors import TroughputError
+from harness.report.rounds import wants_rounds
+from harness.report.verdict import CLEAR, compare
+from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE, compose
 from tests.harness.test_cli import troughput_run
 

@@ -1,6 +1,6 @@
-"""The row schema: every column a run writes is named in ``harness.row``, and the workload is summarised once."""
+"""The row schema: every column a run writes is named in ``harness.run.row``, and the workload is summarised once."""
 
-from harness import row as schema
+from harness.run import row as schema
 from harness.workloads.base import Workload
 from tests.harness.test_runner import WORKLOAD, run
 

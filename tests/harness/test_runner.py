@@ -7,8 +7,8 @@ import sys
 import pytest
 
 from engines.base import Request
-from harness.results import read_rows
-from harness.runner import RunSpec, execute
+from harness.run.results import read_rows
+from harness.run.runner import RunSpec, execute
 from harness.workloads.base import Workload
 from tests.conftest import FAKE_ENGINE
 

@@ -1,19 +1,19 @@
-"""One spec builder: the CLI, the tuner and the benchmarks build runs through ``harness.spec``."""
+"""One spec builder: the CLI, the tuner and the benchmarks build runs through ``harness.run.spec``."""
 
-import harness.spec
-from harness.spec import build_inputs, build_spec
+import harness.run.spec
+from harness.run.spec import build_inputs, build_spec
 from tests.conftest import compose
 
 
 def counting_builds(monkeypatch):
     builds = []
-    real = harness.spec.build_workload
+    real = harness.run.spec.build_workload
 
     def counted(*args, **kwargs):
         builds.append(args[0].get("name"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(harness.spec, "build_workload", counted)
+    monkeypatch.setattr(harness.run.spec, "build_workload", counted)
     return builds
 
 

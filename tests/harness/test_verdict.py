@@ -1,4 +1,4 @@
-"""The decision rule (harness.verdict): its pieces, and its error rate measured on simulated A/A comparisons."""
+"""The decision rule (harness.report.verdict): its pieces, and its error rate measured on simulated A/A comparisons."""
 
 import itertools
 import math
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from benchmarks.verdict_error_rates import SPREADS, draw, simulate
-from harness.verdict import CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, _half_width, compare, t_cdf, t_quantile
+from harness.report.verdict import CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, _half_width, compare, t_cdf, t_quantile
 
 
 @pytest.mark.parametrize("df, quantile", [(1, 12.7062047), (2, 4.3026527), (4, 2.7764451), (10, 2.2281389),

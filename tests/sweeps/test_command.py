@@ -6,8 +6,8 @@ import optuna
 import pytest
 from omegaconf import OmegaConf
 
-from harness.spec import build_spec
-from harness.results import prefixed, read_rows
+from harness.run.results import prefixed, read_rows
+from harness.run.spec import build_spec
 from sweeps.command import hydra_value, run_command
 from tests.conftest import compose
 from tests.sweeps.test_study import load, run_tune, settings

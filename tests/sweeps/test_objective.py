@@ -1,6 +1,6 @@
 import pytest
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from sweeps.objective import Objective
 
 ROW = {"output_tok_s": 500.0, "total_tok_s": 2000.0, "startup_s": 30.0, "compile_s": 20.0,

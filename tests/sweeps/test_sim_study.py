@@ -3,8 +3,8 @@
 import optuna
 import pytest
 
-from harness.errors import TroughputError
-from harness.results import read_rows
+from harness.core.errors import TroughputError
+from harness.run.results import read_rows
 from sweeps.seeds import enqueue_seeds, knob_key, study_seeds
 from sweeps.space import SearchSpace
 from tests.conftest import FAKE_ENGINE, compose

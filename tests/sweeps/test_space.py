@@ -1,7 +1,7 @@
 import optuna
 import pytest
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from sweeps.space import NOTCH, SearchSpace
 
 SPACE = {

@@ -10,7 +10,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from harness.results import read_rows
+from harness.run.results import read_rows
 from sweeps.space import NOTCH
 from tests.conftest import FAKE_ENGINE, ROOT, compose
 
@@ -132,7 +132,7 @@ def test_low_fidelity_first_prunes_clearly_worse_trials(tmp_path):
         if t.state == optuna.trial.TrialState.COMPLETE:
             assert full[t.number]["workload_info.requests"] == 16
             assert t.values[0] == pytest.approx(full[t.number]["output_tok_s"])
-    from harness.spec import build_spec
+    from harness.run.spec import build_spec
     from tests.sweeps.test_command import overrides_of
 
     cell = [w for w in settings(tmp_path, 10) if w.startswith(("workload", "run.image_dir"))]
@@ -143,7 +143,7 @@ def test_low_fidelity_first_prunes_clearly_worse_trials(tmp_path):
 
 
 def test_fidelity_needs_one_objective(tmp_path):
-    from harness.errors import TroughputError
+    from harness.core.errors import TroughputError
     from sweeps.cli import tune
 
     with pytest.raises(TroughputError, match="single objective"):
@@ -199,7 +199,7 @@ def test_two_workers_share_one_study_without_duplicates_or_losses(tmp_path):
 
 
 def test_a_study_with_trials_from_another_kind_of_host_is_refused_unless_mixing_is_asked_for():
-    from harness.errors import TroughputError
+    from harness.core.errors import TroughputError
     from sweeps.study import check_one_host
 
     study = optuna.create_study(study_name="cell", direction="maximize")

@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from harness.results import read_rows
+from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
 from tests.harness.batch.conftest import chat, completion, numbered, read_jsonl, troughput_batch, write_jsonl
 
@@ -159,7 +159,7 @@ def test_a_streaming_engine_is_fed_the_next_shard_while_the_current_one_generate
 
 
 def test_a_decision_whose_winner_has_two_replicas_drives_a_job_with_two_engines(tmp_path: Path) -> None:
-    from harness.results import write_row
+    from harness.run.results import write_row
 
     write_row(tmp_path / "results", {
         "decision_id": "d2", "model": "tiny", "verdict": "clear winner", "workload": "unique",

@@ -14,7 +14,7 @@ from harness.batch.output import ENGINE_FAULT, failure, success
 from harness.batch.plan import Plan, model_revision
 from harness.batch.shards import iter_shards, scan
 from harness.batch.state import JobState
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from harness.workloads.records import Options
 from tests.harness.batch.conftest import chat, completion, png_data_url, write_jsonl
 from tests.harness.workloads.test_files import FakeTokenizer
@@ -182,7 +182,7 @@ def test_config_from_a_decision_or_a_tuned_engine_file(tmp_path: Path) -> None:
     from hydra import compose, initialize_config_dir
 
     from harness.batch.source import apply_source
-    from harness.results import write_row
+    from harness.run.results import write_row
     from tests.conftest import ROOT
 
     results = tmp_path / "results"

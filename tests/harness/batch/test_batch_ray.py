@@ -9,11 +9,11 @@ import pytest
 
 from harness.batch.plan import Plan
 from harness.batch.ray_job import engine_resources, settings
-from harness.errors import TroughputError
-from harness.results import read_rows
-from tests.ray_head import RayHead
+from harness.core.errors import TroughputError
+from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
 from tests.harness.batch.conftest import numbered, read_jsonl, troughput_batch
+from tests.ray_head import RayHead
 
 
 @pytest.mark.engine   # joins the session's Ray head and runs a Ray Data job

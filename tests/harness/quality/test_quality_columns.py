@@ -5,7 +5,7 @@ import json
 import pytest
 
 from engines.base import Completion, Request
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from harness.quality import agreement, expected, structured
 
 SCHEMA = {"type": "object", "properties": {"label": {"type": "string", "enum": ["a", "b"]}},
@@ -72,7 +72,7 @@ def test_expected_outputs_read_from_an_openai_batch_output_file(tmp_path):
 
 
 def test_a_quality_check_that_fails_leaves_the_row_with_its_reason(tmp_path):
-    from harness.runner import RunSpec, execute
+    from harness.run.runner import RunSpec, execute
     from harness.workloads.base import Workload
     from tests.conftest import FAKE_ENGINE
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from harness.results import read_rows
-from harness.runner import execute
-from harness.spec import build_spec
+from harness.run.results import read_rows
+from harness.run.runner import execute
+from harness.run.spec import build_spec
 from tests.conftest import compose
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(900)]
@@ -78,7 +78,7 @@ def test_expected_answers_in_a_plain_jsonl_file_give_exact_match_accuracy(tmp_pa
     assert row["quality.expected_compared"] == 6 and row["quality.valid"] == 6
     from pathlib import Path
 
-    from harness.tokens import TextTokenizer
+    from harness.core.tokens import TextTokenizer
 
     tokenizer = TextTokenizer(Path(row["model_path"]))
     outputs = [json.loads(line) for line in open(tmp_path / "outputs" / f"{row['run_id']}.jsonl")]

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from harness.results import prefixed, write_row
+from harness.run.results import prefixed, write_row
 
 _COUNTER = itertools.count()
 START = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)

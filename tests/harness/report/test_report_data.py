@@ -1,6 +1,6 @@
 import pytest
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from harness.report.data import Filters, group_configs, load_runs
 
 

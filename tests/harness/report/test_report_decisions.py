@@ -4,7 +4,7 @@ import pytest
 
 from harness.report.data import group_configs, load_runs
 from harness.report.decisions import CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, chosen_knobs, decide, history, record
-from harness.verdict import compare
+from harness.report.verdict import compare
 
 
 def decisions_for(directory, **kwargs):

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from harness.report.decisions import VERDICTS, chosen_knobs, read_decisions
-from harness.results import read_results
+from harness.run.results import read_results
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.engine

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from harness.report import ReportOptions, build_report, write_report
 from harness.report.decisions import CLEAR, CLOSE
-from harness.results import read_results
+from harness.run.results import read_results
 
 CELL_SPLIT = re.compile(r"(?<!\\)\|")
 
@@ -160,7 +160,7 @@ def test_study_plots_appear_only_where_study_and_trial_columns_exist(tmp_path, r
 
 
 def _fresh(tmp_path, row):
-    from harness.results import write_row
+    from harness.run.results import write_row
 
     directory = tmp_path / "plain"
     for r in (row(knobs={"max_num_seqs": 8}), row(knobs={"max_num_seqs": 64})):

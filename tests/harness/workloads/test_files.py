@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from harness.workloads.files import from_file
 
 ROLE_MARKS = {"system": 1001, "user": 1002, "assistant": 1003}

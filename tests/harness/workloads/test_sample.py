@@ -3,7 +3,7 @@
 import pytest
 
 from engines.base import Request
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from harness.workloads.base import Workload
 
 WORKLOAD = Workload("w", [Request(f"r{i}", [1, 2, 3 + i], 4) for i in range(20)],

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 from harness.workloads import build_workload
 
 MODEL = {"name": "fake", "image_token": "<image>"}

@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 KINDS = ("fixed", "uniform", "normal", "lognormal")
 

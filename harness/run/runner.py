@@ -1,7 +1,7 @@
 """The runner: one run = one worker process per replica under a time limit = one results row, whatever happens.
 
 The engine runs in ``python -m engines.worker`` started with the engine's own
-interpreter, one worker per data-parallel replica (harness/replicas.py). A crash,
+interpreter, one worker per data-parallel replica (harness/run/replicas.py). A crash,
 an OOM, a kill or a time-out costs one failed row, never the sweep; the engine's
 log is kept under ``results/logs/``.
 """
@@ -19,7 +19,6 @@ import tempfile
 import threading
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -30,39 +29,16 @@ from engines import registry_env
 from engines.base import Completion
 from engines.common import PROJECT_ROOT
 from harness import quality
-from harness.errors import TroughputError
-from harness.hostspec import complete_run_spec
-from harness.ordering import apply_ordering
-from harness.replicas import device_envs, merge_results, shard_requests
-from harness.results import new_run_id, write_row
-from harness.row import build_row
+from harness.core.errors import TroughputError
+from harness.ordering.policies import apply_ordering
+from harness.run.hostspec import complete_run_spec
+from harness.run.replicas import device_envs, merge_results, shard_requests
+from harness.run.results import new_run_id, write_row
+from harness.run.row import build_row
+from harness.run.spec import RunSpec
 from harness.workloads import Workload
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class RunSpec:
-    """Everything one run needs; ``labels`` (sweep id, study, trial, ...) go into the row as they are."""
-
-    engine: str
-    model: dict[str, Any]
-    workload: Workload
-    knobs: dict[str, Any] = field(default_factory=dict)
-    ordering: dict[str, Any] = field(default_factory=lambda: {"name": "as_given"})
-    python: str = sys.executable
-    env: dict[str, str] = field(default_factory=dict)
-    repeats: int = 1
-    warmup_requests: int = 0
-    time_limit_s: float = 900.0
-    memory_limit_bytes: int | None = None
-    results_dir: Path = Path("results")
-    save_outputs: bool = False
-    labels: dict[str, Any] = field(default_factory=dict)
-    hardware_spec: dict[str, Any] | None = None  # the hardware config's spec: block, for the speed of light
-    workload_cfg: dict[str, Any] | None = None   # the workload config, kept in the row to re-simulate the run
-    replicas: int = 1                            # data-parallel engine instances (harness/replicas.py)
-    quality: dict[str, Any] = field(default_factory=dict)  # harness.quality: reference, reference_knobs, expected_outputs
 
 
 def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
@@ -97,7 +73,7 @@ def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
                 _save_outputs(records, results_dir / "outputs" / f"{run_id}.jsonl")
             if checks_quality:
                 try:
-                    quality_columns = quality.assess(spec, run_id, [_completion(r) for r in records])
+                    quality_columns = quality.assess(spec, run_id, [_completion(r) for r in records], execute)
                 except Exception as e:  # noqa: BLE001 - the measured run keeps its row; the row says why
                     quality_columns = {"quality.error": f"{type(e).__name__}: {e}"}
     finally:

@@ -13,8 +13,8 @@ import os
 from typing import Any
 
 from engines.base import Request
-from harness import environment
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
+from harness.run import environment
 
 AFFINITY_ENV = "TROUGHPUT_CPU_AFFINITY"  # read by engines.worker before the engine is imported
 REPLICA_ENV = "TROUGHPUT_REPLICA"        # "<index>/<count>", 1-based, for logs and tests

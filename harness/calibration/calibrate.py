@@ -27,13 +27,13 @@ import numpy as np
 import yaml
 
 from engines.base import KnobError
+from engines.common import PROJECT_ROOT
 from engines.perfmodel import Efficiency, StepCost
 from engines.sim import SIM_KNOBS, SimEngine
-from engines.common import PROJECT_ROOT
-from harness.errors import TroughputError
-from harness.hostspec import complete_spec
-from harness.ordering import apply_ordering
-from harness.results import read_rows
+from harness.core.errors import TroughputError
+from harness.ordering.policies import apply_ordering
+from harness.run.hostspec import complete_spec
+from harness.run.results import read_rows
 
 PARAMS = [f.name for f in fields(Efficiency)]
 
@@ -96,7 +96,7 @@ def simulate_row(row: Mapping[str, Any], model: Mapping[str, Any], hardware_spec
     """Rebuild the row's workload, ordering and knobs; simulate (``SimEngine.schedule``); return the step trace.
 
     Args:
-        hardware_spec: a complete spec (``harness.hostspec.complete_spec`` fills a host's null rates).
+        hardware_spec: a complete spec (``harness.run.hostspec.complete_spec`` fills a host's null rates).
 
     Raises:
         TroughputError: the row cannot be re-simulated (no workload config, images, unknown model).
@@ -235,7 +235,7 @@ def calibrate(overrides: Sequence[str], dry_run: bool = False, out_dir: Path | N
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from harness.models import resolve_model
+    from harness.core.models import resolve_model
 
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=list(overrides), return_hydra_config=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 
 @dataclass

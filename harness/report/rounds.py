@@ -4,7 +4,7 @@
 
 Hydra runs each config once (round 1, or the rounds given with ``run.round=...``); then
 ``RoundsCallback`` (a Hydra callback in ``conf/config.yaml``) reads this multirun's rows,
-applies ``harness.verdict`` per cell through the report's own ``decide`` (min effect
+applies ``harness.report.verdict`` per cell through the report's own ``decide`` (min effect
 ``run.min_effect``), and, while a cell is undecided (``too close to call`` or
 ``insufficient data``) and ``run.max_rounds`` is not reached, runs one more round of
 every config of that cell: each a fresh, independent run (its own engine process), in an
@@ -26,22 +26,12 @@ from typing import Any, Callable
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from harness.errors import TroughputError
-from harness.verdict import DECIDED
+from harness.core.errors import TroughputError
+from harness.report.verdict import DECIDED
+from harness.run.runner import execute
+from harness.run.spec import AUTO, build_spec, wants_rounds
 
-AUTO = "auto"
 ROUND = "run.round="
-
-
-def wants_rounds(cfg: DictConfig) -> bool:
-    """Whether ``cfg`` asks for rounds until decided; any value but null and ``auto`` is an error."""
-    value = cfg.run.get("rounds")
-    if value is None:
-        return False
-    if value != AUTO:
-        raise TroughputError(f"run.rounds={value!r}: use auto (add rounds until the verdict is decided) or null; "
-                             f"for a fixed count use -m run.round=1,2,3")
-    return True
 
 
 class Job:
@@ -144,9 +134,6 @@ class RoundsCallback(Callback):
             print("rounds: run.rounds=auto needs a launcher that runs jobs in this process (the default one); "
                   "no rounds added", flush=True)
             return
-        from harness.runner import execute
-        from harness.spec import build_spec
-
         until_decided(self.jobs, Path(config.run.results_dir), str(config.hydra.sweep.dir),
                       int(config.run.max_rounds), float(config.run.min_effect),
                       lambda cfg: execute(build_spec(cfg), progress=bool(cfg.run.progress)))

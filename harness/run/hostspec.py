@@ -3,7 +3,7 @@
 A hardware config may leave its rates null (``conf/hardware/cpu.yaml``): then this host
 is measured, once per host (cached in ``.cache/troughput/host_spec-v4-<host>.json``), at
 the start of a run (``complete_run_spec``, called by the runner before any worker
-starts) or explicitly (``python -m harness.hostspec [--refresh]``). Writing a row never
+starts) or explicitly (``python -m harness.run.hostspec [--refresh]``). Writing a row never
 measures: the speed of light (``engines.perfmodel.sol_columns``) and the simulator get
 the completed spec.
 """
@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
-from engines.perfmodel import REQUIRED_RATES
 from engines.common import PROJECT_ROOT
-from harness.errors import TroughputError
+from engines.perfmodel import REQUIRED_RATES
+from harness.core.errors import TroughputError
 
 log = logging.getLogger(__name__)
 CACHE_DIR = PROJECT_ROOT / ".cache" / "troughput"
@@ -153,7 +153,7 @@ def measure_host(cache_dir: Path = CACHE_DIR, refresh: bool = False) -> dict[str
 
 def main(argv: list[str] | None = None) -> None:
     """Measure this host now (or read the cache) and print the spec as JSON."""
-    parser = argparse.ArgumentParser(prog="python -m harness.hostspec", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.run.hostspec", description=__doc__.split("\n\n")[0])
     parser.add_argument("--refresh", action="store_true", help="measure again even where a cached spec exists")
     args = parser.parse_args(argv)
     print(json.dumps(measure_host(refresh=args.refresh), indent=2))

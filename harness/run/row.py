@@ -8,9 +8,9 @@ ones except where noted):
 - the workload's build facts (``workload_info.*``) and the knobs as given
   (``knob.*``, plus ``knob.replicas`` above 1) and as canonical names (``canon.*``);
 - the run's settings (``SETTINGS``) and how it went (``STATUS``, ``run_seconds``, ``log_path``);
-- the measurements (``harness.measure.measurement_columns``: ``MEASUREMENTS``,
+- the measurements (``harness.run.measure.measurement_columns``: ``MEASUREMENTS``,
   ``engine_info.*``, ``stat.*``) and the output quality (``quality.*``, ``harness.quality``);
-- the host (``harness.environment.capture``: ``env.*``, ``git_commit``) and the labels
+- the host (``harness.run.environment.capture``: ``env.*``, ``git_commit``) and the labels
   (``run.labels``, ``command``, ``hardware``, ``round``, ``sweep_id``, ``study``, ``trial``;
   a label may replace any column above);
 - the speed of light (``SPEED_OF_LIGHT``, ``hw.*``) and what re-simulating the run needs
@@ -20,16 +20,14 @@ ones except where noted):
 from __future__ import annotations
 
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engines.knobs import canonical_view
 from engines.perfmodel import sol_columns
-from harness import environment
-from harness.measure import measurement_columns
-from harness.results import prefixed
-
-if TYPE_CHECKING:
-    from harness.runner import RunSpec
+from harness.run import environment
+from harness.run.measure import measurement_columns
+from harness.run.results import prefixed
+from harness.run.spec import RunSpec
 
 IDENTITY = ("run_id", "timestamp", "engine", "engine_python", "model", "model_path", "workload",
             "workload_fingerprint", "ordering")

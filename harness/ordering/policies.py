@@ -7,7 +7,7 @@ requests`` (a permutation; ``cfg`` is the ``ordering`` config) and deterministic
 
 - ``as_given``, ``shuffled`` (seeded): baselines.
 - ``prefix_grouped``: requests sharing a prefix made contiguous, in depth-first order of
-  a prefix tree over the prompt token ids (``harness.prefix_tree``), so that a prefix is
+  a prefix tree over the prompt token ids (``harness.workloads.prefix_tree``), so that a prefix is
   used up before it is evicted.
 - ``length_bucketed``: by output length (``max_tokens``) and input length, in buckets,
   longest first, to cut the variance inside a batch and the straggling tail.
@@ -25,8 +25,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from engines.base import Request
-from harness.errors import TroughputError
-from harness.prefix_tree import PrefixTree, prompt_keys
+from harness.core.errors import TroughputError
+from harness.workloads.prefix_tree import PrefixTree, prompt_keys
 
 Policy = Callable[[list[Request], Mapping[str, Any]], list[Request]]
 

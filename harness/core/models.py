@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from engines.common import PROJECT_ROOT
-from harness.errors import TroughputError
+from harness.core.errors import TroughputError
 
 log = logging.getLogger(__name__)
 # What the harness reads itself; weights stay with the engine.

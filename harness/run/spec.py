@@ -11,7 +11,7 @@ space over ``workload.*``) gets its own, so sharing never changes what runs.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,49 @@ from omegaconf import DictConfig, OmegaConf
 
 from engines import find_unit
 from engines.knobs import defaults_to_native, to_native
-from harness.errors import TroughputError
-from harness.models import resolve_model
-from harness.rounds import wants_rounds
-from harness.runner import RunSpec
+from harness.core.errors import TroughputError
+from harness.core.models import resolve_model
 from harness.workloads import Workload, build_workload
+
+
+AUTO = "auto"
+
+
+def wants_rounds(cfg: DictConfig) -> bool:
+    """Whether ``cfg`` asks for rounds until decided; any value but null and ``auto`` is an error."""
+    value = cfg.run.get("rounds")
+    if value is None:
+        return False
+    if value != AUTO:
+        raise TroughputError(f"run.rounds={value!r}: use auto (add rounds until the verdict is decided) or null; "
+                             f"for a fixed count use -m run.round=1,2,3")
+    return True
+
+
+
+@dataclass
+class RunSpec:
+    """Everything one run needs; ``labels`` (sweep id, study, trial, ...) go into the row as they are."""
+
+    engine: str
+    model: dict[str, Any]
+    workload: Workload
+    knobs: dict[str, Any] = field(default_factory=dict)
+    ordering: dict[str, Any] = field(default_factory=lambda: {"name": "as_given"})
+    python: str = sys.executable
+    env: dict[str, str] = field(default_factory=dict)
+    repeats: int = 1
+    warmup_requests: int = 0
+    time_limit_s: float = 900.0
+    memory_limit_bytes: int | None = None
+    results_dir: Path = Path("results")
+    save_outputs: bool = False
+    labels: dict[str, Any] = field(default_factory=dict)
+    hardware_spec: dict[str, Any] | None = None  # the hardware config's spec: block, for the speed of light
+    workload_cfg: dict[str, Any] | None = None   # the workload config, kept in the row to re-simulate the run
+    replicas: int = 1                            # data-parallel engine instances (harness/run/replicas.py)
+    quality: dict[str, Any] = field(default_factory=dict)  # harness.quality: reference, reference_knobs, expected_outputs
+
 
 
 @dataclass(frozen=True)

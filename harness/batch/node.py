@@ -1,0 +1,22 @@
+"""This node's part of a batch job: the job's scanned index and the engines that run its shards here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from harness.batch.plan import Plan
+from harness.batch.pool import LocalPool
+from harness.batch.shards import Index
+from harness.batch.state import JobState
+
+
+def make_pool(plan: Plan, state: JobState, run_id: str) -> Any:
+    """The engines this node drives: local batch workers."""
+    return LocalPool(plan, state.work_dir / run_id, Path(plan.results_dir) / "logs")
+
+
+def load_index(state: JobState) -> Index:
+    data = json.loads((state.root / "index.json").read_text())
+    return Index(data["records"], {int(k): v for k, v in data["duplicates"].items()}, data.get("digest", ""))

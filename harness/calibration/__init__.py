@@ -1,0 +1,1 @@
+"""Calibration: the simulator's efficiency factors fitted to measured rows (``troughput-calibrate``)."""

@@ -1,0 +1,1 @@
+"""Ordering: the order in which an engine sees a workload's requests (``policies``)."""
