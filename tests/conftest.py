@@ -70,6 +70,28 @@ def pytest_runtest_setup(item):
                     f"{' and '.join(missing)}", pytrace=False)
 
 
+def pytest_collection_finish(session):
+    """Under ``--dist loadgroup`` every test marked ``xdist_group`` must carry its group in its node id (xdist
+    schedules by it); a pytest and pytest-xdist pair that drops it would silently run the Ray tests on every
+    worker, each with a Ray head of its own: fail the session instead."""
+    if not session.config.getvalue("loadgroup"):
+        return
+    lost = [item.nodeid for item in session.items
+            if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid]
+    if lost:
+        raise pytest.UsageError(f"pytest {pytest.__version__} with this pytest-xdist ignores xdist_group (e.g. "
+                                f"{lost[0]}): install the test extra's pins (pyproject.toml)")
+
+
+def pytest_configure(config):
+    """The known bad pair, named before any worker starts (a worker's own error reaches the terminal garbled)."""
+    if config.getvalue("dist") == "loadgroup" and not hasattr(config, "workerinput"):
+        version = tuple(int(part) for part in pytest.__version__.split(".")[:2] if part.isdigit())
+        if version >= (9, 2):
+            raise pytest.UsageError(f"pytest {pytest.__version__}: pytest-xdist's xdist_group does not work with "
+                                    "pytest>=9.2; install the test extra's pins (`make env`, pyproject.toml)")
+
+
 def _ray_connected() -> bool:
     ray = sys.modules.get("ray")
     return bool(ray is not None and getattr(ray, "is_initialized", lambda: False)())
