@@ -46,7 +46,7 @@ sys.path.insert(0, str(ROOT))
 
 import yaml  # noqa: E402
 
-from engines import requirements, unit, units  # noqa: E402
+from engines import find_unit, requirements, unit, units  # noqa: E402
 from engines.common import env_python, python_variable  # noqa: E402
 from harness.core.engine_env import describe_host  # noqa: E402
 from harness.report.document import fmt  # noqa: E402
@@ -125,11 +125,14 @@ def engine_status(engine: str, kind: str) -> EngineStatus:
 
 def recipe_overrides(engine: str, kind: str) -> tuple[str, ...]:
     """The "batch recipe" seed of the engine's default tune space on this hardware kind, as overrides."""
-    space = unit(engine).tune_space(kind)
-    seeds = yaml.safe_load((ROOT / "conf" / "tune" / f"{space}.yaml").read_text()).get("seeds") or []
+    declared = unit(engine)
+    space = declared.tune_space(kind)
+    own = Path(declared.conf) / "tune" / f"{space}.yaml" if declared.conf else None   # a plugin's own space
+    path = own if own and own.is_file() else ROOT / "conf" / "tune" / f"{space}.yaml"
+    seeds = yaml.safe_load(path.read_text()).get("seeds") or []
     recipe = next((s for s in seeds if s.get("name") == "batch recipe"), None)
     if recipe is None:
-        raise SystemExit(f"gpu_acceptance: conf/tune/{space}.yaml has no 'batch recipe' seed")
+        raise SystemExit(f"gpu_acceptance: {path} has no 'batch recipe' seed")
     return tuple(f"++{key}={json.dumps(value) if isinstance(value, bool) else value}"
                  for key, value in recipe["params"].items())
 
@@ -236,7 +239,8 @@ def published(engine: str, workload: str, hardware: str) -> str:
     key = "h200" if hardware.startswith("h200") else "h100" if hardware.startswith("h100") else None
     if key is None:
         return "n/a (published figures are H100/H200)"
-    label = {"vllm": "vLLM", "sglang": "SGLang"}.get(engine)
+    found = find_unit(engine)   # the published figures name engines as their units' labels do
+    label = found.label if found else None
     name, isl, osl, n, figures, source, _ = sol.SHAREGPT
     if label in figures and key == "h100":
         return f"{figures[label]:,} ({source}, {n} ShareGPT prompts)"

@@ -7,8 +7,8 @@ engine with an entry point of its own, and no edit here. Each unit
 
 ``registry()`` reads, in this order (a later source overrides an earlier one's name):
 the group in this source checkout's ``pyproject.toml`` (so a checkout whose editable
-install predates a change still sees its own engines), every installed distribution's
-entry points, and ``TROUGHPUT_ENGINES`` (JSON ``{name: "module:attr"}``), which the
+install predates a change sees its own engines, and not the installed metadata's), every
+other installed distribution's entry points, and ``TROUGHPUT_ENGINES`` (JSON ``{name: "module:attr"}``), which the
 driver sets for its engine workers (``registry_env``): a worker under another interpreter,
 or on a Ray node that got troughput as a ``working_dir``, needs no package metadata.
 """
@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import warnings
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -32,11 +33,21 @@ PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
 
 @lru_cache(maxsize=None)
 def registry() -> dict[str, str]:
-    """``engine=`` name -> ``"module:attr"`` of its unit, from the sources in the module docstring."""
+    """``engine=`` name -> ``"module:attr"`` of its unit, from the sources in the module docstring.
+
+    A distribution that registers a name another one already holds replaces it, with a warning naming both
+    (which one wins among installed distributions depends on their order on ``sys.path``).
+    """
     found = _checkout_group()
+    owners = dict.fromkeys(found, "troughput")
     for entry in metadata.entry_points(group=GROUP):
-        if entry.name not in found or entry.dist is None or entry.dist.name != "troughput":
-            found[entry.name] = entry.value
+        owner = entry.dist.name if entry.dist is not None else "an unnamed distribution"
+        if owner == "troughput" and owners:
+            continue   # this checkout's pyproject.toml is newer than its installed metadata (an engine removed too)
+        if entry.name in found and found[entry.name] != entry.value:
+            warnings.warn(f"engine {entry.name!r}: {owner} registers {entry.value!r} in {GROUP}, replacing "
+                          f"{found[entry.name]!r} of {owners[entry.name]}", stacklevel=2)
+        found[entry.name], owners[entry.name] = entry.value, owner
     found.update(json.loads(os.environ.get(ENV_VAR) or "{}"))
     return found
 
@@ -85,8 +96,19 @@ def unit(name: str) -> EngineUnit:
 
 
 def units() -> list[EngineUnit]:
-    """Every registered unit, in registry order."""
-    return [unit(name) for name in registry()]
+    """Every registered unit that loads, in registry order.
+
+    One that does not (a plugin whose module fails to import) is skipped with a warning, so it cannot
+    stop the other engines, the knob table or Hydra's config search; ``unit(name)`` raises its error.
+    """
+    found = []
+    for name in registry():
+        try:
+            found.append(unit(name))
+        except Exception as error:  # noqa: BLE001 - any import error of a plugin
+            warnings.warn(f"engine {name!r} ({registry()[name]}) cannot be loaded and is skipped: "
+                          f"{type(error).__name__}: {error}", stacklevel=2)
+    return found
 
 
 def get_engine_class(name: str) -> type[Engine]:

@@ -119,8 +119,24 @@ def unsupported(label: str, requests: list[Any], sampling: bool, constraints: bo
     """Why ``label`` cannot run ``requests`` (own sampling or constraints it lacks), else ``None``."""
     if not constraints and any(r.constraint for r in requests):
         return (f"{label} cannot constrain outputs (structured outputs); the workload has constrained requests: "
-                "use vllm, sglang, trtllm or ray")
+                f"use {engines_that('supports_constraints')}")
     if not sampling and any(r.sampling for r in requests):
         return (f"{label} decodes greedily only; the workload's requests bring their own sampling: "
-                "use workload.sampling=benchmark, or vllm, sglang, trtllm or ray")
+                f"use workload.sampling=benchmark, or {engines_that('supports_sampling')}")
     return None
+
+
+def engines_that(capability: str) -> str:
+    """The registered engines whose adapter has ``capability`` (``supports_sampling``), as "a, b or c"."""
+    from engines import get_engine_class, registry
+
+    names = []
+    for name in registry():
+        try:
+            if getattr(get_engine_class(name), capability, False):
+                names.append(name)
+        except Exception:  # noqa: BLE001 - a broken plugin must not hide this message
+            continue
+    if not names:
+        return "an engine that supports it"
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"

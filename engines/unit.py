@@ -4,8 +4,9 @@ Every adapter module (``engines/vllm.py``, ``engines/sglang.py``, ...) ends with
 ``UNIT = EngineUnit(...)``: its label, its adapter class, where each canonical knob
 lands in its native arguments, how to build its Python environment, the native knobs
 troughput sets itself, and its default search space per hardware kind. The registry
-(``engines.UNITS``), the knob table (``engines.knobs``), ``troughput-env``, the cost
-planner and the tuner read these declarations; none of them lists engines itself.
+(``engines.registry()``, from the ``troughput.engines`` entry points), the knob table
+(``engines.knobs``), ``troughput-env``, the cost planner and the tuner read these
+declarations; none of them lists engines itself.
 
 Standard library only: the worker side imports the adapter modules that hold units.
 """

@@ -74,7 +74,7 @@ def pytest_collection_finish(session):
     """Under ``--dist loadgroup`` every test marked ``xdist_group`` must carry its group in its node id (xdist
     schedules by it); a pytest and pytest-xdist pair that drops it would silently run the Ray tests on every
     worker, each with a Ray head of its own: fail the session instead."""
-    if not session.config.getvalue("loadgroup"):
+    if not getattr(session.config.option, "loadgroup", False):  # set on xdist workers only
         return
     lost = [item.nodeid for item in session.items
             if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid]

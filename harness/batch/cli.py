@@ -38,7 +38,8 @@ def build_plan(cfg: DictConfig) -> Plan:
         device_kind=str((cfg.hardware.get("spec") or {}).get("kind", "cpu")),
         in_flight=_positive(cfg.batch.in_flight, "batch.in_flight"), sampling=cfg.batch.sampling,
         default_max_tokens=cfg.batch.default_max_tokens, allow_remote_images=bool(cfg.batch.allow_remote_images),
-        max_model_len=canonical_view(cfg.engine.name, knobs).get("context_length"), results_dir=str(Path(cfg.run.results_dir).resolve()),
+        max_model_len=canonical_view(cfg.engine.name, knobs).get("context_length"),   # the engine's own name for it
+        results_dir=str(Path(cfg.run.results_dir).resolve()),
         source=origin, labels=labels, model_revision=model_revision(model), scale=cfg.batch.scale, ray=_plain(cfg.batch.ray), slurm=_plain(cfg.batch.slurm))
 
 

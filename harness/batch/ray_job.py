@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
-from engines import registry_env
+from engines import registry, registry_env
 from engines.common import PROJECT_ROOT
 from harness.batch.job import ShardsRun, job_id, shard_records
 from harness.batch.plan import Plan
@@ -34,9 +35,27 @@ SMALL_TASK_CPUS = 0.25  # read, convert and commit tasks: whole CPUs would starv
 
 
 def runtime_env(plan: Plan) -> dict[str, Any]:
-    """troughput's code for every worker, and the job's environment variables (``hardware.env``, ``engine.env``)."""
-    return {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES,
-            "env_vars": {**{k: str(v) for k, v in plan.env.items()}, **registry_env()}}   # no metadata on nodes
+    """troughput's code for every worker, a plugin engine's package too, and the job's environment variables
+    (``hardware.env``, ``engine.env``)."""
+    env = {"working_dir": str(PROJECT_ROOT), "excludes": EXCLUDES,
+           "env_vars": {**{k: str(v) for k, v in plan.env.items()}, **registry_env()}}   # no metadata on nodes
+    plugin = plugin_package(plan.engine)
+    if plugin is not None:
+        env["py_modules"] = [str(plugin)]
+    return env
+
+
+def plugin_package(engine: str) -> Path | None:
+    """The folder of the top-level package holding ``engine``'s unit, where it lies outside troughput's checkout
+    (a plugin installed on the driver only): Ray ships it to the nodes as a ``py_modules`` entry."""
+    import importlib.util
+
+    target = registry().get(engine) or (engine if ":" in engine else None)
+    spec = importlib.util.find_spec(target.split(":")[0].split(".")[0]) if target else None
+    if spec is None or not spec.submodule_search_locations:
+        return None   # unknown, or a single-module plugin: it must be installed on the nodes
+    folder = Path(next(iter(spec.submodule_search_locations))).resolve()
+    return None if folder.is_relative_to(PROJECT_ROOT.resolve()) else folder
 
 
 def settings(plan: Plan) -> dict[str, Any]:

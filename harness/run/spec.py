@@ -39,7 +39,6 @@ def wants_rounds(cfg: DictConfig) -> bool:
     return True
 
 
-
 @dataclass
 class RunSpec:
     """Everything one run needs; ``labels`` (sweep id, study, trial, ...) go into the row as they are."""
@@ -62,7 +61,6 @@ class RunSpec:
     workload_cfg: dict[str, Any] | None = None   # the workload config, kept in the row to re-simulate the run
     replicas: int = 1                            # data-parallel engine instances (harness/run/replicas.py)
     quality: dict[str, Any] = field(default_factory=dict)  # harness.quality: reference, reference_knobs, expected_outputs
-
 
 
 @dataclass(frozen=True)

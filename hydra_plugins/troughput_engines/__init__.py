@@ -9,6 +9,8 @@ troughput's ``conf/``. Built-in engines keep theirs in ``conf/engine/`` and name
 
 from __future__ import annotations
 
+import warnings
+
 from hydra.core.config_search_path import ConfigSearchPath
 from hydra.plugins.search_path_plugin import SearchPathPlugin
 
@@ -17,8 +19,14 @@ class EngineConfSearchPath(SearchPathPlugin):
     """Appends ``file://<EngineUnit.conf>`` for every registered unit that names a config directory."""
 
     def manipulate_search_path(self, search_path: ConfigSearchPath) -> None:
-        from engines import units
+        # Hydra runs this for every Hydra app in the environment, not only troughput's: never fail one.
+        try:
+            from engines import units
 
-        for unit in units():
-            if unit.conf:
-                search_path.append(provider=f"troughput-engine-{unit.name}", path=f"file://{unit.conf}")
+            found = [unit for unit in units() if getattr(unit, "conf", None)]
+        except Exception as error:  # noqa: BLE001 - another project's ``engines``, an old checkout
+            warnings.warn(f"troughput's engine config search path is not added: {type(error).__name__}: {error}",
+                          stacklevel=2)
+            return
+        for unit in found:
+            search_path.append(provider=f"troughput-engine-{unit.name}", path=f"file://{unit.conf}")

@@ -54,8 +54,13 @@ def modules(root: Path) -> dict[str, Path]:
     return found
 
 
-def import_graph(root: Path) -> dict[str, dict[str, int]]:
-    """Module -> {imported troughput module: first line}; ``from pkg import sub`` points at the submodule."""
+def import_graph(root: Path, packages: bool = False) -> dict[str, dict[str, int]]:
+    """Module -> {imported troughput module: first line}; ``from pkg import sub`` points at the submodule.
+
+    ``importlib.import_module("a.b")`` with a literal name counts like ``import a.b``. With ``packages``,
+    importing ``a.b.c`` also counts ``a`` and ``a.b``, whose ``__init__.py`` that import runs (for circles),
+    except the importer's own enclosing packages (already being imported when it runs).
+    """
     known = modules(root)
     graph: dict[str, dict[str, int]] = {}
     for name, path in known.items():
@@ -70,14 +75,30 @@ def import_graph(root: Path) -> dict[str, dict[str, int]]:
                     parent = package.split(".")[:len(package.split(".")) - node.level + 1]
                     base = ".".join(parent + ([node.module] if node.module else []))
                 targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
+            elif _literal_import(node):
+                targets = [node.args[0].value]
             else:
                 continue
             for target in targets:
                 while target and target not in known:
                     target = target.rpartition(".")[0]
+                parts = target.split(".") if target else []
                 if target and target != name:
                     edges.setdefault(target, node.lineno)
+                for enclosing in (".".join(parts[:n]) for n in range(1, len(parts)) if packages):
+                    if enclosing in known and not name.startswith(enclosing + "."):
+                        edges.setdefault(enclosing, node.lineno)
     return graph
+
+
+def _literal_import(node: ast.AST) -> bool:
+    """``importlib.import_module("a.b")`` or ``__import__("a.b")`` with a string literal."""
+    if not isinstance(node, ast.Call) or not node.args or not isinstance(node.args[0], ast.Constant) \
+            or not isinstance(node.args[0].value, str):
+        return False
+    func = node.func
+    return (isinstance(func, ast.Attribute) and func.attr == "import_module") or \
+        (isinstance(func, ast.Name) and func.id in ("import_module", "__import__"))
 
 
 def circles(graph: dict[str, dict[str, int]]) -> list[list[str]]:
@@ -170,7 +191,7 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
 
 
 def test_no_import_circles():
-    graph = import_graph(ROOT)
+    graph = import_graph(ROOT, packages=True)
     assert len(graph) > 100, "troughput's modules were found"
     found = circles(graph)
     known = modules(ROOT)
@@ -213,6 +234,28 @@ def test_the_circle_check_sees_circles_through_function_imports_and_packages(tmp
     })
     found = circles(import_graph(root))
     assert found == [["harness.quality", "harness.quality.reference", "harness.run.runner", "harness.quality"]]
+
+
+def test_the_circle_check_sees_circles_through_a_package_init_and_import_module(tmp_path):
+    """``harness.run`` runs ``harness.quality``'s ``__init__`` by importing a submodule of it; ``harness.report.x``
+    is imported by name."""
+    through_init = _package(tmp_path / "a", {
+        "harness/__init__.py": "",
+        "harness/run/__init__.py": "from harness.quality.subject import X\n",
+        "harness/run/spec.py": "",
+        "harness/quality/__init__.py": "from harness.run.spec import Y\n",
+        "harness/quality/subject.py": "X = 1\n",
+    })
+    assert circles(import_graph(through_init, packages=True)) == [["harness.quality", "harness.run", "harness.quality"]]
+    assert circles(import_graph(through_init)) == [], "without packages, only the named modules count"
+    by_name = _package(tmp_path / "b", {
+        "harness/__init__.py": "",
+        "harness/run/__init__.py": "",
+        "harness/run/spec.py": "import importlib\nreport = importlib.import_module('harness.report.x')\n",
+        "harness/report/__init__.py": "",
+        "harness/report/x.py": "import harness.run.spec as spec\n",
+    })
+    assert circles(import_graph(by_name)) == [["harness.report.x", "harness.run.spec", "harness.report.x"]]
 
 
 def test_the_room_check_sees_an_import_up_and_one_across(tmp_path):

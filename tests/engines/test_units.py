@@ -1,5 +1,7 @@
 """Every registered engine is one unit that declares what the rest of troughput reads."""
 
+from pathlib import Path
+
 import pytest
 
 from engines import KnobError, get_engine_class, registry, unit, units
@@ -19,11 +21,13 @@ def test_every_engine_declares_mapping_environment_devices_and_tune_spaces(name)
     environment = declared.environment()
     assert environment.module and environment.pythons
     assert declared.devices({}) == 1 and declared.devices({}, replicas=3) == 3
+    own = [Path(declared.conf)] if declared.conf else []   # a plugin's config directory, then troughput's
     for kind in KINDS:
         space = declared.tune_space(kind)
-        assert (ROOT / "conf" / "tune" / f"{space}.yaml").is_file(), f"{name} on {kind}: {space}"
+        found = any((d / "tune" / f"{space}.yaml").is_file() for d in [*own, ROOT / "conf"])
+        assert found, f"{name} on {kind}: {space}"
     assert declared.tune_space("tpu") == FALLBACK_SPACE
-    assert (ROOT / "conf" / "engine" / f"{name}.yaml").is_file()
+    assert any((d / "engine" / f"{name}.yaml").is_file() for d in [*own, ROOT / "conf"])
     assert get_engine_class(name).name == name
 
 
@@ -83,3 +87,36 @@ def test_model_and_hardware_defaults_are_skipped_where_an_engine_does_not_take_t
         to_native("trtllm", {"eager": True})
     with pytest.raises(KnobError, match=r"hardware: canonical: \['eagre'\] are not canonical knobs"):
         defaults_to_native("vllm", {"eagre": True}, "hardware")
+
+
+class _Entry:
+    """A stand-in for an ``importlib.metadata.EntryPoint`` of one distribution."""
+
+    def __init__(self, name: str, value: str, dist: str):
+        self.name, self.value, self.dist = name, value, type("Dist", (), {"name": dist})()
+
+
+def test_two_distributions_registering_one_name_warn_and_a_broken_plugin_is_skipped_by_units(monkeypatch):
+    import engines
+
+    entries = [_Entry("vllm", "engines.vllm:UNIT", "troughput"), _Entry("gone", "engines.gone:UNIT", "troughput"),
+               _Entry("echo", "tp_a:UNIT", "plugin-a"),
+               _Entry("echo", "tp_b:UNIT", "plugin-b"), _Entry("vllm", "patched_vllm:UNIT", "patched-vllm")]
+    monkeypatch.setattr(engines.metadata, "entry_points", lambda group: entries)
+    monkeypatch.delenv(engines.ENV_VAR, raising=False)
+    engines.registry.cache_clear()
+    try:
+        with pytest.warns(UserWarning) as caught:
+            found = engines.registry()
+        messages = sorted(str(w.message) for w in caught)
+        assert found["echo"] == "tp_b:UNIT" and found["vllm"] == "patched_vllm:UNIT"
+        assert "gone" not in found, "the checkout's pyproject.toml, not stale installed metadata, lists troughput's own"
+        assert len(messages) == 2 and "plugin-b registers 'tp_b:UNIT'" in messages[0] and "of plugin-a" in messages[0]
+        assert "patched-vllm registers 'patched_vllm:UNIT'" in messages[1] and "of troughput" in messages[1]
+        with pytest.warns(UserWarning, match=r"engine 'echo' \(tp_b:UNIT\) cannot be loaded and is skipped"):
+            loaded = [u.name for u in engines.units()]
+        assert "echo" not in loaded and "sglang" in loaded
+        with pytest.raises(ModuleNotFoundError):
+            engines.unit("echo")
+    finally:
+        engines.registry.cache_clear()

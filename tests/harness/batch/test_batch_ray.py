@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.batch.plan import Plan
-from harness.batch.ray_job import engine_resources, settings
+from harness.batch.ray_job import engine_resources, runtime_env, settings
 from harness.core.errors import TroughputError
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
@@ -69,9 +69,9 @@ def test_the_engine_stage_takes_the_next_shard_while_the_current_one_generates()
     assert all(abs(r["measured"]["span_s"] - r["measured"]["wall_s"]) < 1e-6 for r in serial), serial
 
 
-def _plan(tmp_path: Path, **fields) -> Plan:
+def _plan(tmp_path: Path, engine: str = "vllm", **fields) -> Plan:
     return Plan(input=str(tmp_path / "in.jsonl"), format="openai_batch", output_dir=str(tmp_path / "out"),
-                shard_size=2, engine="vllm", model={"name": "tiny"}, knobs={}, ordering={}, python="python",
+                shard_size=2, engine=engine, model={"name": "tiny"}, knobs={}, ordering={}, python="python",
                 input_digest="-", scale="ray", **fields)
 
 
@@ -110,3 +110,21 @@ def test_without_an_engine_start_in_the_shards_start_up_is_the_wait_for_the_firs
     assert (run.startup_s, run.generation_s, run.output_tokens) == (30.0, 20.0, 8)
     state.commit(2, [], [], {**shard, "started_at": 160.0, "committed_at": 170.0, "startup_s": 12.0})
     assert tally(state, [2], ShardsRun(), began=100.0).startup_s == 12.0, "an engine actor's own start wins"
+
+
+def test_a_plugin_engine_s_package_outside_the_checkout_is_shipped_to_the_nodes(tmp_path: Path, monkeypatch) -> None:
+    import engines
+
+    package = tmp_path / "site" / "acme_engine"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    monkeypatch.setenv("TROUGHPUT_ENGINES", '{"acme": "acme_engine.unit:UNIT"}')
+    engines.registry.cache_clear()
+    try:
+        env = runtime_env(_plan(tmp_path, engine="acme"))
+        assert env["py_modules"] == [str(package.resolve())], "Ray ships the plugin with the job"
+        assert "py_modules" not in runtime_env(_plan(tmp_path)), "a built-in engine travels in the working_dir"
+    finally:
+        monkeypatch.delenv("TROUGHPUT_ENGINES")
+        engines.registry.cache_clear()
