@@ -408,5 +408,6 @@ UNIT = EngineUnit(
     environments={"default": Environment("transformers", ("python3.11", "python3.12"),
                                          ("torch==2.13.0", "transformers>=5.16.1,<5.20"), needs_gpu=False)},
     tune_spaces={},   # the generic space (canonical max_seqs) on every hardware
+    baseline=True,    # reports show every engine's rate over this one's (benchmarks/hf_baseline.py)
     takes_defaults=frozenset(),   # its own conf file sizes its KV pages (conf/engine/hf.yaml)
 )

@@ -90,6 +90,8 @@ class EngineUnit:
             (``hydra_plugins/troughput_engines``). ``None``: the file lives in troughput's ``conf/``.
         acceptance: whether the GPU acceptance matrix (``benchmarks/gpu_acceptance.py``) runs it, with its
             tune space's "batch recipe" seed.
+        baseline: whether reports measure other engines against it (the "× <engine>" column): a plain
+            reference implementation such as HF transformers.
     """
 
     name: str
@@ -105,6 +107,7 @@ class EngineUnit:
     acceptance: bool = False
     conf: str | None = None
     hardware_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    baseline: bool = False
 
     def __post_init__(self) -> None:
         if "default" not in self.environments:

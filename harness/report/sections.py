@@ -13,7 +13,15 @@ from harness.report.document import Details, Figure, Paragraph, RowLink, Section
 from harness.report.stats import STATISTIC
 from harness.report.verdict import ALPHA
 
-BASELINE_ENGINE = "hf"   # the Hugging Face transformers baseline (benchmarks/hf_baseline.py)
+def baseline_engine() -> str:
+    """The engine reports measure others against: the first unit declaring ``baseline`` (HF transformers).
+
+    Read when a report is built: reading the units imports the adapter modules, which the driver's
+    modules never do on import.
+    """
+    from engines import units
+
+    return next((unit.name for unit in units() if unit.baseline), "baseline")
 
 
 def build(report) -> list[Section]:
@@ -86,12 +94,13 @@ def recommendation(report) -> Section:
 
 
 def headline(report) -> Section:
+    baseline_name = baseline_engine()
     by_cell = {tuple(d.get(c) for c in CELL): d for d in report.decisions}
     rows, ids = [], []
     for key, group in cells(report.configs):
         decision = by_cell.get(key, {})
         measured = group[group["n_passes"] > 0]
-        baseline = measured[measured["engine"] == BASELINE_ENGINE][METRIC].max()
+        baseline = measured[measured["engine"] == baseline_name][METRIC].max()
         shown = measured.drop_duplicates("engine")
         runner_id = decision.get("runner_up.config_id")
         if runner_id and runner_id not in set(shown["config_id"]):
@@ -118,7 +127,7 @@ def headline(report) -> Section:
                          *quality_cells(config), margin, verdict])
             ids.append(f"headline-{config['config_id']}")
     table = Table(["workload", "engine", "config", "role", "output tok/s", "95% interval", "runs × passes",
-                   "CV across runs", f"× {BASELINE_ENGINE}", "total tok/s", "req/s", "preemptions",
+                   "CV across runs", f"× {baseline_name}", "total tok/s", "req/s", "preemptions",
                    "prefix-cache hit", "ideal hit (ceiling)", "of speed of light", "J / output token", "energy J", "startup s", "compile s",
                    *QUALITY_HEADERS, "margin [CI]", "verdict"],
                   rows, id="headline", row_ids=ids)
@@ -127,8 +136,8 @@ def headline(report) -> Section:
             "(each run's median pass) from 2 runs on, else of its one run's passes; 'runs × passes' says which "
             f"it rests on, and a CV marked '!' means its runs disagree by more than {RUNS_DISAGREE:.0%} "
             "((max − min) ÷ median). 'ideal hit (ceiling)' is the share of prompt tokens an unbounded prefix "
-            f"cache could serve (token grain), beside the measured hit rate; '× {BASELINE_ENGINE}' is the "
-            f"config's output tok/s over the best {BASELINE_ENGINE} baseline config of the same workload, "
+            f"cache could serve (token grain), beside the measured hit rate; '× {baseline_name}' is the "
+            f"config's output tok/s over the best {baseline_name} baseline config of the same workload, "
             "model and hardware, where baseline rows exist. 'agreement' is the share of the engine default "
             "config's greedy output tokens the config reproduced (quality.reference=default; '–' where not "
             "measured); 'parsed / valid / truncated' are shares of constrained outputs (structured workloads). "
