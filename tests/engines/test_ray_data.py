@@ -105,9 +105,13 @@ def test_a_run_joins_a_separately_started_ray_head_by_address(tmp_path, ray_head
     assert all(p >= 0 for p in parts) and sum(parts) == pytest.approx(row["stat.ray_pipeline_s"], rel=1e-6)
     assert row["stat.ray_jobs"] == 1 and row["stat.ray_actor_restarts"] == 0
     assert len({row["completion_p50_s"], row["completion_p99_s"]}) == 2, "finish times come from the engine"
-    # one rate definition: replica start-up is start-up, the rate is over the rest of the job
-    generation = row["stat.ray_pipeline_s"] - row["stat.ray_replica_start_s"]
-    assert row["output_tok_s"] == pytest.approx(row["output_tokens"] / generation, rel=0.02)
+    # one rate definition: replica start-up is start-up, the rate is over the rest of the pass. The rate's
+    # span is the generate call less the replica start, so it covers the pipeline's generation part plus the
+    # call's own set-up and collection (a fraction of a second), and leaves out the start (seconds).
+    span = row["output_tokens"] / row["output_tok_s"]
+    start = row["stat.ray_replica_start_s"]
+    assert row["stat.ray_pipeline_s"] - start <= span * (1 + 1e-6)
+    assert span < row["stat.ray_pipeline_s"] - start / 2, "the replica start-up is outside the rate's span"
     assert row["startup_s"] >= row["stat.ray_replica_start_s"] and row["job_wall_s"] >= row["stat.ray_pipeline_s"]
 
 
