@@ -11,7 +11,9 @@ fails generate in that replica (1-based) of a data-parallel run, and ``sleep_cyc
 runs in that file (a scripted run-to-run spread). It echoes the prompt's last
 token ``max_tokens`` times, so token counts are exact. ``token_s`` makes ``feeder()`` stream
 (``engines.feeding.AsyncFeeder``): each request takes ``token_s`` per output token, at most
-``max_num_seqs`` at once, like a continuous-batching engine fed while it runs.
+``max_num_seqs`` at once, like a continuous-batching engine fed while it runs. ``dtype``:
+``lossy`` changes every third output token (an output-changing knob, for the quality guard);
+any other value leaves outputs as they are.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 
 KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs",
-         "fail_replica", "sleep_cycle_s", "cycle_file", "token_s"}
+         "fail_replica", "sleep_cycle_s", "cycle_file", "token_s", "dtype"}
 
 
 class FakeEngine(Engine):
@@ -68,8 +70,8 @@ class FakeEngine(Engine):
         time.sleep(float(self.knobs.get("step_s", 0)) * -(-len(requests) // seqs))
         out = []
         for r in requests:
-            out.append(Completion(r.id, len(r.prompt_token_ids), [r.prompt_token_ids[-1]] * r.max_tokens,
-                                  cached_tokens=0, finished_at=time.perf_counter()))
+            out.append(Completion(r.id, len(r.prompt_token_ids), self._tokens(r), cached_tokens=0,
+                                  finished_at=time.perf_counter()))
             self.generated += 1
             if on_finish:
                 on_finish(1)
@@ -87,9 +89,15 @@ class FakeEngine(Engine):
         async def one(r: Request) -> Completion:
             async with seats:
                 await asyncio.sleep(float(self.knobs["token_s"]) * r.max_tokens)
-            return Completion(r.id, len(r.prompt_token_ids), [r.prompt_token_ids[-1]] * r.max_tokens, cached_tokens=0)
+            return Completion(r.id, len(r.prompt_token_ids), self._tokens(r), cached_tokens=0)
 
         return AsyncFeeder(one)
+
+    def _tokens(self, r: Request) -> list[int]:
+        """The prompt's last token ``max_tokens`` times; with ``dtype=lossy`` every third one is another."""
+        last = r.prompt_token_ids[-1]
+        lossy = self.knobs.get("dtype") == "lossy"
+        return [last + 1 if lossy and i % 3 == 2 else last for i in range(r.max_tokens)]
 
     def stats(self) -> EngineStats:
         return EngineStats(preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0)

@@ -15,6 +15,7 @@ from engines.knobs import canonical_view
 from harness.batch.launch import run_job
 from harness.batch.plan import Plan, model_revision
 from harness.batch.source import apply_source
+from harness.batch.tune_config import check_space, phase_planner, tune_settings
 from harness.core.errors import TroughputError
 from harness.core.models import resolve_model
 from harness.run.spec import command_line, layered_knobs, worker_env
@@ -40,14 +41,21 @@ def build_plan(cfg: DictConfig) -> Plan:
         default_max_tokens=cfg.batch.default_max_tokens, allow_remote_images=bool(cfg.batch.allow_remote_images),
         max_model_len=canonical_view(cfg.engine.name, knobs).get("context_length"),   # the engine's own name for it
         results_dir=str(Path(cfg.run.results_dir).resolve()),
-        source=origin, labels=labels, model_revision=model_revision(model), scale=cfg.batch.scale, ray=_plain(cfg.batch.ray), slurm=_plain(cfg.batch.slurm))
+        source=origin, labels=labels, model_revision=model_revision(model), scale=cfg.batch.scale,
+        ray=_plain(cfg.batch.ray), slurm=_plain(cfg.batch.slurm), tune=tune_settings(cfg))
 
 
 @hydra.main(config_path=str(PROJECT_ROOT / "conf"), config_name="batch", version_base="1.3")
 def main(cfg: DictConfig) -> str:
     """One batch job (or what is left of it); prints its summary. User errors print one line and exit 2."""
     try:
-        row = run_job(build_plan(cfg), progress=bool(cfg.run.progress))
+        plan = build_plan(cfg)
+        tuning = None
+        if plan.tune:  # every config the tuner may try is mapped to engine knobs now, before any engine starts
+            cfg, _ = apply_source(cfg)
+            tuning = (phase_planner(cfg, plan), OmegaConf.to_container(cfg, resolve=True))
+            check_space(tuning[0], plan.tune["space"])
+        row = run_job(plan, progress=bool(cfg.run.progress), tuning=tuning)
     except (TroughputError, KnobError) as e:
         print(f"troughput-batch: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -71,11 +79,34 @@ def summary(row: dict[str, Any]) -> str:
             lines.append(f"  NOT COMPARABLE: the prediction was measured on host "
                          f"{row.get('config_source.predicted_host_id') or 'not recorded'}, this job ran on host "
                          f"{row.get('env.host_id')} ({row.get('env.host')})")
+    if row.get("tune.runs") is not None:
+        lines += tuning_summary(row)
     lines.append(f"  output: {row['output.output'] or row['output_dir'] + '/shards (incomplete)'}; "
                  f"errors: {row['output.errors'] or '-'}")
     if row["error"]:
         lines.append(f"  {row['error']}")
     return "\n".join(lines)
+
+
+def tuning_summary(row: dict[str, Any]) -> list[str]:
+    """The in-job tuning's lines: its runs and cost, the config it chose and why, the prediction beside the rest."""
+    share = row.get("tune.phase_share")
+    lines = [f"  tuning: {row['tune.trials']} trials and {row['tune.confirm_runs']} confirmation runs on "
+             f"{row['tune.phase_requests']:,} requests ({row['tune.shards_per_run']} shards each), "
+             f"{row['tune.phase_s']:,.1f} s{f' ({share:.1%} of the job)' if share is not None else ''}; overhead "
+             f"{row['tune.overhead_s']:,.1f} s ({row['tune.restarts']} engine starts {row['tune.restart_s']:,.1f} s, "
+             f"{row['tune.discarded_shards']} discarded shards {row['tune.discarded_s']:,.1f} s)"]
+    verdict = f"{row['tune.verdict']}{': ' + row['tune.margin_interval'] if row.get('tune.margin_interval') else ''}"
+    if isinstance(row["tune.chosen"], dict):
+        lines.append(f"  chosen: {row['tune.chosen']} over the job's own config ({verdict})")
+    else:
+        lines.append(f"  chosen: the job's own config (trial {row['tune.candidate_trial']} vs it: {verdict})"
+                     if row.get("tune.candidate_trial") is not None else f"  chosen: the job's own config ({verdict})")
+    if row.get("tune.predicted_rest_s") and row.get("tune.measured_rest_s"):
+        lines.append(f"  rest of the job: predicted {row['tune.predicted_rest_s']:,.1f} s of generation, measured "
+                     f"{row['tune.measured_rest_s']:,.1f} s "
+                     f"({row['tune.measured_rest_s'] / row['tune.predicted_rest_s']:.2f} of the prediction)")
+    return lines
 
 
 def _positive(value: Any, name: str) -> int:

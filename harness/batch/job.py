@@ -12,11 +12,13 @@ import hashlib
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engines.base import Request
 from harness.batch.convert import Item, convert_shard
 from harness.batch.images import image_resolver
 from harness.batch.output import ENGINE_FAULT, failure, success
@@ -29,6 +31,7 @@ from harness.ordering.policies import apply_ordering
 from harness.workloads.records import Options
 
 log = logging.getLogger(__name__)
+PROBE = -1  # the index the quality probe travels under (no shard has it)
 
 
 @dataclass
@@ -48,6 +51,8 @@ class ShardsRun:
     startup_s: float | None = None  # the slowest engine's start
     peak_worker_rss_bytes: int = 0
     errors: list[str] = field(default_factory=list)  # failures that are no shard's (an array task that died)
+    probe: dict[str, list[int]] | None = None  # the quality probe's output token ids by request id, when one ran
+    probe_output_tokens: int = 0   # its output tokens (generated in this run's time, in no shard)
 
     def add(self, meta: dict[str, Any]) -> None:
         """Count one shard this invocation committed (its ``meta.json``)."""
@@ -61,6 +66,23 @@ class ShardsRun:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "shards_failed": {str(k): v for k, v in self.shards_failed.items()}}
+
+    @classmethod
+    def sequential(cls, parts: list[ShardsRun], committed: set[int]) -> ShardsRun:
+        """Runs one after another (an in-job tuning's phases): counts and seconds add up; a failure counts
+        only while its shard is still uncommitted (a later run may have done it)."""
+        total = cls()
+        for part in parts:
+            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s",
+                        "engine_idle_s", "generation_s", "probe_output_tokens"):
+                setattr(total, key, getattr(total, key) + getattr(part, key))
+            total.startup_s = (total.startup_s or 0.0) + part.startup_s if part.startup_s is not None \
+                else total.startup_s
+            total.peak_worker_rss_bytes = max(total.peak_worker_rss_bytes, part.peak_worker_rss_bytes)
+            total.shards_failed.update({i: why for i, why in part.shards_failed.items() if i not in committed})
+        if parts and (total.shards_failed or not parts[-1].shards_run):
+            total.errors = [e for part in parts for e in part.errors]
+        return total
 
     @classmethod
     def merged(cls, parts: list[dict[str, Any]]) -> ShardsRun:
@@ -79,6 +101,9 @@ class ShardsRun:
 
 
 def job_id(plan: Plan) -> str:
+    """The job's id (in every output line's ``id``): a digest of its identity; a phase's plan carries the job's."""
+    if plan.job:
+        return plan.job
     return hashlib.sha256(json.dumps(plan.identity(), sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -87,8 +112,12 @@ def shard_records(index: Index, size: int, shard: int) -> int:
 
 
 def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int], bool], pool: Any,
-               progress: bool = True) -> ShardsRun:
-    """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool``, not yet started)."""
+               progress: bool = True, probe: list[Request] | None = None) -> ShardsRun:
+    """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool``, not yet started).
+
+    ``probe``: requests fed first, beside the shards, whose outputs are kept in ``ShardsRun.probe``
+    and committed nowhere (the in-job quality guard's sample, ``harness.batch.tuning``).
+    """
     size = plan.shard_size
     committed = state.committed()
     todo = {i for i in range(index.shards(size)) if wanted(i) and i not in committed}
@@ -99,6 +128,8 @@ def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int]
     bar = Progress(total, total - sum(shard_records(index, size, i) for i in todo), progress)
     runner = _Runner(plan, state, index, run, bar)
     pool.start()
+    if probe:
+        runner.dispatch_probe(pool, probe)
     try:
         runner.drive(pool, iter_shards(Path(plan.input), plan.format, size, todo.__contains__))
     finally:
@@ -148,6 +179,14 @@ class _Runner:
         if inside:
             self.run.startup_s = (self.run.startup_s or 0.0) + inside
 
+    def dispatch_probe(self, pool: Any, requests: list[Request]) -> None:
+        shard_dir = self.state.work_dir / f"probe-{uuid.uuid4().hex[:8]}"
+        shard_dir.mkdir(parents=True)
+        with open(shard_dir / "requests.jsonl", "w") as f:
+            for request in requests:
+                f.write(json.dumps(request.to_dict()) + "\n")
+        self.in_flight[str(shard_dir)] = (PROBE, [], pool.submit(shard_dir, PROBE, len(requests)))
+
     def _dispatch(self, pool: Any, index: int, items: list[Item]) -> None:
         requests = [item.request for item in items if item.request is not None]
         if not requests:  # nothing for the engine: commit the errors at once
@@ -173,7 +212,11 @@ class _Runner:
             index, items, _ = self.in_flight.pop(event["shard"])
             result = json.loads((Path(event["shard"]) / "result.json").read_text())
             self.run.peak_worker_rss_bytes = max(self.run.peak_worker_rss_bytes, result.get("peak_rss_bytes") or 0)
-            self._commit(index, items, result, worker)
+            if index == PROBE:
+                self.run.probe = {c["id"]: c["output_token_ids"] for c in result["completions"]}
+                self.run.probe_output_tokens = sum(len(ids) for ids in self.run.probe.values())
+            else:
+                self._commit(index, items, result, worker)
             steps = result["measured"].get("engine_steps")
             if steps is not None:
                 self.steps[worker] = max(self.steps.get(worker, 0), int(steps))
@@ -195,6 +238,8 @@ class _Runner:
             if owner != worker:
                 continue
             del self.in_flight[shard_dir]
+            if index == PROBE:
+                continue  # no probe outputs: the quality guard counts the run as not measured
             if index not in self.retried and pool.any_alive():
                 self.retried.add(index)
                 count = sum(item.request is not None for item in items)
@@ -239,5 +284,5 @@ def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, it
             "engine_s": result["measured"]["wall_s"], "span_s": result["measured"].get("span_s"),
             "idle_before_s": result["measured"].get("idle_before_s"),
             "first_line": items[0].line, "last_line": items[-1].line,
-            **(extra or {}), "committed_at": time.time()}
+            **plan.phase, **(extra or {}), "committed_at": time.time()}
     return meta if state.commit(index, outputs, errors, meta) else None

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import resource
 import time
+from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,8 +24,13 @@ from harness.run.results import new_run_id, write_row
 SCALES = ("local", "ray", "slurm")
 
 
-def run_job(plan: Plan, progress: bool = True) -> dict[str, Any]:
-    """Run what is left of ``plan``'s job; merge the outputs when every shard is committed; return its row."""
+def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan], dict[str, Any]] | None = None
+            ) -> dict[str, Any]:
+    """Run what is left of ``plan``'s job; merge the outputs when every shard is committed; return its row.
+
+    ``tuning``: ``(plan_for, base config)`` for a job with ``plan.tune`` (``harness.batch.tune_config``):
+    its tuning phase and main phase run here (``harness.batch.tuning``).
+    """
     if plan.scale not in SCALES:
         raise TroughputError(f"batch.scale={plan.scale!r}: use one of {', '.join(SCALES)}")
     if plan.engine == "ray" and plan.scale != "ray":  # its local worker would run one Ray Data job per shard
@@ -39,7 +46,10 @@ def run_job(plan: Plan, progress: bool = True) -> dict[str, Any]:
     plan.input_digest = index.digest
     state.adopt(plan)
     (state.root / "index.json").write_text(json.dumps(asdict(index)))
-    if plan.scale == "slurm":
+    extra: dict[str, Any] = {}
+    if plan.tune:
+        run, extra = _tuned(plan, state, index, tuning, progress)
+    elif plan.scale == "slurm":
         from harness.batch.slurm import run_array
 
         run = run_array(plan, state)
@@ -54,9 +64,36 @@ def run_job(plan: Plan, progress: bool = True) -> dict[str, Any]:
     if committed == index.shards(plan.shard_size):
         output, errors = state.merge(committed)
         outputs = {"output": str(output), "errors": str(errors)}
-    row = batch_row(plan, run_id, started, index, run, committed, time.monotonic() - t0, peak_rss_bytes(), outputs)
+    row = batch_row(plan, run_id, started, index, run, committed, time.monotonic() - t0, peak_rss_bytes(), outputs,
+                    extra)
     write_row(plan.results_dir, row, kind=BATCH_TABLE)
     return row
+
+
+def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool) -> tuple[ShardsRun, dict[str, Any]]:
+    """The tuning phase, then the main phase, each run one engine start on this node or one Ray Data pipeline."""
+    from harness.batch.tuning import InJobTuning
+
+    if tuning is None:
+        raise TroughputError("a job with batch.tune needs its config to build each trial's plan (troughput-batch)")
+    plan_for, base = tuning
+    cluster = None
+
+    def run_phase(phase: Plan, target: JobState, shards: set[int], probe: Any) -> ShardsRun:
+        if plan.scale == "ray":  # one pipeline per phase, its actors started with the phase's knobs
+            from harness.batch.ray_job import run_ray
+
+            return run_ray(phase, target, index, progress, shards.__contains__, cluster)
+        return run_shards(phase, target, index, shards.__contains__, make_pool(phase, target, new_run_id()),
+                          progress, probe)
+
+    with ExitStack() as stack:
+        if plan.scale == "ray":
+            from harness.batch.ray_job import session
+
+            cluster = stack.enter_context(session(plan))
+        outcome = InJobTuning(plan, state, index, plan_for, run_phase, base).run()
+    return ShardsRun.sequential(outcome.runs, state.committed()), outcome.columns
 
 
 def peak_rss_bytes() -> int:

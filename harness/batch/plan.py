@@ -12,7 +12,7 @@ from typing import Any
 # What must match when a job with committed shards is resumed: the input (path and a sha256 of every
 # byte, from the scan), how it is split and read, and everything that shapes an answer.
 IDENTITY = ("input", "input_digest", "format", "shard_size", "sampling", "default_max_tokens",
-            "allow_remote_images", "engine", "model_name", "model_path", "model_revision", "knobs", "ordering")
+            "allow_remote_images", "engine", "model_name", "model_path", "model_revision", "knobs", "ordering", "tune")
 
 
 @dataclass
@@ -44,6 +44,9 @@ class Plan:
     slurm: dict[str, Any] = field(default_factory=dict)    # tasks, cluster, and submitit's parameters
     input_digest: str = ""  # "sha256:<hex>" of the whole input, set from the scan (``harness.batch.shards.scan``)
     model_revision: str | None = None  # ``model_revision(model)`` when the plan was built
+    tune: dict[str, Any] = field(default_factory=dict)  # in-job tuning settings and space (``harness.batch.tuning``)
+    phase: dict[str, Any] = field(default_factory=dict)  # which run of the job this is; recorded in each shard's meta
+    job: str = ""  # the job's id when this plan is one phase of it (its knobs differ from the job's)
 
     @property
     def model_name(self) -> str:

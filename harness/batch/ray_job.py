@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -77,31 +79,24 @@ def settings(plan: Plan) -> dict[str, Any]:
     return ray
 
 
-def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) -> ShardsRun:
-    """Run every uncommitted shard of ``plan`` on Ray Data; what this invocation committed, from the shards."""
+def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True,
+            wanted: Callable[[int], bool] | None = None, cluster: Any = None) -> ShardsRun:
+    """Run every uncommitted shard of ``plan`` (that ``wanted`` accepts) on Ray Data; what this invocation
+    committed, from the shards. Each call is one pipeline whose engine actors start with ``plan``'s knobs;
+    ``cluster``: a ``session`` already joined (an in-job tuning's phases share one), else one for this call."""
     opts = settings(plan)
     before = state.committed()
-    todo = [i for i in range(index.shards(plan.shard_size)) if i not in before]
+    todo = [i for i in range(index.shards(plan.shard_size)) if i not in before and (wanted is None or wanted(i))]
     run = ShardsRun()
     if not todo:
         return run
-    import ray
-
-    from engines.ray_cluster import connect
-
+    if cluster is None:
+        with session(plan) as joined:
+            return run_ray(plan, state, index, progress, wanted, joined)
     total = sum(shard_records(index, plan.shard_size, i) for i in range(index.shards(plan.shard_size)))
     bar = Progress(total, total - sum(shard_records(index, plan.shard_size, i) for i in todo), progress)
-    began: float | None = None  # when the pipeline starts (after joining the cluster)
+    began = time.time()  # when the pipeline starts (after joining the cluster)
     try:
-        cluster = connect(opts.get("address") or None, None, runtime_env=runtime_env(plan))
-    except (ConnectionError, RuntimeError, ValueError) as e:
-        bar.close()
-        raise TroughputError(f"cannot join the Ray cluster at {opts.get('address')!r}: {e}") from None
-    try:
-        from ray.data import DataContext
-
-        DataContext.get_current().enable_progress_bars = False
-        began = time.time()
         for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus}).iter_rows():
             meta = json.loads(row["meta"])
             if not meta.get("dropped"):
@@ -112,8 +107,25 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True) ->
         log.error("Ray Data job failed", exc_info=True)
     finally:
         bar.close()
-        ray.shutdown()
     return tally(state, sorted(state.committed() - before), run, began)
+
+
+@contextmanager
+def session(plan: Plan) -> Iterator[Any]:
+    """The job's Ray cluster joined (``batch.ray.address``, else a new local one), left at the end."""
+    import ray
+
+    from engines.ray_cluster import connect
+
+    address = settings(plan).get("address") or None
+    try:
+        cluster = connect(address, None, runtime_env=runtime_env(plan))
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        raise TroughputError(f"cannot join the Ray cluster at {address!r}: {e}") from None
+    try:
+        yield cluster
+    finally:
+        ray.shutdown()
 
 
 def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) -> Any:

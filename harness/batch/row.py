@@ -25,7 +25,9 @@ BATCH_TABLE = "batch"
 
 
 def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: ShardsRun, committed: int,
-              wall_s: float, peak_driver_rss_bytes: int, outputs: dict[str, str | None]) -> dict[str, Any]:
+              wall_s: float, peak_driver_rss_bytes: int, outputs: dict[str, str | None],
+              extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The job's row; ``extra``: more columns (an in-job tuning's ``tune.*``)."""
     shards = index.shards(plan.shard_size)
     complete = committed == shards and not run.shards_failed and not run.errors
     rate = run.output_tokens / run.generation_s if run.generation_s > 0 else None
@@ -61,6 +63,7 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
         **prefixed("canon", canonical_view(plan.engine, plan.knobs)),
         **env,
         **plan.labels,
+        **(extra or {}),
     }
     return row
 

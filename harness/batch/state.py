@@ -86,6 +86,17 @@ class JobState:
         _fsync_dir(self.shards_dir)
         return True
 
+    def take(self, other: JobState, index: int) -> bool:
+        """Commit ``other``'s committed shard ``index`` here by renaming it in; ``False`` if this job has it already."""
+        try:
+            os.rename(other.shards_dir / f"{index:08d}", self.shards_dir / f"{index:08d}")
+        except OSError as e:
+            if e.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+                raise
+            return False
+        _fsync_dir(self.shards_dir)
+        return True
+
     def meta(self, index: int) -> dict[str, Any]:
         return json.loads((self.shards_dir / f"{index:08d}" / META).read_text())
 

@@ -22,8 +22,8 @@ ROOMS = [
     ("harness/quality/",),
     ("harness/run/",),
     ("harness/report/",),
-    ("harness/calibration/", "harness/batch/"),
-    ("sweeps/",),
+    ("harness/calibration/", "sweeps/"),
+    ("harness/batch/",),  # runs a job with a chosen config, or tunes on it (sweeps' tuner)
     ("harness/",),  # the top-level CLI modules (harness/cli.py, harness/docs.py)
     ("benchmarks/",),
 ]
@@ -264,9 +264,9 @@ def test_the_room_check_sees_an_import_up_and_one_across(tmp_path):
         "harness/workloads/__init__.py": "def f():\n    import harness.run.spec\n",
         "harness/run/__init__.py": "",
         "harness/run/spec.py": "from harness.workloads import f\n",
-        "harness/batch/__init__.py": "from harness.calibration import fit\n",
-        "harness/calibration/__init__.py": "fit = 1\n",
+        "harness/calibration/__init__.py": "from sweeps import fit\n",
+        "sweeps/__init__.py": "fit = 1\n",
     })
     found = sorted(upward_imports(root))
-    assert [f.split(":")[0] for f in found] == ["harness/batch/__init__.py", "harness/workloads/__init__.py"]
+    assert [f.split(":")[0] for f in found] == ["harness/calibration/__init__.py", "harness/workloads/__init__.py"]
     assert "a sibling room" in found[0] and "a room above" in found[1]

@@ -1,0 +1,104 @@
+"""``batch.tune``, read from the Hydra config: the in-job tuning settings and a plan for each config tried.
+
+The search space is the one ``troughput-tune`` would take for this engine and hardware
+(``tune: auto``, ``sweeps.space_choice``; ``tune=<file>`` picks another), with its seed
+trials and sizing heuristic. Everything here runs before any engine starts, so a space
+that names a knob the engine lacks, or an output-changing knob without the quality guard,
+fails first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from engines.knobs import canonical_view
+from harness.batch.job import job_id
+from harness.batch.plan import Plan
+from harness.core.errors import TroughputError
+from harness.run.spec import layered_knobs
+from sweeps.seeds import knob_key
+from sweeps.space import SearchSpace
+from sweeps.space_choice import with_default_space
+from sweeps.study import apply_values
+
+OUTPUT_CHANGING = ("dtype", "kv_cache_dtype", "quantization")  # knobs that change outputs by design
+SAMPLER_KEYS = ("sampler", "seed", "n_startup_trials", "startup", "multivariate", "grid_points")
+SCALES = ("local", "ray")
+
+
+def tune_settings(cfg: DictConfig) -> dict[str, Any]:
+    """``plan.tune``: ``batch.tune`` with the space, seeds and heuristic; ``{}`` without a tuning phase."""
+    tune = OmegaConf.to_container(cfg.batch.tune, resolve=True)
+    trials = tune.get("trials") or 0
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
+        raise TroughputError(f"batch.tune.trials={trials!r}: must be an integer >= 0 (0: no tuning phase)")
+    if not trials:
+        return {}
+    if cfg.batch.scale not in SCALES:
+        raise TroughputError(f"batch.tune.trials with batch.scale={cfg.batch.scale}: in-job tuning runs on one node "
+                             "(local) or on Ray; for a SLURM array, tune first (troughput-tune, or a local job's "
+                             "tuning phase) and run the array with batch.engine_file=")
+    if trials < 2:
+        raise TroughputError("batch.tune.trials=1 would only run the engine defaults: use 2 or more")
+    share = float(tune["max_share"])
+    if not 0 < share < 1:
+        raise TroughputError(f"batch.tune.max_share={share}: must be a fraction in (0, 1)")
+    rounds = int(tune["confirm_rounds"])
+    if rounds < 3:
+        raise TroughputError(f"batch.tune.confirm_rounds={rounds}: the verdict rule (docs/verdicts.md) needs 3 "
+                             "runs a side")
+    full = with_default_space(cfg)
+    space = OmegaConf.to_container(full.tune.space, resolve=True)
+    SearchSpace(space)  # checks the space's shape
+    changing = [p for p in space["params"] if knob_key(p).split(".")[-1] in OUTPUT_CHANGING]
+    if changing and tune.get("min_agreement") is None:
+        raise TroughputError(f"the search space holds {', '.join(changing)}, which change outputs by design: set "
+                             "batch.tune.min_agreement (e.g. 0.99) so that each such config's outputs are checked "
+                             "against the engine defaults' before its shards count, or drop them from the space")
+    if changing and cfg.batch.scale == "ray":
+        raise TroughputError(f"the quality guard for {', '.join(changing)} runs on batch.scale=local only (its probe "
+                             "requests are fed beside the shards of one local pool); drop them from the space on Ray")
+    return {**tune, "space": space, "seeds": _plain(full.tune.get("seeds")),
+            "heuristic": _plain(full.tune.get("heuristic")), "space_name": str(full.tune.get("auto") or "given"),
+            "output_changing": changing}
+
+
+def phase_planner(cfg: DictConfig, plan: Plan) -> Callable[[dict[str, Any], dict[str, Any]], Plan]:
+    """``plan_for(values, phase)``: the job's plan with a config's values applied (its knobs, replicas, ordering).
+
+    Each param path is applied as ``troughput-tune`` applies it (``sweeps.study.apply_values``);
+    the resulting knobs go through the same layering and canonical mapping as the job's own.
+    """
+    base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+
+    def plan_for(values: dict[str, Any], phase: dict[str, Any]) -> Plan:
+        trial = apply_values(base, values)
+        knobs = layered_knobs(trial)
+        return replace(plan, knobs=knobs, ordering=_plain(trial.ordering),
+                       replicas=int(trial.engine.get("replicas", 1)),
+                       max_model_len=canonical_view(plan.engine, knobs).get("context_length"),
+                       phase=phase, job=job_id(plan))  # the job's id: read when the input has been scanned
+    return plan_for
+
+
+def check_space(plan_for: Callable[..., Plan], space: dict[str, Any]) -> None:
+    """Every param's extreme values mapped to engine knobs now, so that an unknown knob fails before any engine."""
+    for path, param in space["params"].items():
+        if not path.startswith(("engine.", "model.", "ordering")):
+            raise TroughputError(f"search space param {path!r}: in-job tuning sets engine.*, model.* or ordering")
+        values = param.get("choices") or [param.get("low"), param.get("high")]
+        for value in values:
+            plan_for({path: value}, {})
+
+
+def sampler_config(tune: dict[str, Any], storage: str) -> DictConfig:
+    """The ``tune`` node ``sweeps.study``'s sampler and budget read, for the in-job study."""
+    return OmegaConf.create({"tune": {**{k: tune.get(k) for k in SAMPLER_KEYS}, "space": tune["space"],
+                                      "n_trials": tune["trials"], "storage": storage}})
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if node is not None else None

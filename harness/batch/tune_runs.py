@@ -1,0 +1,142 @@
+"""The runs of an in-job tuning phase: which shards each takes, how many, and their record in the job folder.
+
+``<output_dir>/tune/runs.jsonl`` holds one line per finished run (a trial, a confirmation run,
+the main phase), appended and fsynced as it ends, so a job killed at any moment resumes with
+every finished run's measurement; a run that was cut short has no line (its committed shards
+stay committed and count as output). ``<output_dir>/tune/study.db`` is the Optuna study.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness.batch.shards import Index
+from harness.core.errors import TroughputError
+
+
+@dataclass
+class RunRecord:
+    """One finished run of the job: its config, its shards and what it measured."""
+
+    kind: str                      # trial | confirm | main
+    label: str                     # "trial 3 (batch recipe)", "confirm default 2", "main"
+    values: dict[str, Any]         # the config's params ({} = the engine defaults)
+    shards: list[int]              # shards this run committed to the job's output
+    requests: int = 0
+    output_tokens: int = 0
+    probe_output_tokens: int = 0   # the quality probe's tokens (generated in this run's time, committed nowhere)
+    generation_s: float = 0.0      # engines up to last commit (engine start excluded)
+    startup_s: float | None = None  # the engines' start (each run is one start)
+    wall_s: float = 0.0            # the run's whole time, start included
+    status: str = "ok"             # ok | failed | rejected (quality guard)
+    reason: str = ""
+    trial: int | None = None       # the study's trial number (trial and confirm runs)
+    side: str | None = None        # confirm runs: default | candidate
+    agreement: float | None = None  # token agreement of the probe with the engine defaults' (quality guard)
+    discarded: list[int] = field(default_factory=list)  # shards it ran whose outputs were thrown away (rejected)
+
+    @property
+    def rate(self) -> float | None:
+        """Output tok/s over the run's generation time (probe tokens included: the engine made them in it)."""
+        tokens = self.output_tokens + self.probe_output_tokens
+        return tokens / self.generation_s if self.status == "ok" and self.generation_s > 0 and tokens else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "output_tok_s": self.rate}
+
+
+class RunLog:
+    """``<output_dir>/tune/runs.jsonl``: the finished runs, oldest first."""
+
+    def __init__(self, root: Path):
+        self.path = root / "runs.jsonl"
+
+    def read(self) -> list[RunRecord]:
+        if not self.path.exists():
+            return []
+        records = []
+        for n, line in enumerate(self.path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill while written: that run is not finished
+                continue
+            data.pop("output_tok_s", None)
+            records.append(RunRecord(**data))
+        return records
+
+    def append(self, record: RunRecord) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record.to_dict()) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def sample_order(shards: int, seed: int) -> list[int]:
+    """Every shard index in a seeded random order: the order the tuning phase takes shards in.
+
+    Shards are consecutive runs of records, so a run sees a random sample of the file's
+    records in blocks of ``shard_size``, drawn from the whole file, not its first lines.
+    """
+    order = list(range(shards))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
+    """How many shards each trial and confirmation run takes.
+
+    The tuning budget (``max_share`` of the job's shards) is split evenly over the trials and
+    the ``2 × confirm_rounds`` confirmation runs, so each run measures as many tokens as the
+    budget allows; ``shards_per_run`` sets it by hand. A run must hold at least
+    ``min_run_requests`` requests (several engine batches, so that ramp-up and the drain at its
+    end are a small part of its time); a job too small for that is refused before any engine starts.
+    """
+    shards = index.shards(shard_size)
+    runs = int(tune["trials"]) + 2 * int(tune["confirm_rounds"])
+    budget = int(float(tune["max_share"]) * shards)
+    given = tune.get("shards_per_run")
+    k = int(given) if given else budget // runs
+    if given and k * runs > budget:
+        raise TroughputError(f"batch.tune.shards_per_run={k} × {runs} runs = {k * runs} shards, over "
+                             f"batch.tune.max_share={tune['max_share']} of the job's {shards} shards ({budget})")
+    min_requests = int(tune["min_run_requests"])
+    if k < 1 or k * shard_size < min_requests:
+        per_run = math.ceil(min_requests / shard_size)
+        need = math.ceil(per_run * runs / float(tune["max_share"])) * shard_size
+        raise TroughputError(
+            f"the job is too small for {tune['trials']} trials and {tune['confirm_rounds']} confirmation rounds: "
+            f"{runs} runs of at least {min_requests} requests (batch.tune.min_run_requests) within "
+            f"batch.tune.max_share={tune['max_share']} of its {index.records:,} records needs about {need:,} "
+            f"records (shard_size {shard_size}). Use fewer trials, a smaller batch.shard_size, or tune separately "
+            f"(troughput-tune) and run the job with batch.engine_file=")
+    return k
+
+
+def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests_left: int) -> dict[str, Any]:
+    """The rest of the job's generation time at the chosen config's measured rate.
+
+    Output tokens per request come from every sampled run (a random sample of the job's
+    shards); the rate is the geometric mean of the chosen config's runs (its confirmation
+    runs, else its trial).
+    """
+    sampled = [r for r in records if r.kind in ("trial", "confirm") and r.requests]
+    requests = sum(r.requests for r in sampled)
+    tokens = sum(r.output_tokens for r in sampled)
+    mine = [r.rate for r in records if r.kind in ("trial", "confirm") and r.values == chosen and r.rate]
+    confirmed = [r.rate for r in records if r.kind == "confirm" and r.values == chosen and r.rate]
+    rates = confirmed or mine
+    if not requests or not rates:
+        return {"predicted_rest_s": None, "predicted_rest_output_tokens": None, "predicted_rest_tok_s": None}
+    rate = math.exp(sum(math.log(r) for r in rates) / len(rates))
+    rest_tokens = tokens / requests * requests_left
+    return {"predicted_rest_s": rest_tokens / rate, "predicted_rest_output_tokens": rest_tokens,
+            "predicted_rest_tok_s": rate}

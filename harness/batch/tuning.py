@@ -1,0 +1,344 @@
+"""In-job tuning (``batch.tune.trials``): the job's first shards are the trials, and their outputs count.
+
+Phases, each one engine start (a local pool, or one Ray Data pipeline whose actors start
+with the phase's knobs):
+
+1. **trials**: ``trials`` configs from ``sweeps``' tuner (the space ``troughput-tune`` takes
+   for this engine and hardware, its seed trials and sizing heuristic, constraints, memory
+   edge and sampler), each on the next shards of a seeded random order of the job's shards
+   (``tune_runs.shards_per_run`` says how many). A trial's shards are committed as the job's
+   output; its value is output tokens ÷ generation seconds (engines up to its last commit).
+2. **confirmation**: the best feasible trial's config against the engine defaults, alternating,
+   ``confirm_rounds`` runs a side on further sampled shards; the verdict rule
+   (``harness.report.verdict``, docs/verdicts.md) must call the candidate a clear winner by
+   ``min_effect``, else the defaults are kept.
+3. **main**: every shard left, with the confirmed config.
+
+Quality guard: a config that changes an output-changing knob (``tune_config.OUTPUT_CHANGING``)
+runs its shards into ``tune/provisional/`` beside a probe (``probe_requests`` sampled requests,
+greedy), which the engine defaults' trial ran too; only if the probe's token agreement with
+the defaults' is at least ``min_agreement`` are its shards moved into the job's output,
+otherwise they are left for the final config (and counted as discarded).
+
+``kill -9`` at any point: committed shards stay, the study (``tune/study.db``) marks the cut
+trial failed, the run log (``tune/runs.jsonl``) keeps every finished run, and the rerun goes on
+from there (a cut run's remaining shards go to the next run).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from engines.base import Request
+from engines.worker import classify_failure
+from harness.batch.convert import convert_shard
+from harness.batch.job import ShardsRun, shard_records
+from harness.batch.plan import Plan
+from harness.batch.shards import Index, iter_shards
+from harness.batch.state import JobState
+from harness.batch.tune_config import OUTPUT_CHANGING, sampler_config
+from harness.batch.tune_runs import RunLog, RunRecord, predicted_seconds, sample_order, shards_per_run
+from harness.core.tokens import TextTokenizer
+from harness.quality.agreement import columns as agreement_columns
+from harness.report.verdict import compare
+from harness.workloads.records import Options
+from sweeps.best import leaders
+from sweeps.seeds import enqueue_seeds, knob_key
+from sweeps.space import SearchSpace
+from sweeps.study import fail_stale_trials, make_sampler
+
+log = logging.getLogger("troughput.batch.tune")
+STUDY = "in-job"
+DEFAULTS_SEED = "engine defaults"
+PhaseRunner = Callable[[Plan, JobState, set[int], "list[Request] | None"], ShardsRun]
+
+
+@dataclass
+class Outcome:
+    """What the tuning phase and the main phase did: the runs this invocation made, and the row's columns."""
+
+    runs: list[ShardsRun] = field(default_factory=list)
+    columns: dict[str, Any] = field(default_factory=dict)
+
+
+class InJobTuning:
+    """One invocation of a tuned job: what is left of the trials, the confirmation and the main phase."""
+
+    def __init__(self, plan: Plan, state: JobState, index: Index, plan_for: Callable[..., Plan],
+                 run_phase: PhaseRunner, base: dict[str, Any]):
+        self.plan, self.state, self.index = plan, state, index
+        self.tune = plan.tune
+        self.plan_for, self.run_phase, self.base = plan_for, run_phase, base
+        self.root = state.root / "tune"
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.log = RunLog(self.root)
+        self.order = sample_order(index.shards(plan.shard_size), int(self.tune.get("seed") or 0))
+        self.k = shards_per_run(self.tune, index, plan.shard_size)
+        self.space = SearchSpace(self.tune["space"])
+        self.outcome = Outcome()
+        self.reference: dict[str, list[int]] | None = None
+
+    # ---- the phases -------------------------------------------------------------------------------
+
+    def run(self) -> Outcome:
+        t0 = time.monotonic()
+        study = self._study()
+        self._trials(study)
+        chosen, verdict = self._confirm(study)
+        tuning_s = time.monotonic() - t0
+        left = [i for i in range(self.index.shards(self.plan.shard_size)) if i not in self.state.committed()]
+        requests_left = sum(shard_records(self.index, self.plan.shard_size, i) for i in left)
+        prediction = predicted_seconds(self.log.read(), chosen, requests_left)
+        if left:
+            self._run("main", "main", chosen, set(left))
+        self.outcome.columns = self._columns(chosen, verdict, prediction, tuning_s)
+        return self.outcome
+
+    def _study(self) -> optuna.Study:
+        cfg = sampler_config(self.tune, f"sqlite:///{self.root / 'study.db'}")
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        study = optuna.create_study(study_name=STUDY, storage=cfg.tune.storage, direction="maximize",
+                                    sampler=make_sampler(cfg), load_if_exists=True)
+        seeds = [dict(s) for s in self.tune.get("seeds") or []]
+        if not any(s.get("name") == DEFAULTS_SEED for s in seeds):
+            seeds.insert(0, {"name": DEFAULTS_SEED})  # the fallback config is always measured
+        enqueue_seeds(study, {**self.tune, "seeds": seeds}, self.space, self.base, self._sample_summary(),
+                      self.plan.model["local_dir"])
+        fail_stale_trials(study, stale_after_s=math.inf)
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+            key = f"requeued_{trial.number}"  # a seed trial cut by a kill runs again, once
+            if "seed" in trial.user_attrs and "reason" not in trial.user_attrs and key not in study.user_attrs:
+                study.enqueue_trial(trial.params, user_attrs={"seed": trial.user_attrs["seed"]}, skip_if_exists=False)
+                study.set_user_attr(key, True)
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
+            if trial.user_attrs.get("status") == "oom":
+                self.space.learn_memory_edge(trial.params)
+        return study
+
+    def _trials(self, study: optuna.Study) -> None:
+        cut = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
+                  if "reason" not in t.user_attrs)  # killed while running: those do not use up the budget
+        budget = int(self.tune["trials"]) + cut
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING)
+        while len(study.get_trials(deepcopy=False, states=states)) < budget:
+            trial = study.ask()
+            trial.set_user_attr("host", socket.gethostname())
+            trial.set_user_attr("pid", os.getpid())
+            seed = trial.user_attrs.get("seed")
+            values = {} if seed == DEFAULTS_SEED else self.space.suggest(trial, self.base)
+            broken = self.space.check(values, self.base)
+            if broken:
+                self._fail(study, trial, f"constraint broken, not launched: {broken}")
+                continue
+            label = f"trial {trial.number}" + (f" ({seed})" if seed else "")
+            record = self._run("trial", label, values, self._next_shards(), trial=trial.number)
+            trial.set_user_attr("status", record.status)
+            if record.status == "failed":
+                if classify_failure(record.reason) == "oom":
+                    trial.set_user_attr("status", "oom")
+                    self.space.learn_memory_edge(values)
+                self._fail(study, trial, record.reason)
+                continue
+            if record.status == "rejected":
+                trial.set_user_attr("infeasible", record.reason)
+            floor = self.tune.get("min_agreement")
+            if floor is not None:
+                agreement = record.agreement if record.agreement is not None else \
+                    0.0 if self._changes_output(values) else 1.0  # only output-changing configs are probed
+                trial.set_constraint("agreement", float(floor) - agreement)
+            study.tell(trial, record.rate or 0.0)
+
+    def _confirm(self, study: optuna.Study) -> tuple[dict[str, Any], Any]:
+        """The candidate against the defaults, alternating; returns the config the job continues with."""
+        candidates = [t for t in leaders(study, 1) if t.params and t.user_attrs.get("seed") != DEFAULTS_SEED]
+        if not candidates:
+            log.info("no trial config beat the engine defaults in the trials: the job goes on with the defaults")
+            return {}, None
+        candidate = candidates[0]
+        values = dict(candidate.params)
+        rounds = int(self.tune["confirm_rounds"])
+        for r in range(rounds):
+            sides = ("default", "candidate") if r % 2 == 0 else ("candidate", "default")
+            for side in sides:
+                done = [x for x in self._confirm_records(candidate.number) if x.side == side]
+                if len(done) > r:
+                    continue
+                self._run("confirm", f"confirm {side} {r + 1}", {} if side == "default" else values,
+                          self._next_shards(), trial=candidate.number, side=side)
+        mine = self._confirm_records(candidate.number)
+        rates = {side: [x.rate for x in mine if x.side == side and x.rate] for side in ("candidate", "default")}
+        verdict = compare(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
+        log.info("confirmation: trial %d ÷ engine defaults: %s, %s", candidate.number, verdict.interval_text(),
+                 verdict.verdict)
+        return (values if verdict.winner == "a" else {}), (candidate.number, verdict)
+
+    # ---- one run ----------------------------------------------------------------------------------
+
+    def _run(self, kind: str, label: str, values: dict[str, Any], shards: set[int], trial: int | None = None,
+             side: str | None = None) -> RunRecord:
+        """Run ``shards`` with ``values``' config, one engine start; record it; fold it into the invocation."""
+        phase = {"phase": kind, "run": label, "config": values}
+        plan = self.plan_for(values, phase)
+        guarded = self.tune.get("min_agreement") is not None and kind == "trial" and self._changes_output(values)
+        probe = self._probe() if self.tune.get("min_agreement") is not None and kind == "trial" and \
+            (guarded or not values) else None
+        target = JobState(self.root / "provisional" / label.replace(" ", "_")) if guarded else self.state
+        if guarded:
+            target.adopt(plan)
+        log.info("%s: %s on %d shards", label, values or "engine defaults", len(shards))
+        t0 = time.monotonic()
+        before = target.committed()
+        run = self.run_phase(plan, target, shards, probe)
+        wall = time.monotonic() - t0
+        committed = sorted(target.committed() - before)
+        record = RunRecord(kind=kind, label=label, values=values, shards=committed, requests=run.requests_ok,
+                           output_tokens=run.output_tokens, probe_output_tokens=run.probe_output_tokens,
+                           generation_s=run.generation_s, startup_s=run.startup_s, wall_s=wall, trial=trial,
+                           side=side)
+        failed = [f"shard {i}: {why}" for i, why in sorted(run.shards_failed.items())] + run.errors
+        if failed:
+            record.status, record.reason = "failed", "; ".join(failed)[:1000]
+        if probe is not None:
+            self._judge(record, run, values, guarded)
+        if guarded:
+            self._settle(record, target)
+        self.log.append(record)
+        self.outcome.runs.append(run)
+        log.info("%s: %s", label, _describe(record))
+        return record
+
+    def _judge(self, record: RunRecord, run: ShardsRun, values: dict[str, Any], guarded: bool) -> None:
+        """The probe's agreement with the defaults' (the defaults' own probe is the reference)."""
+        path = self.root / "probe-reference.json"
+        if not values:
+            if run.probe and not path.exists():
+                import json
+
+                path.write_text(json.dumps(run.probe))
+            return
+        if not guarded:
+            return
+        reference = self._reference()
+        if reference is None or run.probe is None:
+            record.agreement = None
+            if record.status == "ok":
+                record.status, record.reason = "rejected", "quality guard: no probe outputs to compare (the " \
+                    "engine defaults' or this config's probe did not run)"
+            return
+        record.agreement = agreement_columns(run.probe, reference).get("quality.token_agreement")
+        floor = float(self.tune["min_agreement"])
+        if record.status == "ok" and (record.agreement is None or record.agreement < floor):
+            record.status = "rejected"
+            record.reason = f"quality guard: token agreement {record.agreement:.4f} < min {floor}"
+
+    def _settle(self, record: RunRecord, provisional: JobState) -> None:
+        """A guarded trial's shards join the job's output if it passed; else they are left for the final config."""
+        shards = record.shards
+        if record.status == "ok":
+            record.shards = [i for i in shards if self.state.take(provisional, i)]
+            record.discarded = sorted(set(shards) - set(record.shards))
+        else:
+            record.shards, record.discarded = [], shards
+
+    def _reference(self) -> dict[str, list[int]] | None:
+        if self.reference is None:
+            path = self.root / "probe-reference.json"
+            if path.exists():
+                import json
+
+                self.reference = json.loads(path.read_text())
+        return self.reference
+
+    # ---- helpers ----------------------------------------------------------------------------------
+
+    def _next_shards(self) -> set[int]:
+        """The next ``k`` shards of the sample order that are not committed yet."""
+        committed = self.state.committed()
+        return set([i for i in self.order if i not in committed][:self.k])
+
+    def _confirm_records(self, trial: int) -> list[RunRecord]:
+        return [r for r in self.log.read() if r.kind == "confirm" and r.trial == trial]
+
+    def _changes_output(self, values: dict[str, Any]) -> bool:
+        return any(knob_key(path).split(".")[-1] in OUTPUT_CHANGING for path in values)
+
+    def _probe(self) -> list[Request]:
+        """``probe_requests`` requests of the last shard in the sample order, greedy, at most ``probe_max_tokens``."""
+        shard = next(iter_shards(Path(self.plan.input), self.plan.format, self.plan.shard_size,
+                                 {self.order[-1]}.__contains__))
+        items = convert_shard(shard, self.plan.format, TextTokenizer(Path(self.plan.model["local_dir"])),
+                              Options(self.plan.default_max_tokens, "benchmark"), self.index, Path(self.plan.input),
+                              self.plan.max_model_len)
+        cap = int(self.tune["probe_max_tokens"])
+        requests = [replace(i.request, id=f"probe-{i.request.id}", max_tokens=min(i.request.max_tokens, cap))
+                    for i in items if i.request is not None]
+        return requests[:int(self.tune["probe_requests"])]
+
+    def _sample_summary(self) -> dict[str, Any]:
+        """Requests and requested tokens of the first run's shards: what the sizing heuristic sizes for."""
+        shards = set(self.order[:self.k])
+        tok = TextTokenizer(Path(self.plan.model["local_dir"]))
+        options = Options(self.plan.default_max_tokens, self.plan.sampling)
+        n = isl = osl = 0
+        for shard in iter_shards(Path(self.plan.input), self.plan.format, self.plan.shard_size, shards.__contains__):
+            for item in convert_shard(shard, self.plan.format, tok, options, self.index, Path(self.plan.input),
+                                      self.plan.max_model_len):
+                if item.request is not None:
+                    n, isl, osl = n + 1, isl + len(item.request.prompt_token_ids), osl + item.request.max_tokens
+        return {"requests": max(n, 1), "input_tokens_requested": isl, "output_tokens_requested": osl}
+
+    @staticmethod
+    def _fail(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
+        trial.set_user_attr("reason", reason)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+
+    def _columns(self, chosen: dict[str, Any], verdict: Any, prediction: dict[str, Any],
+                 tuning_s: float) -> dict[str, Any]:
+        """The row's ``tune.*`` columns: every run, the winner and its margin, the overhead, the prediction."""
+        records = self.log.read()
+        tuning = [r for r in records if r.kind != "main"]
+        main = [r for r in records if r.kind == "main"]
+        restarts_s = sum(r.startup_s or 0.0 for r in tuning)
+        discarded = sorted({i for r in tuning for i in r.discarded})
+        discarded_s = sum(r.generation_s * len(r.discarded) / max(len(r.discarded) + len(r.shards), 1)
+                          for r in tuning)
+        job_s = sum(r.wall_s for r in records)
+        trial_no, v = verdict if verdict else (None, None)
+        return {
+            "tune.space": self.tune.get("space_name"), "tune.shards_per_run": self.k,
+            "tune.runs": [r.to_dict() for r in records],
+            "tune.trials": sum(r.kind == "trial" for r in records),
+            "tune.confirm_runs": sum(r.kind == "confirm" for r in records),
+            "tune.chosen": chosen or "engine defaults", "tune.candidate_trial": trial_no,
+            "tune.verdict": v.verdict if v else "no candidate beat the defaults in the trials",
+            "tune.margin": v.ratio if v else None, "tune.margin_interval": v.interval_text() if v else None,
+            "tune.restarts": len(tuning), "tune.restart_s": restarts_s,
+            "tune.discarded_shards": len(discarded), "tune.discarded_s": discarded_s,
+            "tune.overhead_s": restarts_s + discarded_s,
+            "tune.overhead_share": (restarts_s + discarded_s) / job_s if job_s else None,
+            "tune.phase_s": sum(r.wall_s for r in tuning), "tune.phase_share": sum(r.wall_s for r in tuning) / job_s
+            if job_s else None,
+            "tune.phase_requests": sum(r.requests for r in tuning),
+            "tune.this_invocation_tuning_s": tuning_s,
+            **{f"tune.{k}": v for k, v in prediction.items()},
+            "tune.measured_rest_s": main[-1].generation_s if main else None,
+            "tune.measured_rest_tok_s": main[-1].rate if main else None,
+        }
+
+
+def _describe(record: RunRecord) -> str:
+    rate = f"{record.rate:,.1f} output tok/s" if record.rate else "no rate"
+    text = f"{record.status}, {rate}, {record.requests} requests, {len(record.shards)} shards committed"
+    if record.agreement is not None:
+        text += f", agreement {record.agreement:.4f}"
+    return text + (f" ({record.reason[:200]})" if record.reason else "")

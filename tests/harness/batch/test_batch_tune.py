@@ -1,0 +1,161 @@
+"""In-job tuning (``batch.tune.trials``) end to end on the scripted engine: trials are output, resume, guard."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from harness.run.results import read_rows
+from tests.conftest import FAKE_ENGINE
+from tests.harness.batch.conftest import completion, read_jsonl, troughput_batch, write_jsonl
+
+SPACE = """space:
+  params:
+    engine.knobs.max_num_seqs: {type: int, low: 2, high: 64, log: true}
+seeds:
+  - name: engine defaults
+  - name: batch recipe
+    params: {engine.knobs.max_num_seqs: 64}
+heuristic: null
+"""
+LOSSY_SPACE = """space:
+  params:
+    engine.knobs.dtype: {type: categorical, choices: [lossy, exact]}
+seeds:
+  - name: engine defaults
+  - name: lossy
+    params: {engine.knobs.dtype: lossy}
+  - name: exact
+    params: {engine.knobs.dtype: exact}
+heuristic: null
+"""
+
+
+def _job(tmp_path: Path, records: int, space: str = SPACE, max_tokens: int = 10) -> tuple[Path, list[str]]:
+    (tmp_path / "conf" / "tune").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "conf" / "tune" / "case.yaml").write_text(space)
+    path = write_jsonl(tmp_path / "batch.jsonl", [completion(f"r{i}", f"prompt {i}", max_tokens=max_tokens)
+                                                  for i in range(records)])
+    return path, [f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark", f"batch.input={path}",
+                  f"batch.output_dir={tmp_path / 'out'}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
+                  "tune=case", "batch.shard_size=8", "batch.tune.min_run_requests=16", "batch.tune.max_share=0.5"]
+
+
+def _metas(out: Path) -> dict[int, dict]:
+    return {int(p.parent.name): read_jsonl(p)[0] for p in (out / "shards").glob("*/meta.json")}
+
+
+def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp_path: Path) -> None:
+    path, args = _job(tmp_path, 288)
+    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3", "+engine.knobs.token_s=0.01",
+                           "+engine.knobs.max_num_seqs=2")  # the job's own config: 2 sequences at once
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
+    assert ids == [f"r{i}" for i in range(288)], "every request once, in file order, trial shards included"
+    [row] = read_rows(tmp_path / "results", "batch")
+    runs = row["tune.runs"]
+    assert [r["kind"] for r in runs] == ["trial"] * 3 + ["confirm"] * 6 + ["main"]
+    assert row["tune.shards_per_run"] == 2 and all(len(r["shards"]) == 2 for r in runs[:-1])
+    sampled = sorted(i for r in runs[:-1] for i in r["shards"])
+    assert sampled != list(range(18)) and max(sampled) >= 18, "trial shards are drawn from the whole file"
+    assert row["tune.phase_requests"] == 9 * 16 and row["tune.phase_requests"] <= 0.5 * 288
+    # 64 sequences at once against the job's 2: every request takes 0.1 s, so about 8x the rate
+    assert row["tune.verdict"] == "clear winner" and row["tune.margin"] > 2
+    assert row["tune.chosen"]["engine.knobs.max_num_seqs"] >= 16
+    sides = [r["side"] for r in runs if r["kind"] == "confirm"]
+    assert sides == ["default", "candidate", "candidate", "default", "default", "candidate"], "alternating rounds"
+    metas = _metas(tmp_path / "out")
+    assert len(metas) == 36 and {m["phase"] for m in metas.values()} == {"trial", "confirm", "main"}
+    main = [m for m in metas.values() if m["phase"] == "main"]
+    assert len(main) == 18 and all(m["config"] == row["tune.chosen"] for m in main)
+    assert row["tune.restarts"] == 9 and row["tune.restart_s"] > 0 and row["tune.overhead_share"] is not None
+    assert row["tune.predicted_rest_s"] > 0 and row["tune.measured_rest_s"] > 0
+    assert row["tune.predicted_rest_output_tokens"] == 18 * 8 * 10, "sampled tokens per request × requests left"
+    assert "tuning" in proc.stdout and "predicted" in proc.stdout
+
+
+def test_a_job_too_small_for_the_trials_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
+    path, args = _job(tmp_path, 40)
+    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=4", "+engine.knobs.fail_in=start")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "too small for 4 trials" in proc.stderr and "needs about" in proc.stderr
+    assert not (tmp_path / "out" / "shards").exists() or not list((tmp_path / "out" / "shards").iterdir())
+
+
+def test_an_output_changing_knob_needs_the_quality_guard(tmp_path: Path) -> None:
+    path, args = _job(tmp_path, 200, LOSSY_SPACE)
+    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3")
+    assert proc.returncode == 2 and "batch.tune.min_agreement" in proc.stderr and "engine.knobs.dtype" in proc.stderr
+
+
+def test_the_guard_rejects_a_config_that_changes_outputs_and_its_shards_run_again(tmp_path: Path) -> None:
+    path, args = _job(tmp_path, 288, LOSSY_SPACE, max_tokens=9)
+    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3", "batch.tune.min_agreement=0.99",
+                           "batch.tune.probe_requests=8")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = tmp_path / "out"
+    outputs = read_jsonl(out / "output.jsonl")
+    assert [o["custom_id"] for o in outputs] == [f"r{i}" for i in range(288)]
+    [row] = read_rows(tmp_path / "results", "batch")
+    trials = {r["label"]: r for r in row["tune.runs"] if r["kind"] == "trial"}
+    lossy, exact = trials["trial 1 (lossy)"], trials["trial 2 (exact)"]
+    assert lossy["status"] == "rejected" and lossy["agreement"] < 0.99 and lossy["shards"] == []
+    assert len(lossy["discarded"]) == 2 and row["tune.discarded_shards"] == 2
+    assert exact["status"] == "ok" and exact["agreement"] == 1.0 and len(exact["shards"]) == 2
+    metas = _metas(out)
+    assert all(m["config"].get("engine.knobs.dtype") != "lossy" for m in metas.values()), "no lossy output kept"
+    assert all(metas[i]["phase"] != "trial" or metas[i]["run"] != lossy["label"] for i in lossy["discarded"])
+
+
+def test_kill_9_in_the_tuning_phase_resumes_it_without_losing_a_committed_shard(tmp_path: Path) -> None:
+    path, args = _job(tmp_path, 288)
+    args += ["batch.tune.trials=3", "+engine.knobs.token_s=0.02"]
+    proc = troughput_batch(tmp_path, *args, popen=True, start_new_session=True, stdout=open(os.devnull, "w"),
+                           stderr=open(tmp_path / "first.err", "w"))
+    log = tmp_path / "out" / "tune" / "runs.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 2):
+        time.sleep(0.05)
+    time.sleep(0.3)  # into the third trial
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _metas(tmp_path / "out")
+    assert 4 <= len(before) < 36, "killed in the tuning phase"
+    again = troughput_batch(tmp_path, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
+    assert ids == [f"r{i}" for i in range(288)]
+    after = _metas(tmp_path / "out")
+    assert all(after[i]["committed_at"] == m["committed_at"] for i, m in before.items()), "committed shards kept"
+    study = optuna.load_study(study_name="in-job", storage=f"sqlite:///{tmp_path / 'out' / 'tune' / 'study.db'}")
+    states = [t.state for t in study.trials]
+    assert states.count(optuna.trial.TrialState.COMPLETE) == 3, "the budget of 3 trials is met after the kill"
+    [row] = read_rows(tmp_path / "results", "batch")   # the killed invocation wrote no row
+    assert row["tune.trials"] == 3 and [r["kind"] for r in row["tune.runs"]].count("main") == 1
+    assert json.loads(json.dumps(row["tune.runs"]))[0]["label"].startswith("trial 0")
+
+
+@pytest.mark.engine   # joins the session's Ray head: one Ray Data pipeline per run of the job
+@pytest.mark.xdist_group("ray")
+def test_on_ray_every_run_is_a_pipeline_whose_engine_actors_start_with_its_config(tmp_path: Path, ray_head) -> None:
+    path, args = _job(tmp_path, 40, max_tokens=4)
+    proc = troughput_batch(tmp_path, *args, "batch.shard_size=4", "batch.tune.min_run_requests=4",
+                           "batch.tune.max_share=0.9", "batch.tune.trials=2", "batch.scale=ray",
+                           f"batch.ray.address={ray_head.address}", "batch.ray.actors=1", env=ray_head.driver_env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")] == [f"r{i}" for i in range(40)]
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["scale"] == "ray" and [r["kind"] for r in row["tune.runs"]] == ["trial"] * 2 + ["confirm"] * 6 + ["main"]
+    metas = _metas(tmp_path / "out")
+    by_run = {}
+    for m in metas.values():
+        by_run.setdefault(m["run"], []).append(m)
+    recipe = by_run["trial 1 (batch recipe)"]
+    assert recipe and all(m["config"] == {"engine.knobs.max_num_seqs": 64} for m in recipe)
+    assert all("runtime_resources" in m["code_dir"] for m in metas.values()), "each pipeline's actors ran the job's code"
