@@ -17,6 +17,7 @@ Standard library only, besides the adapter and its engine.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import queue
@@ -96,17 +97,30 @@ def read_requests(path: Path) -> list[Request]:
 
 
 def serve(job_dir: Path) -> int:
-    """Start the engine, then feed it the shards named on stdin until it closes and every shard is done."""
+    """Start the engine, then feed it the shards named on stdin until it closes and every shard is done.
+
+    ``{"restart": {"knobs": {...}}}`` on stdin (an in-job tuning's next run): once every shard fed
+    so far is done, the engine stops and a new one starts in this process with those knobs (no new
+    worker, no second import of the engine) and says ``started`` again; later shards go to it.
+    """
     job = json.loads((job_dir / "job.json").read_text())
     engine: Engine | None = None
     feeder: Feeder | None = None
+    commands = _stdin_commands()
     try:
-        emit("phase", phase="start")
-        engine, start = start_engine(job)
-        emit("started", start=start)
-        feeder = feeder_for(engine)
-        feed_until_closed(engine, feeder, _stdin_commands(), _write_result)
-        return 0
+        while True:
+            emit("phase", phase="start")
+            engine, start = start_engine(job)
+            emit("started", start=start)
+            feeder = feeder_for(engine)
+            restart = feed_until_closed(engine, feeder, commands, _write_result)
+            if restart is None:
+                return 0
+            feeder.close()
+            engine.stop()
+            engine, feeder = None, None
+            gc.collect()
+            job = {**job, "knobs": restart["restart"]["knobs"]}
     except BaseException as e:  # noqa: BLE001 - the driver must hear why
         emit("shard_failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         return 3
@@ -142,12 +156,14 @@ def _write_result(shard: str, result: dict[str, Any]) -> None:
 
 
 def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict[str, Any] | None],
-                      finish: Callable[[str, dict[str, Any]], None], progress: bool = True) -> None:
+                      finish: Callable[[str, dict[str, Any]], None], progress: bool = True) -> dict[str, Any] | None:
     """Feed each shard as it arrives, hand each to ``finish`` as it finishes; return at end of input.
 
     A command is ``{"shard": DIR}`` (its ``requests.jsonl`` is read) or ``{"shard": KEY,
     "requests": [...]}`` (a Ray actor's call); ``None`` ends the input. ``finish(shard, result)``
     gets the shard's ``result.json`` contents (``shard_result``) in the order shards finish.
+    A ``{"restart": ...}`` command also ends it, once every shard fed before it is done; it is
+    returned (commands after it stay queued for the next engine), ``None`` at end of input.
     """
     shards: dict[str, tuple[dict[str, str], float]] = {}  # shard -> (screened errors, idle before it)
     idle_since: float | None = time.perf_counter()  # the engine has nothing to do from here
@@ -155,12 +171,16 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
     last_progress = 0.0
     fed = 0  # requests handed over (screened ones included), reported with each progress event
     closed = False
+    restart: dict[str, Any] | None = None
     while not (closed and feeder.idle()):
         try:  # wait for work only when the engine has none
+            if closed:
+                raise queue.Empty  # a restart waits for the shards fed before it; later commands wait for it
             command = commands.get(timeout=None if feeder.idle() else 0)
             while True:
-                if command is None:
-                    closed = True
+                if command is None or "restart" in command:
+                    closed, restart = True, command
+                    break
                 elif "error" in command:
                     raise RuntimeError(command["error"])
                 else:
@@ -190,6 +210,7 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
             idle_since = time.perf_counter()
         if progress:
             last_progress = _progress(feeder, last_progress, fed, force=bool(finished))
+    return restart
 
 
 def _progress(feeder: Feeder, last: float, fed: int, force: bool = False) -> float:

@@ -94,7 +94,8 @@ def tuning_summary(row: dict[str, Any]) -> list[str]:
     lines = [f"  tuning: {row['tune.trials']} trials and {row['tune.confirm_runs']} confirmation runs on "
              f"{row['tune.phase_requests']:,} requests ({row['tune.shards_per_run']} shards each), "
              f"{row['tune.phase_s']:,.1f} s{f' ({share:.1%} of the job)' if share is not None else ''}; overhead "
-             f"{row['tune.overhead_s']:,.1f} s ({row['tune.restarts']} engine starts {row['tune.restart_s']:,.1f} s, "
+             f"{row['tune.overhead_s']:,.1f} s ({row['tune.restarts']} restarts {row['tune.restart_s']:,.1f} s, of which "
+             f"engine start {row['tune.engine_start_s']:,.1f} s; "
              f"{row['tune.discarded_shards']} discarded shards {row['tune.discarded_s']:,.1f} s)"]
     verdict = f"{row['tune.verdict']}{': ' + row['tune.margin_interval'] if row.get('tune.margin_interval') else ''}"
     if isinstance(row["tune.chosen"], dict):

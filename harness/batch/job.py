@@ -112,11 +112,12 @@ def shard_records(index: Index, size: int, shard: int) -> int:
 
 
 def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int], bool], pool: Any,
-               progress: bool = True, probe: list[Request] | None = None) -> ShardsRun:
-    """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool``, not yet started).
+               progress: bool = True, probe: list[Request] | None = None, keep_open: bool = False) -> ShardsRun:
+    """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool``; started here unless it is).
 
     ``probe``: requests fed first, beside the shards, whose outputs are kept in ``ShardsRun.probe``
     and committed nowhere (the in-job quality guard's sample, ``harness.batch.tuning``).
+    ``keep_open``: leave the pool's workers up afterwards (unless a shard failed), for the next run.
     """
     size = plan.shard_size
     committed = state.committed()
@@ -127,13 +128,15 @@ def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int]
     total = sum(shard_records(index, size, i) for i in range(index.shards(size)) if wanted(i))
     bar = Progress(total, total - sum(shard_records(index, size, i) for i in todo), progress)
     runner = _Runner(plan, state, index, run, bar)
-    pool.start()
+    if not pool.started:
+        pool.start()
     if probe:
         runner.dispatch_probe(pool, probe)
     try:
         runner.drive(pool, iter_shards(Path(plan.input), plan.format, size, todo.__contains__))
     finally:
-        pool.close(kill=bool(run.shards_failed))
+        if not keep_open or run.shards_failed or not pool.any_alive():
+            pool.close(kill=bool(run.shards_failed))
         bar.close()
     return run
 

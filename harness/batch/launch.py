@@ -78,20 +78,31 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
         raise TroughputError("a job with batch.tune needs its config to build each trial's plan (troughput-batch)")
     plan_for, base = tuning
     cluster = None
+    pools: list[Any] = []  # the local workers, kept up between runs (engines restarted in them)
 
     def run_phase(phase: Plan, target: JobState, shards: set[int], probe: Any) -> ShardsRun:
         if plan.scale == "ray":  # one pipeline per phase, its actors started with the phase's knobs
             from harness.batch.ray_job import run_ray
 
             return run_ray(phase, target, index, progress, shards.__contains__, cluster)
-        return run_shards(phase, target, index, shards.__contains__, make_pool(phase, target, new_run_id()),
-                          progress, probe)
+        pool = pools[-1] if pools else None
+        reuse = (plan.tune.get("restart") == "in_process" and pool is not None and pool.started
+                 and all(pool.alive) and pool.plan.replicas == phase.replicas)
+        if reuse:
+            pool.restart(phase)
+        else:
+            if pool is not None:
+                pool.close()
+            pool = make_pool(phase, state, new_run_id())
+            pools.append(pool)
+        return run_shards(phase, target, index, shards.__contains__, pool, progress, probe, keep_open=True)
 
     with ExitStack() as stack:
         if plan.scale == "ray":
             from harness.batch.ray_job import session
 
             cluster = stack.enter_context(session(plan))
+        stack.callback(lambda: pools and pools[-1].close())
         outcome = InJobTuning(plan, state, index, plan_for, run_phase, base).run()
     return ShardsRun.sequential(outcome.runs, state.committed()), outcome.columns
 

@@ -51,6 +51,7 @@ class LocalPool:
         self.alive: list[bool] = []
         self.events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         self.log_paths: list[Path] = []
+        self.closed = False
 
     def start(self) -> None:
         """Start one worker per replica; their engines come up in the background (``started`` events)."""
@@ -83,6 +84,27 @@ class LocalPool:
             self.fed.append(-1)
             self.alive.append(True)
             threading.Thread(target=self._follow, args=(i, proc), daemon=True).start()
+
+    @property
+    def started(self) -> bool:
+        """Workers were started and the pool is not closed."""
+        return bool(self.procs) and not self.closed
+
+    def restart(self, plan: Plan) -> None:
+        """Each live worker's engine restarted in its process with ``plan``'s knobs (an in-job tuning's next run).
+
+        The worker stops its engine once every shard fed so far is done (the driver has collected
+        them all), starts the new one and says ``started``; the shards submitted after this go to it.
+        """
+        if plan.replicas != self.plan.replicas or plan.engine != self.plan.engine:
+            raise ValueError("a restart keeps the engine and the replicas; start a new pool for others")
+        self.plan = plan
+        for i, proc in enumerate(self.procs):
+            self.outstanding[i], self.sent[i], self.pending[i], self.fed[i] = 0, 0, 0, -1
+            if self.alive[i]:
+                with suppress(OSError, ValueError):
+                    proc.stdin.write(json.dumps({"restart": {"knobs": plan.knobs}}) + "\n")  # type: ignore[union-attr]
+                    proc.stdin.flush()  # type: ignore[union-attr]
 
     def _follow(self, i: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -137,6 +159,7 @@ class LocalPool:
 
     def close(self, kill: bool = False) -> None:
         """End of stdin stops each engine; ``kill`` (or a worker that does not stop) kills its process group."""
+        self.closed = True
         for proc in self.procs:
             with suppress(OSError, ValueError):
                 proc.stdin.close()  # type: ignore[union-attr]

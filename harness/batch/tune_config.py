@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from omegaconf import DictConfig, OmegaConf
 
-from engines.knobs import canonical_view
+from engines.knobs import TABLE, canonical_view
 from harness.batch.job import job_id
 from harness.batch.plan import Plan
 from harness.core.errors import TroughputError
@@ -27,6 +27,7 @@ from sweeps.study import apply_values
 OUTPUT_CHANGING = ("dtype", "kv_cache_dtype", "quantization")  # knobs that change outputs by design
 SAMPLER_KEYS = ("sampler", "seed", "n_startup_trials", "startup", "multivariate", "grid_points")
 SCALES = ("local", "ray")
+RESTARTS = ("in_process", "new_worker")
 
 
 def tune_settings(cfg: DictConfig) -> dict[str, Any]:
@@ -46,6 +47,8 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
     share = float(tune["max_share"])
     if not 0 < share < 1:
         raise TroughputError(f"batch.tune.max_share={share}: must be a fraction in (0, 1)")
+    if tune.get("restart") not in RESTARTS:
+        raise TroughputError(f"batch.tune.restart={tune.get('restart')!r}: use one of {', '.join(RESTARTS)}")
     rounds = int(tune["confirm_rounds"])
     if rounds < 3:
         raise TroughputError(f"batch.tune.confirm_rounds={rounds}: the verdict rule (docs/verdicts.md) needs 3 "
@@ -62,7 +65,7 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
         raise TroughputError(f"the quality guard for {', '.join(changing)} runs on batch.scale=local only (its probe "
                              "requests are fed beside the shards of one local pool); drop them from the space on Ray")
     return {**tune, "space": space, "seeds": _plain(full.tune.get("seeds")),
-            "heuristic": _plain(full.tune.get("heuristic")), "space_name": str(full.tune.get("auto") or "given"),
+            "heuristic": _plain(full.tune.get("heuristic")), "space_name": _space_name(full),
             "output_changing": changing}
 
 
@@ -85,10 +88,15 @@ def phase_planner(cfg: DictConfig, plan: Plan) -> Callable[[dict[str, Any], dict
 
 
 def check_space(plan_for: Callable[..., Plan], space: dict[str, Any]) -> None:
-    """Every param's extreme values mapped to engine knobs now, so that an unknown knob fails before any engine."""
+    """Every param's extreme values mapped to engine knobs now, so that an unknown canonical knob, or one the
+    engine lacks, fails before any engine starts (a native ``engine.knobs.*`` name is checked by the engine
+    itself when the first run that sets it starts: a failed trial with the engine's reason)."""
     for path, param in space["params"].items():
         if not path.startswith(("engine.", "model.", "ordering")):
             raise TroughputError(f"search space param {path!r}: in-job tuning sets engine.*, model.* or ordering")
+        if path.startswith("engine.canonical.") and path.removeprefix("engine.canonical.") not in TABLE:
+            raise TroughputError(f"search space param {path!r}: no canonical knob of that name (docs/knobs.md: "
+                                 f"{', '.join(TABLE)})")
         values = param.get("choices") or [param.get("low"), param.get("high")]
         for value in values:
             plan_for({path: value}, {})
@@ -98,6 +106,15 @@ def sampler_config(tune: dict[str, Any], storage: str) -> DictConfig:
     """The ``tune`` node ``sweeps.study``'s sampler and budget read, for the in-job study."""
     return OmegaConf.create({"tune": {**{k: tune.get(k) for k in SAMPLER_KEYS}, "space": tune["space"],
                                       "n_trials": tune["trials"], "storage": storage}})
+
+
+def _space_name(cfg: DictConfig) -> str:
+    """The ``conf/tune/`` file the space came from: the unit's choice (``tune: auto``) or ``tune=<file>``."""
+    if cfg.tune.get("auto"):
+        return str(cfg.tune.auto)
+    from hydra.core.hydra_config import HydraConfig
+
+    return str(HydraConfig.get().runtime.choices.get("tune")) if HydraConfig.initialized() else "given"
 
 
 def _plain(node: Any) -> Any:

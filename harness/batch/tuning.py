@@ -308,7 +308,8 @@ class InJobTuning:
         records = self.log.read()
         tuning = [r for r in records if r.kind != "main"]
         main = [r for r in records if r.kind == "main"]
-        restarts_s = sum(r.startup_s or 0.0 for r in tuning)
+        # each run's time outside generation: worker start (the engine's import), engine start, stop
+        restarts_s = sum(max(0.0, r.wall_s - r.generation_s) for r in tuning)
         discarded = sorted({i for r in tuning for i in r.discarded})
         discarded_s = sum(r.generation_s * len(r.discarded) / max(len(r.discarded) + len(r.shards), 1)
                           for r in tuning)
@@ -323,6 +324,7 @@ class InJobTuning:
             "tune.verdict": v.verdict if v else "no candidate beat the defaults in the trials",
             "tune.margin": v.ratio if v else None, "tune.margin_interval": v.interval_text() if v else None,
             "tune.restarts": len(tuning), "tune.restart_s": restarts_s,
+            "tune.engine_start_s": sum(r.startup_s or 0.0 for r in tuning),
             "tune.discarded_shards": len(discarded), "tune.discarded_s": discarded_s,
             "tune.overhead_s": restarts_s + discarded_s,
             "tune.overhead_share": (restarts_s + discarded_s) / job_s if job_s else None,

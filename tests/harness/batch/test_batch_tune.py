@@ -78,6 +78,8 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp
     assert row["tune.predicted_rest_s"] > 0 and row["tune.measured_rest_s"] > 0
     assert row["tune.predicted_rest_output_tokens"] == 18 * 8 * 10, "sampled tokens per request × requests left"
     assert "tuning" in proc.stdout and "predicted" in proc.stdout
+    logs = list((tmp_path / "results" / "logs").glob("*.worker*.log"))
+    assert len(logs) == 1, "one worker for the whole job: each run restarts the engine in it (batch.tune.restart)"
 
 
 def test_a_job_too_small_for_the_trials_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
@@ -115,7 +117,7 @@ def test_the_guard_rejects_a_config_that_changes_outputs_and_its_shards_run_agai
 
 def test_kill_9_in_the_tuning_phase_resumes_it_without_losing_a_committed_shard(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 288)
-    args += ["batch.tune.trials=3", "+engine.knobs.token_s=0.02"]
+    args += ["batch.tune.trials=3", "+engine.knobs.token_s=0.02", "batch.tune.restart=new_worker"]
     proc = troughput_batch(tmp_path, *args, popen=True, start_new_session=True, stdout=open(os.devnull, "w"),
                            stderr=open(tmp_path / "first.err", "w"))
     log = tmp_path / "out" / "tune" / "runs.jsonl"
@@ -139,6 +141,7 @@ def test_kill_9_in_the_tuning_phase_resumes_it_without_losing_a_committed_shard(
     [row] = read_rows(tmp_path / "results", "batch")   # the killed invocation wrote no row
     assert row["tune.trials"] == 3 and [r["kind"] for r in row["tune.runs"]].count("main") == 1
     assert json.loads(json.dumps(row["tune.runs"]))[0]["label"].startswith("trial 0")
+    assert len(list((tmp_path / "results" / "logs").glob("*.worker*.log"))) >= 8, "new_worker: a worker per run"
 
 
 @pytest.mark.engine   # joins the session's Ray head: one Ray Data pipeline per run of the job
@@ -159,3 +162,31 @@ def test_on_ray_every_run_is_a_pipeline_whose_engine_actors_start_with_its_confi
     recipe = by_run["trial 1 (batch recipe)"]
     assert recipe and all(m["config"] == {"engine.knobs.max_num_seqs": 64} for m in recipe)
     assert all("runtime_resources" in m["code_dir"] for m in metas.values()), "each pipeline's actors ran the job's code"
+
+
+def test_each_config_s_plan_carries_its_knobs_replicas_and_ordering_and_an_unknown_knob_fails_first(
+        tmp_path: Path) -> None:
+    """``vllm_cpu``'s space (replicas, canonical knobs, KV bytes) mapped to each run's plan without an engine."""
+    from harness.batch.cli import build_plan
+    from harness.batch.job import job_id
+    from harness.batch.tune_config import check_space, phase_planner
+    from harness.core.errors import TroughputError
+    from tests.conftest import compose
+
+    path = write_jsonl(tmp_path / "b.jsonl", [completion(f"r{i}", "x", max_tokens=2) for i in range(4000)])
+    cfg = compose(f"batch.input={path}", f"batch.output_dir={tmp_path / 'out'}", "batch.tune.trials=4",
+                  f"run.results_dir={tmp_path / 'results'}", config_name="batch")
+    plan = build_plan(cfg)
+    assert plan.tune["space_name"] == "vllm_cpu" and "engine.replicas" in plan.tune["space"]["params"]
+    plan_for = phase_planner(cfg, plan)
+    check_space(plan_for, plan.tune["space"])
+    trial = plan_for({"engine.replicas": 2, "engine.canonical.max_seqs": 48, "ordering": "length_bucketed"},
+                     {"phase": "trial"})
+    assert trial.replicas == 2 and trial.knobs["max_num_seqs"] == 48 and trial.ordering["name"] == "length_bucketed"
+    assert trial.phase == {"phase": "trial"} and job_id(trial) == job_id(plan) and plan.knobs != trial.knobs
+    try:
+        check_space(plan_for, {"params": {"engine.canonical.no_such_knob": {"type": "int", "low": 1, "high": 2}}})
+    except TroughputError as e:
+        assert "no_such_knob" in str(e)
+    else:
+        raise AssertionError("an unknown canonical knob must fail before any engine starts")

@@ -1,0 +1,198 @@
+"""In-job tuning against the same job on the default config and on the grid's best config, in alternating rounds.
+
+    flock /tmp/troughput-measure.lock .venv/bin/python -m benchmarks.in_job_tuning --count 6000 --rounds 3 \\
+        --trials 6 --shard-size 32 --out /tmp/ijt [--grid results/search_efficiency/cpu-5pt] [--grid-best K=V ...]
+
+The job: ``workload=backlog_cpu``'s generator (lognormal prompts, median 128 tokens; lognormal
+outputs, median 64, sigma 1.0, up to 512), ``--count`` requests, written as an OpenAI Batch file
+of ``/v1/completions`` lines whose ``prompt`` is the token ids, run greedy with exact lengths
+(``batch.sampling=benchmark``) with the CPU cell's 16 MiB KV budget
+(``hardware.canonical.kv_memory_bytes=16777216``) on the tiny model. Three arms, their order
+rotated each round so that other load on a shared host falls on each alike:
+
+- ``in-job``: ``batch.tune.trials=--trials`` over ``conf/tune/vllm_cpu_backlog.yaml``;
+- ``default``: the same job on the engine defaults;
+- ``grid-best``: the same job on the best config of the exhaustive grid over that space
+  (``--grid``: a ``benchmarks/search_efficiency.py --cell cpu`` grid folder, read, never rerun
+  past what it holds; or ``--grid-best`` overrides given by hand).
+
+Each arm's figure is the job's whole time (its row's ``wall_s``: scan, tuning phase, main phase,
+merge; every engine start included). Prints per round and the medians, the in-job arm's
+ratios to the others with the verdict rule's interval (docs/verdicts.md) on the job times, the
+in-job rows' predicted against measured rest of the job, and, with ``--grid``, the live
+study's trials to come within 2% of the grid's best (each live trial's config measured at its
+nearest grid point, as the replay of ``search_efficiency.py`` measures its proposals) beside
+that replay's figure for the same sampler. Writes ``<out>/summary.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+CELL = ["hardware=cpu", "hardware.canonical.kv_memory_bytes=16777216"]
+SPACE = "vllm_cpu_backlog"
+
+
+def write_job(path: Path, count: int, seed: int = 0) -> dict[str, Any]:
+    """``backlog_cpu``'s requests, ``count`` of them, as an OpenAI Batch file; returns its token counts."""
+    from omegaconf import OmegaConf
+
+    from harness.core.models import resolve_model
+    from harness.workloads import build_workload
+
+    workload = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "workload" / "backlog_cpu.yaml"))
+    workload.update(num_requests=count, seed=seed)
+    model = resolve_model(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml")),
+                          sys.executable)
+    requests = build_workload(workload, model, path.parent / "images").requests
+    with open(path, "w") as f:
+        for r in requests:
+            body = {"model": "tiny", "prompt": list(r.prompt_token_ids), "max_tokens": r.max_tokens}
+            f.write(json.dumps({"custom_id": r.id, "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
+    return {"requests": len(requests), "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
+            "output_tokens": sum(r.max_tokens for r in requests)}
+
+
+def arm_overrides(arm: str, args: argparse.Namespace) -> list[str]:
+    if arm == "in-job":
+        return [f"batch.tune.trials={args.trials}", f"tune={SPACE}", f"batch.tune.min_run_requests={args.min_run}",
+                f"batch.tune.max_share={args.max_share}", f"batch.tune.seed={args.seed}"]
+    if arm == "grid-best":
+        return [f"++{kv}" for kv in args.grid_best]
+    return []
+
+
+def run_arm(arm: str, data: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One job, start to end, in its own folder; its row."""
+    tag = f"{arm}-{time.strftime('%H%M%S')}"
+    results, out_dir = work / f"results-{tag}", work / f"out-{tag}"
+    cmd = [str(Path(sys.executable).parent / "troughput-batch"), f"batch.input={data}", f"batch.output_dir={out_dir}",
+           "batch.sampling=benchmark", f"batch.shard_size={args.shard_size}", f"run.results_dir={results}",
+           "run.progress=false", *CELL, *arm_overrides(arm, args), *args.overrides]
+    t0 = time.monotonic()
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    wall = time.monotonic() - t0
+    rows = [json.loads(p.read_text()) for p in sorted((results / "batch").glob("*.json"))]
+    if proc.returncode != 0 or len(rows) != 1 or rows[0].get("status") != "ok":
+        raise SystemExit(f"{arm} failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
+    row = rows[0]
+    keep = {k: v for k, v in row.items() if k.startswith("tune.") and k != "tune.runs"}
+    return {"arm": arm, "job_s": row["wall_s"], "process_wall_s": wall, "output_tok_s": row["output_tok_s"],
+            "output_tokens": row["output_tokens"], "startup_s": row["startup_s"], "commit": row.get("git_commit"),
+            "load_1min": os.getloadavg()[0], "command": " ".join(cmd), **keep,
+            "trials": [{k: r[k] for k in ("label", "values", "output_tok_s", "status")}
+                       for r in row.get("tune.runs", []) if r["kind"] == "trial"]}
+
+
+def live_trials_to_2pct(records: list[dict[str, Any]], grid_dir: Path) -> dict[str, Any]:
+    """Each in-job study's trials, measured at their nearest grid point, until within 2% of the grid's best."""
+    import optuna
+
+    from benchmarks.search_efficiency import CELLS, position, replay, run_grid, trials_to
+
+    grid = run_grid(CELLS["cpu"], grid_dir, [])
+    target = 0.98 * grid.best
+    numeric = {p: not isinstance(v[0], (bool, str)) for p, v in grid.values.items()}
+    out = []
+    for rec in records:
+        seen = []
+        for trial in rec["trials"]:
+            values = trial["values"]
+            if not values:
+                seen.append(grid.seeds.get("engine defaults", ({}, None))[1])
+                continue
+            key = tuple(grid.values[p][min(max(round(position(grid.values[p], values[p])), 0),
+                                           len(grid.values[p]) - 1)] if numeric[p] else values[p]
+                        for p in grid.values)
+            seen.append(grid.cells.get(key))
+        out.append({"round_arm": rec.get("round"), "seen": seen, "trials_to_2pct": trials_to(seen, target)})
+    sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=4, multivariate=True)
+    replayed = replay(grid, sampler, [s for s in ("engine defaults", "batch recipe") if s in grid.seeds],
+                      grid.valid())
+    return {"grid_best": grid.best, "grid_cells": len(grid.cells), "live": out,
+            "replay_seed0_trials_to_2pct": trials_to(replayed, target)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from harness.report.verdict import compare
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=6000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--shard-size", type=int, default=32)
+    parser.add_argument("--min-run", type=int, default=64, help="batch.tune.min_run_requests")
+    parser.add_argument("--max-share", type=float, default=0.10)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--grid", type=Path, default=None, help="a search_efficiency.py --cell cpu grid folder")
+    parser.add_argument("--grid-best", nargs="*", default=[], help="the grid's best config as K=V overrides")
+    parser.add_argument("--arms", default="in-job,default,grid-best")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every arm")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    arms = args.arms.split(",")
+    if "grid-best" in arms and not args.grid_best:
+        raise SystemExit("the grid-best arm needs --grid-best K=V ... (the grid's best cell, e.g. from "
+                         "docs/benchmarks.md 'Does the search pay?')")
+    data = args.out / "backlog_cpu.jsonl"
+    shape = write_job(data, args.count, args.seed)
+    host = {"cpu": platform.processor() or platform.machine(), "flags": _isa_flags(), "nproc": os.cpu_count()}
+    print(f"{data}: {shape}; host {host}", flush=True)
+    times: dict[str, list[float]] = {a: [] for a in arms}
+    records = []
+    for r in range(args.rounds):
+        for arm in arms[r % len(arms):] + arms[:r % len(arms)]:
+            got = run_arm(arm, data, args.out, args)
+            times[arm].append(got["job_s"])
+            records.append({"round": r + 1, **got})
+            extra = ""
+            if arm == "in-job":
+                extra = (f"  tuning {got.get('tune.phase_s', 0):,.0f} s, chosen {got.get('tune.chosen')}, "
+                         f"rest predicted {got.get('tune.predicted_rest_s') or 0:,.0f} s measured "
+                         f"{got.get('tune.measured_rest_s') or 0:,.0f} s")
+            print(f"round {r + 1} {arm:>9}: job {got['job_s']:8,.1f} s ({got['output_tok_s']:,.1f} output tok/s, "
+                  f"load {got['load_1min']:.1f}){extra}", flush=True)
+    medians = {a: statistics.median(v) for a, v in times.items()}
+    summary: dict[str, Any] = {"args": {k: str(v) for k, v in vars(args).items()}, "host": host, "job": shape,
+                               "medians_job_s": medians, "runs": records}
+    for other in (a for a in arms if a != "in-job"):
+        if "in-job" in times:
+            v = compare([1 / t for t in times["in-job"]], [1 / t for t in times[other]])
+            summary[f"in-job_over_{other}"] = {"ratio_of_medians": medians["in-job"] / medians[other],
+                                               "speed_verdict": v.verdict, "speed_interval": v.interval_text()}
+            print(f"in-job ÷ {other}: job time {medians['in-job'] / medians[other]:.3f} (medians); speed "
+                  f"{v.interval_text()} {v.verdict}")
+    predictions = [(x["tune.predicted_rest_s"], x["tune.measured_rest_s"]) for x in records
+                   if x["arm"] == "in-job" and x.get("tune.predicted_rest_s") and x.get("tune.measured_rest_s")]
+    summary["prediction"] = [{"predicted_s": p, "measured_s": m, "measured_over_predicted": m / p}
+                             for p, m in predictions]
+    for p, m in predictions:
+        print(f"rest of the job: predicted {p:,.1f} s, measured {m:,.1f} s ({m / p:.3f})")
+    if args.grid:
+        summary["trials_to_2pct"] = live_trials_to_2pct([x for x in records if x["arm"] == "in-job"], args.grid)
+        print(f"trials to 2% of the grid's best: {summary['trials_to_2pct']}")
+    (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    return 0
+
+
+def _isa_flags() -> str:
+    try:
+        flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags")).split()
+    except (OSError, StopIteration):
+        return ""
+    return " ".join(f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile") if f in flags)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
