@@ -99,9 +99,10 @@ def read_requests(path: Path) -> list[Request]:
 def serve(job_dir: Path) -> int:
     """Start the engine, then feed it the shards named on stdin until it closes and every shard is done.
 
-    ``{"restart": {"knobs": {...}}}`` on stdin (an in-job tuning's next run): once every shard fed
-    so far is done, the engine stops and a new one starts in this process with those knobs (no new
-    worker, no second import of the engine) and says ``started`` again; later shards go to it.
+    ``{"restart": {"job": {...}}}`` on stdin (an in-job tuning's next run): once every shard fed
+    so far is done, the engine stops and a new one starts in this process with that job's knobs and
+    model limits (no new worker, no second import of the engine) and says ``started`` again; later
+    shards go to it.
     """
     job = json.loads((job_dir / "job.json").read_text())
     engine: Engine | None = None
@@ -120,7 +121,7 @@ def serve(job_dir: Path) -> int:
             engine.stop()
             engine, feeder = None, None
             gc.collect()
-            job = {**job, "knobs": restart["restart"]["knobs"]}
+            job = restart["restart"]["job"]
     except BaseException as e:  # noqa: BLE001 - the driver must hear why
         emit("shard_failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         return 3

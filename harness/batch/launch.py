@@ -86,8 +86,7 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
 
             return run_ray(phase, target, index, progress, shards.__contains__, cluster)
         pool = pools[-1] if pools else None
-        reuse = (plan.tune.get("restart") == "in_process" and pool is not None and pool.started
-                 and all(pool.alive) and pool.plan.replicas == phase.replicas)
+        reuse = plan.tune.get("restart") == "in_process" and pool is not None and pool.restartable(phase)
         if reuse:
             pool.restart(phase)
         else:

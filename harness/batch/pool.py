@@ -52,6 +52,7 @@ class LocalPool:
         self.events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         self.log_paths: list[Path] = []
         self.closed = False
+        self.restarting: list[bool] = []  # a worker told to restart: its events from before are stale until ``started``
 
     def start(self) -> None:
         """Start one worker per replica; their engines come up in the background (``started`` events)."""
@@ -59,8 +60,7 @@ class LocalPool:
         extra = device_envs(plan.replicas, plan.device_kind, plan.env)
         env = {**os.environ, **{k: str(v) for k, v in plan.env.items()}, **registry_env(),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
-        job = {"engine": plan.engine, "knobs": plan.knobs,
-               "model": {**plan.model, **engine_limits(plan)}}
+        job = worker_job(plan)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for i, device in enumerate(extra):
             job_dir = self.run_dir / f"worker{i + 1}"
@@ -83,6 +83,7 @@ class LocalPool:
             self.pending.append(0)
             self.fed.append(-1)
             self.alive.append(True)
+            self.restarting.append(False)
             threading.Thread(target=self._follow, args=(i, proc), daemon=True).start()
 
     @property
@@ -96,15 +97,22 @@ class LocalPool:
         The worker stops its engine once every shard fed so far is done (the driver has collected
         them all), starts the new one and says ``started``; the shards submitted after this go to it.
         """
-        if plan.replicas != self.plan.replicas or plan.engine != self.plan.engine:
-            raise ValueError("a restart keeps the engine and the replicas; start a new pool for others")
+        if not self.restartable(plan):
+            raise ValueError("a restart keeps the engine, the replicas and the environment; start a new pool")
         self.plan = plan
         for i, proc in enumerate(self.procs):
             self.outstanding[i], self.sent[i], self.pending[i], self.fed[i] = 0, 0, 0, -1
+            self.restarting[i] = True
             if self.alive[i]:
                 with suppress(OSError, ValueError):
-                    proc.stdin.write(json.dumps({"restart": {"knobs": plan.knobs}}) + "\n")  # type: ignore[union-attr]
+                    proc.stdin.write(json.dumps({"restart": {"job": worker_job(plan)}}) + "\n")  # type: ignore[union-attr]
                     proc.stdin.flush()  # type: ignore[union-attr]
+
+    def restartable(self, plan: Plan) -> bool:
+        """Whether ``plan`` can run on these workers with their engines restarted: same engine, replicas, env."""
+        return (self.started and all(self.alive) and plan.engine == self.plan.engine
+                and plan.replicas == self.plan.replicas and plan.env == self.plan.env
+                and plan.python == self.plan.python)
 
     def _follow(self, i: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -146,6 +154,10 @@ class LocalPool:
             i, event = self.events.get(timeout=timeout)
         except queue.Empty:
             return None
+        if event["event"] == "started":
+            self.restarting[i] = False
+        elif self.restarting[i] and event["event"] == "progress":
+            return None  # the previous engine's last word on its (finished) work
         if event["event"] == "progress" and "pending" in event:
             self.pending[i], self.fed[i] = int(event["pending"]), int(event["fed"])
         if event["event"] in ("shard_done", "shard_failed"):
@@ -169,6 +181,11 @@ class LocalPool:
                     proc.wait(timeout=60)
             if proc.poll() is None:
                 _kill_group(proc)
+
+
+def worker_job(plan: Plan) -> dict[str, Any]:
+    """The worker's ``job.json`` (and a restart's): the engine, its knobs, the model with the job's limits."""
+    return {"engine": plan.engine, "knobs": plan.knobs, "model": {**plan.model, **engine_limits(plan)}}
 
 
 def engine_limits(plan: Plan) -> dict[str, Any]:

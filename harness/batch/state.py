@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from harness.batch.plan import IDENTITY, Plan, describe_change
+from harness.batch.plan import Plan, describe_change
 from harness.core.errors import TroughputError
 
 OUTPUT, ERRORS, META = "output.jsonl", "errors.jsonl", "meta.json"
@@ -45,11 +45,11 @@ class JobState:
         if path.exists() and self.committed():
             before = _identity(json.loads(path.read_text()))
             now = plan.identity()
-            changed = [k for k, v in now.items() if before.get(k) != v]
+            changed = [k for k in {*now, *before} if before.get(k) != now.get(k)]
             if changed:
                 raise TroughputError(
                     f"{self.root} holds {len(self.committed())} committed shards of a batch job with a different "
-                    f"{', '.join(changed)} ({'; '.join(describe_change(k, before.get(k), now[k]) for k in changed)}); "
+                    f"{', '.join(changed)} ({'; '.join(describe_change(k, before.get(k), now.get(k)) for k in changed)}); "
                     f"resuming would mix their answers with this job's: use another batch.output_dir, or delete "
                     f"this one to start over")
         self.shards_dir.mkdir(parents=True, exist_ok=True)
@@ -123,8 +123,7 @@ class JobState:
 
 def _identity(recorded: dict[str, Any]) -> dict[str, Any]:
     """A recorded plan's identity; fields an older plan.json lacks compare as their default."""
-    plan = Plan(**{k: v for k, v in recorded.items() if k in Plan.__dataclass_fields__})
-    return {key: getattr(plan, key) for key in IDENTITY}
+    return Plan(**{k: v for k, v in recorded.items() if k in Plan.__dataclass_fields__}).identity()
 
 
 def _write_lines(path: Path, lines: list[dict]) -> None:

@@ -27,9 +27,11 @@ from there (a cut run's remaining shards go to the next run).
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
+import shutil
 import socket
 import time
 from collections.abc import Callable
@@ -48,6 +50,7 @@ from harness.batch.shards import Index, iter_shards
 from harness.batch.state import JobState
 from harness.batch.tune_config import OUTPUT_CHANGING, sampler_config
 from harness.batch.tune_runs import RunLog, RunRecord, predicted_seconds, sample_order, shards_per_run
+from harness.core.errors import TroughputError
 from harness.core.tokens import TextTokenizer
 from harness.quality.agreement import columns as agreement_columns
 from harness.report.verdict import compare
@@ -55,7 +58,7 @@ from harness.workloads.records import Options
 from sweeps.best import leaders
 from sweeps.seeds import enqueue_seeds, knob_key
 from sweeps.space import SearchSpace
-from sweeps.study import fail_stale_trials, make_sampler
+from sweeps.study import make_sampler
 
 log = logging.getLogger("troughput.batch.tune")
 STUDY = "in-job"
@@ -80,13 +83,24 @@ class InJobTuning:
         self.tune = plan.tune
         self.plan_for, self.run_phase, self.base = plan_for, run_phase, base
         self.root = state.root / "tune"
-        self.root.mkdir(parents=True, exist_ok=True)
+        self._adopt_folder()
         self.log = RunLog(self.root)
         self.order = sample_order(index.shards(plan.shard_size), int(self.tune.get("seed") or 0))
         self.k = shards_per_run(self.tune, index, plan.shard_size)
         self.space = SearchSpace(self.tune["space"])
         self.outcome = Outcome()
         self.reference: dict[str, list[int]] | None = None
+
+    def _adopt_folder(self) -> None:
+        """``tune/`` for this job's tuning settings; one left by other settings (nothing committed) starts over."""
+        path = self.root / "settings.json"
+        settings = json.dumps(self.plan.identity().get("tune"), sort_keys=True)
+        if path.exists() and path.read_text() != settings:
+            if self.state.committed():  # adopt() refuses this first; kept as a guard
+                raise TroughputError(f"{self.root} belongs to other batch.tune settings; use another batch.output_dir")
+            shutil.rmtree(self.root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        path.write_text(settings)
 
     # ---- the phases -------------------------------------------------------------------------------
 
@@ -102,6 +116,9 @@ class InJobTuning:
         if left:
             self._run("main", "main", chosen, set(left))
         self.outcome.columns = self._columns(chosen, verdict, prediction, tuning_s)
+        main = self.plan_for(chosen, {})
+        self.outcome.columns |= {"tune.chosen_knobs": main.knobs, "tune.chosen_replicas": main.replicas,
+                                 "tune.chosen_ordering": main.ordering.get("name")}
         return self.outcome
 
     def _study(self) -> optuna.Study:
@@ -114,7 +131,8 @@ class InJobTuning:
             seeds.insert(0, {"name": DEFAULTS_SEED})  # the fallback config is always measured
         enqueue_seeds(study, {**self.tune, "seeds": seeds}, self.space, self.base, self._sample_summary(),
                       self.plan.model["local_dir"])
-        fail_stale_trials(study, stale_after_s=math.inf)
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)  # cut by a kill: one driver per job
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
             key = f"requeued_{trial.number}"  # a seed trial cut by a kill runs again, once
             if "seed" in trial.user_attrs and "reason" not in trial.user_attrs and key not in study.user_attrs:
@@ -140,6 +158,9 @@ class InJobTuning:
             if broken:
                 self._fail(study, trial, f"constraint broken, not launched: {broken}")
                 continue
+            if self.tune.get("min_agreement") is not None and self._changes_output(values) \
+                    and self._reference() is None:  # the defaults' probe is cut or failed: measure it first
+                self._run("reference", "reference (the job's own config)", {}, self._next_shards())
             label = f"trial {trial.number}" + (f" ({seed})" if seed else "")
             record = self._run("trial", label, values, self._next_shards(), trial=trial.number)
             trial.set_user_attr("status", record.status)
@@ -166,6 +187,11 @@ class InJobTuning:
             return {}, None
         candidate = candidates[0]
         values = dict(candidate.params)
+        own = [r for r in self.log.read() if r.kind in ("trial", "reference") and not r.values]
+        if own and not any(r.status == "ok" for r in own):  # the job's config cannot run: nothing to confirm against
+            why = own[-1].reason.splitlines()[0][:300] if own[-1].reason else own[-1].status
+            log.warning("the job's own config failed (%s): trial %d's config goes on unconfirmed", why, candidate.number)
+            return values, (candidate.number, None, f"the job's own config failed ({why}): the best trial, unconfirmed")
         rounds = int(self.tune["confirm_rounds"])
         for r in range(rounds):
             sides = ("default", "candidate") if r % 2 == 0 else ("candidate", "default")
@@ -180,7 +206,7 @@ class InJobTuning:
         verdict = compare(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
         log.info("confirmation: trial %d ÷ engine defaults: %s, %s", candidate.number, verdict.interval_text(),
                  verdict.verdict)
-        return (values if verdict.winner == "a" else {}), (candidate.number, verdict)
+        return (values if verdict.winner == "a" else {}), (candidate.number, verdict, verdict.verdict)
 
     # ---- one run ----------------------------------------------------------------------------------
 
@@ -190,7 +216,7 @@ class InJobTuning:
         phase = {"phase": kind, "run": label, "config": values}
         plan = self.plan_for(values, phase)
         guarded = self.tune.get("min_agreement") is not None and kind == "trial" and self._changes_output(values)
-        probe = self._probe() if self.tune.get("min_agreement") is not None and kind == "trial" and \
+        probe = self._probe() if self.tune.get("min_agreement") is not None and kind in ("trial", "reference") and \
             (guarded or not values) else None
         target = JobState(self.root / "provisional" / label.replace(" ", "_")) if guarded else self.state
         if guarded:
@@ -212,6 +238,7 @@ class InJobTuning:
             self._judge(record, run, values, guarded)
         if guarded:
             self._settle(record, target)
+            run = self._counted(run, record)
         self.log.append(record)
         self.outcome.runs.append(run)
         log.info("%s: %s", label, _describe(record))
@@ -222,8 +249,6 @@ class InJobTuning:
         path = self.root / "probe-reference.json"
         if not values:
             if run.probe and not path.exists():
-                import json
-
                 path.write_text(json.dumps(run.probe))
             return
         if not guarded:
@@ -250,12 +275,18 @@ class InJobTuning:
         else:
             record.shards, record.discarded = [], shards
 
+    def _counted(self, run: ShardsRun, record: RunRecord) -> ShardsRun:
+        """A guarded run as the job's row counts it: only the shards that joined the job's output."""
+        counted = ShardsRun(generation_s=run.generation_s, startup_s=run.startup_s,
+                            peak_worker_rss_bytes=run.peak_worker_rss_bytes, probe_output_tokens=run.probe_output_tokens)
+        for i in record.shards:
+            counted.add(self.state.meta(i))
+        return counted
+
     def _reference(self) -> dict[str, list[int]] | None:
         if self.reference is None:
             path = self.root / "probe-reference.json"
             if path.exists():
-                import json
-
                 self.reference = json.loads(path.read_text())
         return self.reference
 
@@ -308,26 +339,31 @@ class InJobTuning:
         records = self.log.read()
         tuning = [r for r in records if r.kind != "main"]
         main = [r for r in records if r.kind == "main"]
-        # each run's time outside generation: worker start (the engine's import), engine start, stop
-        restarts_s = sum(max(0.0, r.wall_s - r.generation_s) for r in tuning)
+        # each run's time outside generation (worker start with the engine's import, engine start, stop); the
+        # job's first start is one any job pays, every later one (the main phase's included) is the tuning's
+        restarts_s = sum(max(0.0, r.wall_s - r.generation_s) for r in records[1:])
         discarded = sorted({i for r in tuning for i in r.discarded})
         discarded_s = sum(r.generation_s * len(r.discarded) / max(len(r.discarded) + len(r.shards), 1)
                           for r in tuning)
+        rate = prediction.get("predicted_rest_tok_s")  # the chosen config's measured rate
+        shortfall_s = sum(max(0.0, r.generation_s - (r.output_tokens + r.probe_output_tokens) / rate)
+                          for r in tuning if r.status == "ok" and r.values != chosen) if rate else 0.0
         job_s = sum(r.wall_s for r in records)
-        trial_no, v = verdict if verdict else (None, None)
+        trial_no, v, said = verdict if verdict else (None, None, "no trial config beat the job's own in the trials")
         return {
             "tune.space": self.tune.get("space_name"), "tune.shards_per_run": self.k,
             "tune.runs": [r.to_dict() for r in records],
             "tune.trials": sum(r.kind == "trial" for r in records),
             "tune.confirm_runs": sum(r.kind == "confirm" for r in records),
             "tune.chosen": chosen or "engine defaults", "tune.candidate_trial": trial_no,
-            "tune.verdict": v.verdict if v else "no candidate beat the defaults in the trials",
+            "tune.verdict": said,
             "tune.margin": v.ratio if v else None, "tune.margin_interval": v.interval_text() if v else None,
-            "tune.restarts": len(tuning), "tune.restart_s": restarts_s,
+            "tune.restarts": max(0, len(records) - 1), "tune.restart_s": restarts_s,
             "tune.engine_start_s": sum(r.startup_s or 0.0 for r in tuning),
             "tune.discarded_shards": len(discarded), "tune.discarded_s": discarded_s,
-            "tune.overhead_s": restarts_s + discarded_s,
-            "tune.overhead_share": (restarts_s + discarded_s) / job_s if job_s else None,
+            "tune.shortfall_s": shortfall_s,
+            "tune.overhead_s": restarts_s + discarded_s + shortfall_s,
+            "tune.overhead_share": (restarts_s + discarded_s + shortfall_s) / job_s if job_s else None,
             "tune.phase_s": sum(r.wall_s for r in tuning), "tune.phase_share": sum(r.wall_s for r in tuning) / job_s
             if job_s else None,
             "tune.phase_requests": sum(r.requests for r in tuning),

@@ -99,7 +99,7 @@ def test_an_output_changing_knob_needs_the_quality_guard(tmp_path: Path) -> None
 def test_the_guard_rejects_a_config_that_changes_outputs_and_its_shards_run_again(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 288, LOSSY_SPACE, max_tokens=9)
     proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3", "batch.tune.min_agreement=0.99",
-                           "batch.tune.probe_requests=8")
+                           "batch.tune.probe_requests=8", "engine.replicas=2")  # two workers, both restarted per run
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
     outputs = read_jsonl(out / "output.jsonl")
@@ -113,6 +113,9 @@ def test_the_guard_rejects_a_config_that_changes_outputs_and_its_shards_run_agai
     metas = _metas(out)
     assert all(m["config"].get("engine.knobs.dtype") != "lossy" for m in metas.values()), "no lossy output kept"
     assert all(metas[i]["phase"] != "trial" or metas[i]["run"] != lossy["label"] for i in lossy["discarded"])
+    assert row["replicas"] == 2 and len(list((tmp_path / "results" / "logs").glob("*.worker*.log"))) == 2
+    # the row counts each request once: the lossy trial's discarded shards ran again and count there only
+    assert (row["requests_ok"], row["output_tokens"], row["shards_run"], row["shards_before"]) == (288, 288 * 9, 36, 0)
 
 
 def test_kill_9_in_the_tuning_phase_resumes_it_without_losing_a_committed_shard(tmp_path: Path) -> None:
@@ -190,3 +193,18 @@ def test_each_config_s_plan_carries_its_knobs_replicas_and_ordering_and_an_unkno
         assert "no_such_knob" in str(e)
     else:
         raise AssertionError("an unknown canonical knob must fail before any engine starts")
+
+
+def test_when_the_job_s_own_config_fails_the_best_trial_runs_the_rest_unconfirmed(tmp_path: Path) -> None:
+    space = SPACE.replace("low: 2, high: 64", "low: 1, high: 4").replace(
+        "  - name: batch recipe\n    params: {engine.knobs.max_num_seqs: 64}\n", "")
+    path, args = _job(tmp_path, 288, space)
+    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3", "+engine.knobs.oom_above=4")  # its own 8 fail
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")] == [f"r{i}" for i in range(288)]
+    [row] = read_rows(tmp_path / "results", "batch")
+    kinds = [(r["kind"], r["status"]) for r in row["tune.runs"]]
+    assert kinds[0] == ("trial", "failed") and "out of memory" in row["tune.runs"][0]["reason"]
+    assert all(kind != "confirm" for kind, _ in kinds), "no confirmation runs against a config that cannot run"
+    assert row["tune.verdict"].startswith("the job's own config failed") and row["tune.chosen"] != "engine defaults"
+    assert row["tune.chosen_knobs"]["max_num_seqs"] <= 4 and row["status"] == "ok"
