@@ -1,7 +1,9 @@
 """In-job tuning against the same job on the default config and on the grid's best config, in alternating rounds.
 
-    flock /tmp/troughput-measure.lock .venv/bin/python -m benchmarks.in_job_tuning --count 6000 --rounds 3 \\
-        --trials 6 --shard-size 32 --out /tmp/ijt [--grid results/search_efficiency/cpu-5pt] [--grid-best K=V ...]
+    flock /tmp/troughput-measure.lock .venv/bin/python -m benchmarks.in_job_tuning --count 16000 --rounds 3 \\
+        --trials 4 --shard-size 64 --min-run 128 --out /tmp/ijt [--grid results/search_efficiency/cpu-5pt] \\
+        --grid-best engine.canonical.max_seqs=45 engine.canonical.max_tokens_per_step=2048 \\
+        engine.canonical.chunked_prefill=false
 
 The job: ``workload=backlog_cpu``'s generator (lognormal prompts, median 128 tokens; lognormal
 outputs, median 64, sigma 1.0, up to 512), ``--count`` requests, written as an OpenAI Batch file
@@ -127,11 +129,11 @@ def main(argv: list[str] | None = None) -> int:
     from harness.report.verdict import compare
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--count", type=int, default=6000)
+    parser.add_argument("--count", type=int, default=16000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--trials", type=int, default=6)
-    parser.add_argument("--shard-size", type=int, default=32)
-    parser.add_argument("--min-run", type=int, default=64, help="batch.tune.min_run_requests")
+    parser.add_argument("--trials", type=int, default=4)
+    parser.add_argument("--shard-size", type=int, default=64)
+    parser.add_argument("--min-run", type=int, default=128, help="batch.tune.min_run_requests")
     parser.add_argument("--max-share", type=float, default=0.10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--grid", type=Path, default=None, help="a search_efficiency.py --cell cpu grid folder")

@@ -116,8 +116,8 @@ def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
             f"the job is too small for {tune['trials']} trials and {tune['confirm_rounds']} confirmation rounds: "
             f"{runs} runs of at least {min_requests} requests (batch.tune.min_run_requests) within "
             f"batch.tune.max_share={tune['max_share']} of its {index.records:,} records needs about {need:,} "
-            f"records (shard_size {shard_size}). Use fewer trials, a smaller batch.shard_size, or tune separately "
-            f"(troughput-tune) and run the job with batch.engine_file=")
+            f"records (shard_size {shard_size}). Use fewer trials or confirmation rounds, a lower "
+            f"batch.tune.min_run_requests, or tune separately (troughput-tune) and run the job with batch.engine_file=")
     return k
 
 
