@@ -131,8 +131,13 @@ class InJobTuning:
             seeds.insert(0, {"name": DEFAULTS_SEED})  # the fallback config is always measured
         enqueue_seeds(study, {**self.tune, "seeds": seeds}, self.space, self.base, self._sample_summary(),
                       self.plan.model["local_dir"])
+        finished = {r.trial: r for r in self.log.read() if r.kind == "trial"}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)  # cut by a kill: one driver per job
+            record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
+            if record is not None and record.status == "ok":
+                study.tell(trial.number, record.rate or 0.0)
+            else:  # cut by a kill while it ran (one driver per job): failed, and it does not use up the budget
+                study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
             key = f"requeued_{trial.number}"  # a seed trial cut by a kill runs again, once
             if "seed" in trial.user_attrs and "reason" not in trial.user_attrs and key not in study.user_attrs:
@@ -149,6 +154,9 @@ class InJobTuning:
         budget = int(self.tune["trials"]) + cut
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING)
         while len(study.get_trials(deepcopy=False, states=states)) < budget:
+            if not self._room_for_a_trial():
+                log.warning("the tuning budget (batch.tune.max_share) is spent after runs cut by kills: no more trials")
+                break
             trial = study.ask()
             trial.set_user_attr("host", socket.gethostname())
             trial.set_user_attr("pid", os.getpid())
@@ -296,6 +304,15 @@ class InJobTuning:
         """The next ``k`` shards of the sample order that are not committed yet."""
         committed = self.state.committed()
         return set([i for i in self.order if i not in committed][:self.k])
+
+    def _room_for_a_trial(self) -> bool:
+        """Whether one more trial and the whole confirmation fit in ``max_share`` of the job's shards, counting every
+        shard the tuning runs so far took (runs cut by a kill took theirs too)."""
+        budget = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size))
+        committed = self.state.committed()
+        taken = {i for i in committed if self.state.meta(i).get("phase") in ("trial", "reference", "confirm")}
+        taken |= {i for r in self.log.read() if r.kind != "main" for i in r.discarded}
+        return len(taken) + self.k * (1 + 2 * int(self.tune["confirm_rounds"])) <= budget
 
     def _confirm_records(self, trial: int) -> list[RunRecord]:
         return [r for r in self.log.read() if r.kind == "confirm" and r.trial == trial]
