@@ -126,3 +126,26 @@ def test_an_engine_fault_ends_the_feeding_loop() -> None:
             feed_until_closed(_Engine(), feeder, commands, lambda key, result: None, progress=False)
     finally:
         feeder.close()
+
+
+def test_a_restart_waits_for_the_shards_fed_before_it_and_leaves_the_later_ones_queued() -> None:
+    """An in-job tuning's restart: the loop returns the command once shard 0 (in flight) is done; shard 1,
+    sent after the restart, stays queued for the next engine."""
+    commands: queue.Queue = queue.Queue()
+    restart = {"restart": {"job": {"engine": "x", "knobs": {"max_num_seqs": 4}, "model": {}}}}
+    commands.put({"shard": "0", "requests": [_request("a", 30)]})   # 0.3 s: still generating at the restart
+    commands.put(restart)
+    commands.put({"shard": "1", "requests": [_request("b")]})
+    commands.put(None)
+    results: dict[str, dict] = {}
+    feeder = AsyncFeeder(_run)
+    try:
+        got = feed_until_closed(_Engine(), feeder, commands, lambda key, result: results.setdefault(key, result),
+                                progress=False)
+        assert got == restart and list(results) == ["0"], "shard 0 finished before the restart was returned"
+        assert commands.get_nowait() == {"shard": "1", "requests": [_request("b")]}, "later commands wait"
+        again = feed_until_closed(_Engine(), feeder, commands, lambda key, result: results.setdefault(key, result),
+                                  progress=False)
+        assert again is None and list(results) == ["0"], "end of input after the restart: nothing else ran here"
+    finally:
+        feeder.close()

@@ -208,3 +208,26 @@ def test_when_the_job_s_own_config_fails_the_best_trial_runs_the_rest_unconfirme
     assert all(kind != "confirm" for kind, _ in kinds), "no confirmation runs against a config that cannot run"
     assert row["tune.verdict"].startswith("the job's own config failed") and row["tune.chosen"] != "engine defaults"
     assert row["tune.chosen_knobs"]["max_num_seqs"] <= 4 and row["status"] == "ok"
+
+
+def test_an_engine_that_fails_to_start_after_a_restart_fails_its_trial_and_the_next_run_gets_new_workers(
+        tmp_path: Path) -> None:
+    space = """space:
+  params:
+    engine.knobs.fail_in: {type: categorical, choices: [start, never]}
+seeds:
+  - name: engine defaults
+  - name: broken
+    params: {engine.knobs.fail_in: start}
+  - name: fine
+    params: {engine.knobs.fail_in: never}
+heuristic: null
+"""
+    path, args = _job(tmp_path, 288, space)
+    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")] == [f"r{i}" for i in range(288)]
+    [row] = read_rows(tmp_path / "results", "batch")
+    broken = next(r for r in row["tune.runs"] if r["label"] == "trial 1 (broken)")
+    assert broken["status"] == "failed" and "scripted failure in start" in broken["reason"] and broken["shards"] == []
+    assert len(list((tmp_path / "results" / "logs").glob("*.worker*.log"))) == 2, "new workers after the failed start"
