@@ -80,7 +80,8 @@ def shard_result(out: ShardOutput, errors: dict[str, str], busy_s: float, idle_b
                 "predicted": out.simulated_span_s is not None}
     return {"measured": measured, "errors": {**errors, **out.errors},
             "completions": [{"id": c.id, "prompt_tokens": c.prompt_tokens, "output_token_ids": c.output_token_ids,
-                             "cached_tokens": c.cached_tokens, "finish_reason": c.finish_reason, "text": c.text}
+                             "cached_tokens": c.cached_tokens, "finish_reason": c.finish_reason, "text": c.text,
+                             "finished_at": c.finished_at}  # perf_counter: one clock for every process of a host
                             for c in completions]}
 
 

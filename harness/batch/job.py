@@ -32,6 +32,7 @@ from harness.workloads.records import Options
 
 log = logging.getLogger(__name__)
 PROBE = -1  # the index the quality probe travels under (no shard has it)
+TIMED_PHASES = ("trial", "reference", "confirm")  # in-job tuning runs whose requests' finish times are kept
 
 
 @dataclass
@@ -53,6 +54,8 @@ class ShardsRun:
     errors: list[str] = field(default_factory=list)  # failures that are no shard's (an array task that died)
     probe: dict[str, list[int]] | None = None  # the quality probe's output token ids by request id, when one ran
     probe_output_tokens: int = 0   # its output tokens (generated in this run's time, in no shard)
+    finishes: list[tuple[float, int]] = field(default_factory=list)  # (finished_at, output tokens) per request,
+    #                                  kept for an in-job tuning's runs (``tune_runs.steady_rate``)
 
     def add(self, meta: dict[str, Any]) -> None:
         """Count one shard this invocation committed (its ``meta.json``)."""
@@ -215,6 +218,9 @@ class _Runner:
             index, items, _ = self.in_flight.pop(event["shard"])
             result = json.loads((Path(event["shard"]) / "result.json").read_text())
             self.run.peak_worker_rss_bytes = max(self.run.peak_worker_rss_bytes, result.get("peak_rss_bytes") or 0)
+            if self.plan.phase.get("phase") in TIMED_PHASES:
+                self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
+                                      for c in result["completions"] if c.get("finished_at") is not None]
             if index == PROBE:
                 self.run.probe = {c["id"]: c["output_token_ids"] for c in result["completions"]}
                 self.run.probe_output_tokens = sum(len(ids) for ids in self.run.probe.values())
@@ -241,6 +247,9 @@ class _Runner:
             if owner != worker:
                 continue
             del self.in_flight[shard_dir]
+            if self.plan.phase.get("phase") in TIMED_PHASES:
+                self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
+                                      for c in result["completions"] if c.get("finished_at") is not None]
             if index == PROBE:
                 continue  # no probe outputs: the quality guard counts the run as not measured
             if index not in self.retried and pool.any_alive():

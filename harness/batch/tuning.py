@@ -49,7 +49,8 @@ from harness.batch.plan import Plan
 from harness.batch.shards import Index, iter_shards
 from harness.batch.state import JobState
 from harness.batch.tune_config import OUTPUT_CHANGING, sampler_config
-from harness.batch.tune_runs import RunLog, RunRecord, predicted_seconds, sample_order, shards_per_run
+from harness.batch.tune_runs import (RunLog, RunRecord, predicted_seconds, sample_order, shards_per_run,
+                                      steady_rate)
 from harness.core.errors import TroughputError
 from harness.core.tokens import TextTokenizer
 from harness.quality.agreement import columns as agreement_columns
@@ -238,7 +239,8 @@ class InJobTuning:
         record = RunRecord(kind=kind, label=label, values=values, shards=committed, requests=run.requests_ok,
                            output_tokens=run.output_tokens, probe_output_tokens=run.probe_output_tokens,
                            generation_s=run.generation_s, startup_s=run.startup_s, wall_s=wall, trial=trial,
-                           side=side)
+                           side=side, steady_tok_s=steady_rate(run.finishes))
+        run.finishes = []  # measured; not carried into the job's totals
         failed = [f"shard {i}: {why}" for i, why in sorted(run.shards_failed.items())] + run.errors
         if failed:
             record.status, record.reason = "failed", "; ".join(failed)[:1000]

@@ -1,0 +1,58 @@
+"""The in-job tuning's run arithmetic: the steady rate and the prediction, on a simulated continuous-batching engine."""
+
+from __future__ import annotations
+
+import random
+
+from harness.batch.tune_runs import RunRecord, predicted_seconds, steady_rate
+
+
+def _run(lengths: list[int], seats: int = 16, step_s: float = 0.001) -> tuple[list[tuple[float, int]], float]:
+    """(finish time, tokens) per request and the run's time, simulated exactly."""
+    queue = list(enumerate(lengths))
+    running: dict[int, int] = {}
+    out: list[tuple[float, int]] = []
+    t = 0.0
+    while queue or running:
+        while queue and len(running) < seats:
+            i, n = queue.pop(0)
+            running[i] = n
+        t += step_s
+        for i in list(running):
+            running[i] -= 1
+            if running[i] == 0:
+                out.append((t, lengths[i]))
+                del running[i]
+    return out, t
+
+
+def _lengths(n: int, seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [max(1, min(512, round(rng.lognormvariate(4.16, 1.0)))) for _ in range(n)]  # median 64, like backlog_cpu
+
+
+def test_the_steady_rate_leaves_out_the_drain_a_short_run_pays() -> None:
+    errors, plain_errors = [], []
+    for seed in range(10):   # runs of 8 batches of 32 seats: 32,000 tok/s while full
+        finishes, t = _run(_lengths(256, seed), seats=32)
+        errors.append(steady_rate(finishes) / 32_000 - 1)
+        plain_errors.append(sum(tokens for _, tokens in finishes) / t / 32_000 - 1)
+    assert abs(sum(errors) / 10) < 0.08, errors
+    assert sum(plain_errors) / 10 < -0.2, "the whole run's rate pays the drain"
+    assert steady_rate(finishes[:10]) is None
+
+
+def test_short_runs_predict_a_long_rest_within_ten_percent() -> None:
+    records = []
+    for seed in range(3):
+        finishes, t = _run(_lengths(256, seed))
+        tokens = sum(n for _, n in finishes)
+        records.append(RunRecord(kind="confirm", label=f"c{seed}", values={}, shards=[], requests=256,
+                                 output_tokens=tokens, generation_s=t, steady_tok_s=steady_rate(finishes)))
+    rest = _lengths(6000, 99)   # runs of 16 batches of 16 seats, a rest of 375
+    _, measured = _run(rest)
+    predicted = predicted_seconds(records, {}, len(rest))
+    assert abs(predicted["predicted_rest_s"] / measured - 1) < 0.10, (predicted, measured)
+    plain = [RunRecord(**{**r.__dict__, "steady_tok_s": None}) for r in records]
+    naive = predicted_seconds(plain, {}, len(rest))["predicted_rest_s"]
+    assert naive > 1.15 * measured, "the runs' plain rate would have over-predicted the rest"
