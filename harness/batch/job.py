@@ -247,9 +247,6 @@ class _Runner:
             if owner != worker:
                 continue
             del self.in_flight[shard_dir]
-            if self.plan.phase.get("phase") in TIMED_PHASES:
-                self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
-                                      for c in result["completions"] if c.get("finished_at") is not None]
             if index == PROBE:
                 continue  # no probe outputs: the quality guard counts the run as not measured
             if index not in self.retried and pool.any_alive():
