@@ -19,10 +19,6 @@ from harness.batch.job import job_id
 from harness.batch.plan import Plan
 from harness.core.errors import TroughputError
 from harness.run.spec import layered_knobs
-from sweeps.seeds import knob_key
-from sweeps.space import SearchSpace
-from sweeps.space_choice import with_default_space
-from sweeps.study import apply_values
 
 OUTPUT_CHANGING = ("dtype", "kv_cache_dtype", "quantization")  # knobs that change outputs by design
 SAMPLER_KEYS = ("sampler", "seed", "n_startup_trials", "startup", "multivariate", "grid_points")
@@ -38,6 +34,10 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
         raise TroughputError(f"batch.tune.trials={trials!r}: must be an integer >= 0 (0: no tuning phase)")
     if not trials:
         return {}
+    from sweeps.seeds import knob_key  # the tuner (Optuna) only for a job that tunes
+    from sweeps.space import SearchSpace
+    from sweeps.space_choice import with_default_space
+
     if cfg.batch.scale not in SCALES:
         raise TroughputError(f"batch.tune.trials with batch.scale={cfg.batch.scale}: in-job tuning runs on one node "
                              "(local) or on Ray; for a SLURM array, tune first (troughput-tune, or a local job's "
@@ -75,6 +75,8 @@ def phase_planner(cfg: DictConfig, plan: Plan) -> Callable[[dict[str, Any], dict
     Each param path is applied as ``troughput-tune`` applies it (``sweeps.study.apply_values``);
     the resulting knobs go through the same layering and canonical mapping as the job's own.
     """
+    from sweeps.study import apply_values
+
     base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
 
     def plan_for(values: dict[str, Any], phase: dict[str, Any]) -> Plan:
