@@ -81,7 +81,7 @@ def shard_result(out: ShardOutput, errors: dict[str, str], busy_s: float, idle_b
     return {"measured": measured, "errors": {**errors, **out.errors},
             "completions": [{"id": c.id, "prompt_tokens": c.prompt_tokens, "output_token_ids": c.output_token_ids,
                              "cached_tokens": c.cached_tokens, "finish_reason": c.finish_reason, "text": c.text,
-                             "finished_at": c.finished_at}  # perf_counter: one clock for every process of a host
+                             "finished_at": c.finished_at}  # perf_counter (a simulated engine's: its own clock)
                             for c in completions]}
 
 
@@ -206,6 +206,7 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
                     else out.finished_at - max(out.fed_at, last_finish) - out.startup_s)
             last_finish = max(last_finish, out.finished_at)
             result = shard_result(out, errors, max(0.0, busy), idle_before)
+            result["measured"]["streams"] = feeder.streams  # finish times per request, on this host's clock
             result["measured"]["engine_steps"] = engine.stats().extra.get("engine_steps")  # since start, where known
             finish(out.shard, result)
         if feeder.idle() and idle_since is None:

@@ -33,6 +33,7 @@ from harness.workloads.records import Options
 log = logging.getLogger(__name__)
 PROBE = -1  # the index the quality probe travels under (no shard has it)
 TIMED_PHASES = ("trial", "reference", "confirm")  # in-job tuning runs whose requests' finish times are kept
+#                                 (a streaming engine's, on the host's clock; a serial or simulated one's say nothing)
 
 
 @dataclass
@@ -218,7 +219,8 @@ class _Runner:
             index, items, _ = self.in_flight.pop(event["shard"])
             result = json.loads((Path(event["shard"]) / "result.json").read_text())
             self.run.peak_worker_rss_bytes = max(self.run.peak_worker_rss_bytes, result.get("peak_rss_bytes") or 0)
-            if self.plan.phase.get("phase") in TIMED_PHASES:
+            measured = result["measured"]
+            if self.plan.phase.get("phase") in TIMED_PHASES and measured.get("streams") and not measured.get("predicted"):
                 self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
                                       for c in result["completions"] if c.get("finished_at") is not None]
             if index == PROBE:

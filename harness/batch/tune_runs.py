@@ -12,12 +12,18 @@ import json
 import math
 import os
 import random
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from harness.batch.shards import Index
+from engines.base import Request
+from harness.batch.convert import Item, convert_shard
+from harness.batch.plan import Plan
+from harness.batch.shards import Index, iter_shards
 from harness.core.errors import TroughputError
+from harness.core.tokens import TextTokenizer
+from harness.workloads.records import Options
 
 
 @dataclass
@@ -127,22 +133,22 @@ def steady_rate(finishes: list[tuple[float, int]], low: float = 0.3, high: float
 
     Every request of a run is handed over at its start, so the engine's batch stays full
     until the queue runs out, then drains: the last long outputs finish on a half-empty
-    engine, a cost a run of a few hundred requests pays in full and the long main phase
-    pays once. Between the ``low`` and ``high`` quantiles of finish order (30% to 70% of
-    the requests done: past the ramp-up, whose first finishers are the short requests, and
-    before the queue runs out on a run of four batches or more), output tokens finished per
+    engine, a cost a short run pays in full and the long main phase pays once. Between the
+    ``low`` and ``high`` quantiles of finish order (past the ramp-up, whose first finishers
+    are the short requests, and before the queue runs out), output tokens finished per
     second estimate the steady rate, since in steady state the requests that finish are a
-    fair sample of those admitted. On a simulated engine (``tests/harness/batch/test_tune_runs.py``)
-    it is within about 5% at four batches a run and 1% at sixteen, where the run's own rate
-    is 28% and 13% low.
-    ``None`` for fewer than 16 requests or finish times that do not spread.
+    fair sample of those admitted. It needs runs of many engine batches: on a simulated
+    engine (``tests/harness/batch/test_tune_runs.py``) it reads about 0.96 of the true rate
+    at 8 batches a run (the run's own rate: 0.71), 0.83 at 4, 0.65 at 2. ``None`` for fewer
+    than 16 requests or finish times that do not spread.
     """
     if len(finishes) < 16:
         return None
-    ordered = sorted(finishes)
-    i, j = int(low * len(ordered)), int(high * len(ordered))
-    span = ordered[j][0] - ordered[i][0]
-    return sum(tokens for _, tokens in ordered[i + 1:j + 1]) / span if span > 0 else None
+    times = sorted(t for t, _ in finishes)
+    t0, t1 = times[int(low * len(times))], times[int(high * len(times))]
+    if t1 <= t0:
+        return None
+    return sum(tokens for t, tokens in finishes if t0 < t <= t1) / (t1 - t0)
 
 
 def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests_left: int) -> dict[str, Any]:
@@ -162,18 +168,41 @@ def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests
     runs = [r for r in mine if r.kind == "confirm"] or mine
     if not requests or not runs:
         return {"predicted_rest_s": None, "predicted_rest_output_tokens": None, "predicted_rest_tok_s": None,
-                "predicted_rest_fixed_s": None}
+                "predicted_rest_fixed_s": None, "prediction_method": None}
     rest_tokens = tokens / requests * requests_left
     steady = [r for r in runs if r.steady_tok_s]
-    if len(steady) == len(runs):
+    method = "steady" if len(steady) == len(runs) else "plain"
+    if method == "steady":
         rate = _geomean([r.steady_tok_s for r in steady])  # type: ignore[misc]
         fixed = sum(max(0.0, r.generation_s - (r.output_tokens + r.probe_output_tokens) / rate)
                     for r in steady) / len(steady)
     else:
         rate, fixed = _geomean([r.rate for r in runs]), 0.0  # type: ignore[misc]
     return {"predicted_rest_s": fixed + rest_tokens / rate, "predicted_rest_output_tokens": rest_tokens,
-            "predicted_rest_tok_s": rate, "predicted_rest_fixed_s": fixed}
+            "predicted_rest_tok_s": rate, "predicted_rest_fixed_s": fixed, "prediction_method": method}
 
 
 def _geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def probe_requests(plan: Plan, index: Index, shard: int, count: int, max_tokens: int) -> list[Request]:
+    """The quality guard's probe: ``count`` requests of ``shard``, greedy, at most ``max_tokens`` each."""
+    items = _items(plan, index, {shard}, Options(plan.default_max_tokens, "benchmark"))
+    requests = [replace(i.request, id=f"probe-{i.request.id}", max_tokens=min(i.request.max_tokens, max_tokens))
+                for i in items if i.request is not None]
+    return requests[:count]
+
+
+def sample_summary(plan: Plan, index: Index, shards: set[int]) -> dict[str, Any]:
+    """Requests and requested prompt and output tokens of ``shards`` (what the sizing heuristic sizes for)."""
+    requests = [i.request for i in _items(plan, index, shards, Options(plan.default_max_tokens, plan.sampling))
+                if i.request is not None]
+    return {"requests": max(len(requests), 1), "input_tokens_requested": sum(len(r.prompt_token_ids) for r in requests),
+            "output_tokens_requested": sum(r.max_tokens for r in requests)}
+
+
+def _items(plan: Plan, index: Index, shards: set[int], options: Options) -> Iterator[Item]:
+    tok = TextTokenizer(Path(plan.model["local_dir"]))
+    for shard in iter_shards(Path(plan.input), plan.format, plan.shard_size, shards.__contains__):
+        yield from convert_shard(shard, plan.format, tok, options, index, Path(plan.input), plan.max_model_len)

@@ -29,33 +29,28 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import shutil
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import optuna
 
 from engines.base import Request
 from engines.worker import classify_failure
-from harness.batch.convert import convert_shard
 from harness.batch.job import ShardsRun, shard_records
 from harness.batch.plan import Plan
-from harness.batch.shards import Index, iter_shards
+from harness.batch.shards import Index
 from harness.batch.state import JobState
 from harness.batch.tune_config import OUTPUT_CHANGING, sampler_config
-from harness.batch.tune_runs import (RunLog, RunRecord, predicted_seconds, sample_order, shards_per_run,
-                                      steady_rate)
+from harness.batch.tune_runs import (RunLog, RunRecord, predicted_seconds, probe_requests, sample_order,
+                                      sample_summary, shards_per_run, steady_rate)
 from harness.core.errors import TroughputError
-from harness.core.tokens import TextTokenizer
 from harness.quality.agreement import columns as agreement_columns
 from harness.report.verdict import compare
-from harness.workloads.records import Options
 from sweeps.best import leaders
 from sweeps.seeds import enqueue_seeds, knob_key
 from sweeps.space import SearchSpace
@@ -137,11 +132,13 @@ class InJobTuning:
             record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
             if record is not None and record.status == "ok":
                 study.tell(trial.number, record.rate or 0.0)
-            else:  # cut by a kill while it ran (one driver per job): failed, and it does not use up the budget
-                study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+                continue
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            if record is not None:  # it ran and failed or was rejected: it used its budget, and is never rerun
+                study.set_user_attr(f"ran_{trial.number}", record.reason or record.status)
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
             key = f"requeued_{trial.number}"  # a seed trial cut by a kill runs again, once
-            if "seed" in trial.user_attrs and "reason" not in trial.user_attrs and key not in study.user_attrs:
+            if "seed" in trial.user_attrs and self._cut(study, trial) and key not in study.user_attrs:
                 study.enqueue_trial(trial.params, user_attrs={"seed": trial.user_attrs["seed"]}, skip_if_exists=False)
                 study.set_user_attr(key, True)
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,)):
@@ -151,12 +148,13 @@ class InJobTuning:
 
     def _trials(self, study: optuna.Study) -> None:
         cut = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
-                  if "reason" not in t.user_attrs)  # killed while running: those do not use up the budget
+                  if self._cut(study, t))  # killed while running: those do not use up the budget
         budget = int(self.tune["trials"]) + cut
         states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING)
         while len(study.get_trials(deepcopy=False, states=states)) < budget:
             if not self._room_for_a_trial():
-                log.warning("the tuning budget (batch.tune.max_share) is spent after runs cut by kills: no more trials")
+                log.warning("the tuning budget (batch.tune.max_share) has no room for another trial and the "
+                            "confirmation (runs cut by kills, or a reference run, took shards): no more trials")
                 break
             trial = study.ask()
             trial.set_user_attr("host", socket.gethostname())
@@ -168,7 +166,11 @@ class InJobTuning:
                 self._fail(study, trial, f"constraint broken, not launched: {broken}")
                 continue
             if self.tune.get("min_agreement") is not None and self._changes_output(values) \
-                    and self._reference() is None:  # the defaults' probe is cut or failed: measure it first
+                    and self._reference() is None:  # the defaults' probe is cut or failed: measure it first, once
+                if any(r.kind in ("trial", "reference") and not r.values and r.status != "ok" for r in self.log.read()):
+                    self._fail(study, trial, "quality guard: no reference outputs (the job's own config failed), so "
+                                             "an output-changing config cannot be checked: not run")
+                    continue
                 self._run("reference", "reference (the job's own config)", {}, self._next_shards())
             label = f"trial {trial.number}" + (f" ({seed})" if seed else "")
             record = self._run("trial", label, values, self._next_shards(), trial=trial.number)
@@ -311,10 +313,13 @@ class InJobTuning:
         """Whether one more trial and the whole confirmation fit in ``max_share`` of the job's shards, counting every
         shard the tuning runs so far took (runs cut by a kill took theirs too)."""
         budget = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size))
-        committed = self.state.committed()
-        taken = {i for i in committed if self.state.meta(i).get("phase") in ("trial", "reference", "confirm")}
-        taken |= {i for r in self.log.read() if r.kind != "main" for i in r.discarded}
+        taken = self.state.committed() | {i for r in self.log.read() for i in r.discarded}  # no main phase yet
         return len(taken) + self.k * (1 + 2 * int(self.tune["confirm_rounds"])) <= budget
+
+    @staticmethod
+    def _cut(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
+        """Whether a failed trial was cut by a kill while it ran (not failed by its config)."""
+        return "reason" not in trial.user_attrs and f"ran_{trial.number}" not in study.user_attrs
 
     def _confirm_records(self, trial: int) -> list[RunRecord]:
         return [r for r in self.log.read() if r.kind == "confirm" and r.trial == trial]
@@ -323,29 +328,13 @@ class InJobTuning:
         return any(knob_key(path).split(".")[-1] in OUTPUT_CHANGING for path in values)
 
     def _probe(self) -> list[Request]:
-        """``probe_requests`` requests of the last shard in the sample order, greedy, at most ``probe_max_tokens``."""
-        shard = next(iter_shards(Path(self.plan.input), self.plan.format, self.plan.shard_size,
-                                 {self.order[-1]}.__contains__))
-        items = convert_shard(shard, self.plan.format, TextTokenizer(Path(self.plan.model["local_dir"])),
-                              Options(self.plan.default_max_tokens, "benchmark"), self.index, Path(self.plan.input),
-                              self.plan.max_model_len)
-        cap = int(self.tune["probe_max_tokens"])
-        requests = [replace(i.request, id=f"probe-{i.request.id}", max_tokens=min(i.request.max_tokens, cap))
-                    for i in items if i.request is not None]
-        return requests[:int(self.tune["probe_requests"])]
+        """The quality probe: requests of the last shard in the sample order (``tune_runs.probe_requests``)."""
+        return probe_requests(self.plan, self.index, self.order[-1], int(self.tune["probe_requests"]),
+                              int(self.tune["probe_max_tokens"]))
 
     def _sample_summary(self) -> dict[str, Any]:
-        """Requests and requested tokens of the first run's shards: what the sizing heuristic sizes for."""
-        shards = set(self.order[:self.k])
-        tok = TextTokenizer(Path(self.plan.model["local_dir"]))
-        options = Options(self.plan.default_max_tokens, self.plan.sampling)
-        n = isl = osl = 0
-        for shard in iter_shards(Path(self.plan.input), self.plan.format, self.plan.shard_size, shards.__contains__):
-            for item in convert_shard(shard, self.plan.format, tok, options, self.index, Path(self.plan.input),
-                                      self.plan.max_model_len):
-                if item.request is not None:
-                    n, isl, osl = n + 1, isl + len(item.request.prompt_token_ids), osl + item.request.max_tokens
-        return {"requests": max(n, 1), "input_tokens_requested": isl, "output_tokens_requested": osl}
+        """The first run's requests and requested tokens: what the sizing heuristic sizes for."""
+        return sample_summary(self.plan, self.index, set(self.order[:self.k]))
 
     @staticmethod
     def _fail(study: optuna.Study, trial: optuna.Trial, reason: str) -> None:
@@ -364,8 +353,10 @@ class InJobTuning:
         discarded = sorted({i for r in tuning for i in r.discarded})
         discarded_s = sum(r.generation_s * len(r.discarded) / max(len(r.discarded) + len(r.shards), 1)
                           for r in tuning)
-        rate = prediction.get("predicted_rest_tok_s")  # the chosen config's measured rate
-        shortfall_s = sum(max(0.0, r.generation_s - (r.output_tokens + r.probe_output_tokens) / rate)
+        rate, fixed = prediction.get("predicted_rest_tok_s"), prediction.get("predicted_rest_fixed_s") or 0.0
+        # speed lost on the other configs: a run's time beyond what the chosen config takes for its tokens (one
+        # run's ramp-up and drain included, which every run pays alike)
+        shortfall_s = sum(max(0.0, r.generation_s - fixed - (r.output_tokens + r.probe_output_tokens) / rate)
                           for r in tuning if r.status == "ok" and r.values != chosen) if rate else 0.0
         job_s = sum(r.wall_s for r in records)
         trial_no, v, said = verdict if verdict else (None, None, "no trial config beat the job's own in the trials")

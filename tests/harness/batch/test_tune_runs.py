@@ -56,3 +56,12 @@ def test_short_runs_predict_a_long_rest_within_ten_percent() -> None:
     plain = [RunRecord(**{**r.__dict__, "steady_tok_s": None}) for r in records]
     naive = predicted_seconds(plain, {}, len(rest))["predicted_rest_s"]
     assert naive > 1.15 * measured, "the runs' plain rate would have over-predicted the rest"
+
+
+def test_finish_times_that_do_not_spread_give_no_steady_rate() -> None:
+    """A serial engine's shard finishes all at once: no window to read, so the prediction falls back to plain rates."""
+    assert steady_rate([(1.0, 5)] * 40) is None
+    records = [RunRecord(kind="confirm", label="c", values={}, shards=[], requests=40, output_tokens=200,
+                         generation_s=2.0, steady_tok_s=None)]
+    got = predicted_seconds(records, {}, 400)
+    assert got["prediction_method"] == "plain" and abs(got["predicted_rest_s"] - 20.0) < 1e-9
