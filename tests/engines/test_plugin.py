@@ -21,6 +21,8 @@ from harness.run.results import read_rows
 from tests.conftest import ROOT
 
 PLUGIN = Path(__file__).parent / "plugin"
+# One pytest worker runs this file, so the package (``site``, a pip build of seconds) is built once, not on each.
+pytestmark = pytest.mark.xdist_group("plugin")
 
 
 @pytest.fixture(scope="module")
