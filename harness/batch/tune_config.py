@@ -34,8 +34,7 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
         raise TroughputError(f"batch.tune.trials={trials!r}: must be an integer >= 0 (0: no tuning phase)")
     if not trials:
         return {}
-    from sweeps.seeds import knob_key  # the tuner (Optuna) only for a job that tunes
-    from sweeps.space import SearchSpace
+    from sweeps.space import SearchSpace  # the tuner (Optuna) only for a job that tunes
     from sweeps.space_choice import with_default_space
 
     if cfg.batch.scale not in SCALES:
@@ -56,7 +55,7 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
     full = with_default_space(cfg)
     space = OmegaConf.to_container(full.tune.space, resolve=True)
     SearchSpace(space)  # checks the space's shape
-    changing = [p for p in space["params"] if knob_key(p).split(".")[-1] in OUTPUT_CHANGING]
+    changing = output_changing(space["params"])
     if changing and tune.get("min_agreement") is None:
         raise TroughputError(f"the search space holds {', '.join(changing)}, which change outputs by design: set "
                              "batch.tune.min_agreement (e.g. 0.99) so that each such config's outputs are checked "
@@ -67,6 +66,13 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
     return {**tune, "space": space, "seeds": _plain(full.tune.get("seeds")),
             "heuristic": _plain(full.tune.get("heuristic")), "space_name": _space_name(full),
             "output_changing": changing}
+
+
+def output_changing(paths: Any) -> list[str]:
+    """The param paths among ``paths`` that set a knob changing outputs by design (``OUTPUT_CHANGING``)."""
+    from sweeps.seeds import knob_key
+
+    return [p for p in paths if knob_key(p).split(".")[-1] in OUTPUT_CHANGING]
 
 
 def phase_planner(cfg: DictConfig, plan: Plan) -> Callable[[dict[str, Any], dict[str, Any]], Plan]:

@@ -45,14 +45,14 @@ from harness.batch.job import ShardsRun, shard_records
 from harness.batch.plan import Plan
 from harness.batch.shards import Index
 from harness.batch.state import JobState
-from harness.batch.tune_config import OUTPUT_CHANGING, sampler_config
+from harness.batch.tune_config import output_changing, sampler_config
 from harness.batch.tune_runs import (RunLog, RunRecord, predicted_seconds, probe_requests, sample_order,
                                       sample_summary, shards_per_run, steady_rate)
 from harness.core.errors import TroughputError
 from harness.quality.agreement import columns as agreement_columns
 from harness.report.verdict import compare
 from sweeps.best import leaders
-from sweeps.seeds import enqueue_seeds, knob_key
+from sweeps.seeds import enqueue_seeds
 from sweeps.space import SearchSpace
 from sweeps.study import make_sampler
 
@@ -325,7 +325,7 @@ class InJobTuning:
         return [r for r in self.log.read() if r.kind == "confirm" and r.trial == trial]
 
     def _changes_output(self, values: dict[str, Any]) -> bool:
-        return any(knob_key(path).split(".")[-1] in OUTPUT_CHANGING for path in values)
+        return bool(output_changing(values))
 
     def _probe(self) -> list[Request]:
         """The quality probe: requests of the last shard in the sample order (``tune_runs.probe_requests``)."""

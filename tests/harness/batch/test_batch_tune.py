@@ -24,17 +24,16 @@ seeds:
     params: {engine.knobs.max_num_seqs: 64}
 heuristic: null
 """
-LOSSY_SPACE = """space:
-  params:
-    engine.knobs.dtype: {type: categorical, choices: [lossy, exact]}
-seeds:
-  - name: engine defaults
-  - name: lossy
-    params: {engine.knobs.dtype: lossy}
-  - name: exact
-    params: {engine.knobs.dtype: exact}
-heuristic: null
-"""
+
+
+def _choices_space(knob: str, choices: list[str]) -> str:
+    """A space of one categorical engine knob whose seed trials are the engine defaults, then each choice in order."""
+    seeds = "".join(f"  - name: {c}\n    params: {{engine.knobs.{knob}: {c}}}\n" for c in choices)
+    return (f"space:\n  params:\n    engine.knobs.{knob}: {{type: categorical, choices: [{', '.join(choices)}]}}\n"
+            f"seeds:\n  - name: engine defaults\n{seeds}heuristic: null\n")
+
+
+LOSSY_SPACE = _choices_space("dtype", ["lossy", "exact"])
 
 
 def _job(tmp_path: Path, records: int, space: str = SPACE, max_tokens: int = 10) -> tuple[Path, list[str]]:
@@ -212,22 +211,11 @@ def test_when_the_job_s_own_config_fails_the_best_trial_runs_the_rest_unconfirme
 
 def test_an_engine_that_fails_to_start_after_a_restart_fails_its_trial_and_the_next_run_gets_new_workers(
         tmp_path: Path) -> None:
-    space = """space:
-  params:
-    engine.knobs.fail_in: {type: categorical, choices: [start, never]}
-seeds:
-  - name: engine defaults
-  - name: broken
-    params: {engine.knobs.fail_in: start}
-  - name: fine
-    params: {engine.knobs.fail_in: never}
-heuristic: null
-"""
-    path, args = _job(tmp_path, 288, space)
+    path, args = _job(tmp_path, 288, _choices_space("fail_in", ["start", "never"]))
     proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")] == [f"r{i}" for i in range(288)]
     [row] = read_rows(tmp_path / "results", "batch")
-    broken = next(r for r in row["tune.runs"] if r["label"] == "trial 1 (broken)")
+    broken = next(r for r in row["tune.runs"] if r["label"] == "trial 1 (start)")
     assert broken["status"] == "failed" and "scripted failure in start" in broken["reason"] and broken["shards"] == []
     assert len(list((tmp_path / "results" / "logs").glob("*.worker*.log"))) == 2, "new workers after the failed start"
