@@ -13,7 +13,8 @@ token ``max_tokens`` times, so token counts are exact. ``token_s`` makes ``feede
 (``engines.feeding.AsyncFeeder``): each request takes ``token_s`` per output token, at most
 ``max_num_seqs`` at once, like a continuous-batching engine fed while it runs. ``dtype``:
 ``lossy`` changes every third output token (an output-changing knob, for the quality guard);
-any other value leaves outputs as they are.
+any other value leaves outputs as they are. ``hang_in`` (start|generate) hangs there for good, in every
+replica or only in replica ``hang_replica`` (1-based): a hung engine, for the batch watchdog.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 
 KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs",
-         "fail_replica", "sleep_cycle_s", "cycle_file", "token_s", "dtype"}
+         "fail_replica", "sleep_cycle_s", "cycle_file", "token_s", "dtype", "hang_in", "hang_replica"}
 
 
 class FakeEngine(Engine):
@@ -36,9 +37,16 @@ class FakeEngine(Engine):
         if unknown:
             raise KnobError(f"unknown fake knob(s) {unknown}")
 
+    def _hang(self, where: str) -> None:
+        replica = os.environ.get("TROUGHPUT_REPLICA", "1/1").split("/")[0]
+        if self.knobs.get("hang_in") == where and str(self.knobs.get("hang_replica", replica)) == replica:
+            while True:
+                time.sleep(3600)
+
     def start(self) -> StartInfo:
         if self.knobs.get("fail_in") == "start":
             raise RuntimeError("scripted failure in start")
+        self._hang("start")
         self.started = True
         self.generated = 0
         cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
@@ -64,6 +72,7 @@ class FakeEngine(Engine):
         replica = os.environ.get("TROUGHPUT_REPLICA", "1/1").split("/")[0]
         if self.knobs.get("fail_in") == "generate" or str(self.knobs.get("fail_replica")) == replica:
             raise RuntimeError("scripted failure in generate")
+        self._hang("generate")
         held = bytearray(int(self.knobs.get("hold_mb", 0)) << 20)
         held[::4096] = b"x" * len(held[::4096])  # touch every page so it is resident
         time.sleep(float(self.knobs.get("sleep_s", 0)) + self._cycle_sleep())
@@ -87,6 +96,8 @@ class FakeEngine(Engine):
         seats = asyncio.Semaphore(int(self.knobs.get("max_num_seqs", 8)))  # bound to the feeder's loop on first use
 
         async def one(r: Request) -> Completion:
+            if self.knobs.get("hang_in") == "generate":
+                await asyncio.to_thread(self._hang, "generate")  # this replica's requests never finish
             async with seats:
                 await asyncio.sleep(float(self.knobs["token_s"]) * r.max_tokens)
             return Completion(r.id, len(r.prompt_token_ids), self._tokens(r), cached_tokens=0)

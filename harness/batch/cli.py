@@ -38,6 +38,7 @@ def build_plan(cfg: DictConfig) -> Plan:
         replicas=_positive(cfg.engine.get("replicas", 1), "engine.replicas"),
         device_kind=str((cfg.hardware.get("spec") or {}).get("kind", "cpu")),
         in_flight=_positive(cfg.batch.in_flight, "batch.in_flight"), sampling=cfg.batch.sampling,
+        stall_timeout_s=_stall_timeout(cfg.batch.get("stall_timeout_s", 1800)),
         default_max_tokens=cfg.batch.default_max_tokens, allow_remote_images=bool(cfg.batch.allow_remote_images),
         max_model_len=canonical_view(cfg.engine.name, knobs).get("context_length"),   # the engine's own name for it
         results_dir=str(Path(cfg.run.results_dir).resolve()),
@@ -114,6 +115,14 @@ def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise TroughputError(f"{name}={value!r}: must be an integer >= 1")
     return value
+
+
+def _stall_timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise TroughputError(f"batch.stall_timeout_s={value!r}: must be seconds > 0, or null (never)")
+    return float(value)
 
 
 def _plain(node: Any) -> Any:

@@ -163,6 +163,7 @@ class _Runner:
         self.t_last: float | None = None
         self.inside_startup: dict[int, float] = {}  # worker -> replica start-up inside its shards (engine=ray)
         self.steps: dict[int, int] = {}  # worker -> its engine's steps since start, as of its latest shard
+        self.sign_of_life: dict[int, tuple[float, Any]] = {}  # worker -> (when, what) it last showed progress
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
@@ -179,12 +180,46 @@ class _Runner:
                 break
             got = pool.next_event(timeout=1.0)
             if got is not None:
+                self._note_progress(*got)
                 self._handle(pool, *got)
+            self._kill_stalled(pool)
         inside = max(self.inside_startup.values(), default=0.0)  # start-up, not generation, on the slowest worker
         if self.t_ready is not None and self.t_last is not None:
             self.run.generation_s = max(0.0, self.t_last - self.t_ready - inside)
         if inside:
             self.run.startup_s = (self.run.startup_s or 0.0) + inside
+
+    def _hand_over(self, shard_dir: str, index: int, items: list[Item], worker: int) -> None:
+        """A shard is now in flight on ``worker``; an idle worker's stall clock starts now."""
+        if all(owner != worker for _, _, owner in self.in_flight.values()):
+            self.sign_of_life[worker] = (time.monotonic(), None)
+        self.in_flight[shard_dir] = (index, items, worker)
+
+    def _note_progress(self, worker: int, event: dict[str, Any]) -> None:
+        """A start, a finished shard, or a progress report whose counts moved is a sign of life."""
+        mark = tuple(event.get(k) for k in ("done", "total", "fed")) if event["event"] == "progress" else event
+        if self.sign_of_life.get(worker, (0.0, None))[1] != mark:
+            self.sign_of_life[worker] = (time.monotonic(), mark)
+
+    def _kill_stalled(self, pool: Any) -> None:
+        """Kill a worker with shards in flight that showed no progress for ``plan.stall_timeout_s`` (a hung
+        engine): its shards go to another worker once, else fail with the reason. Watched: engines starting, and
+        engines that report their unfinished requests as they go; a blocking ``generate`` says nothing until it
+        returns, so such an engine is not watched once up."""
+        limit = self.plan.stall_timeout_s
+        if not limit:
+            return
+        now = time.monotonic()
+        for worker in {owner for _, _, owner in self.in_flight.values()}:
+            if not pool.alive[worker] or worker in self.failures or (pool.up[worker] and not pool.streams(worker)):
+                continue
+            since = self.sign_of_life.setdefault(worker, (now, None))[0]
+            if now - since > limit:
+                state = "its engine is starting" if not pool.up[worker] else "no request finished"
+                self.failures[worker] = (f"no progress for {now - since:.0f} s ({state}): the engine looks hung, so "
+                                         f"troughput killed the worker (batch.stall_timeout_s={limit:g})")
+                log.error("worker %d: %s", worker + 1, self.failures[worker])
+                pool.kill(worker)
 
     def dispatch_probe(self, pool: Any, requests: list[Request]) -> None:
         shard_dir = self.state.work_dir / f"probe-{uuid.uuid4().hex[:8]}"
@@ -192,7 +227,7 @@ class _Runner:
         with open(shard_dir / "requests.jsonl", "w") as f:
             for request in requests:
                 f.write(json.dumps(request.to_dict()) + "\n")
-        self.in_flight[str(shard_dir)] = (PROBE, [], pool.submit(shard_dir, PROBE, len(requests)))
+        self._hand_over(str(shard_dir), PROBE, [], pool.submit(shard_dir, PROBE, len(requests)))
 
     def _dispatch(self, pool: Any, index: int, items: list[Item]) -> None:
         requests = [item.request for item in items if item.request is not None]
@@ -203,7 +238,7 @@ class _Runner:
         with open(shard_dir / "requests.jsonl", "w") as f:
             for request in apply_ordering(requests, self.plan.ordering):
                 f.write(json.dumps(request.to_dict()) + "\n")
-        self.in_flight[str(shard_dir)] = (index, items, pool.submit(shard_dir, index, len(requests)))
+        self._hand_over(str(shard_dir), index, items, pool.submit(shard_dir, index, len(requests)))
 
     def _handle(self, pool: Any, worker: int, event: dict[str, Any]) -> None:
         kind = event["event"]
@@ -254,7 +289,7 @@ class _Runner:
             if index not in self.retried and pool.any_alive():
                 self.retried.add(index)
                 count = sum(item.request is not None for item in items)
-                self.in_flight[shard_dir] = (index, items, pool.submit(Path(shard_dir), index, count))
+                self._hand_over(shard_dir, index, items, pool.submit(Path(shard_dir), index, count))
             else:
                 self.run.shards_failed[index] = f"worker {worker + 1}: {why}"
 

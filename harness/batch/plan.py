@@ -33,6 +33,7 @@ class Plan:
     replicas: int = 1
     device_kind: str = "cpu"
     in_flight: int = 2
+    stall_timeout_s: float | None = 1800.0  # a worker with work and no progress this long is killed (None: never)
     sampling: str = "as_given"
     default_max_tokens: int | None = 256
     allow_remote_images: bool = False

@@ -53,6 +53,7 @@ class LocalPool:
         self.log_paths: list[Path] = []
         self.closed = False
         self.restarting: list[bool] = []  # a worker told to restart: its events from before are stale until ``started``
+        self.up: list[bool] = []  # its engine said ``started`` (since the last restart)
 
     def start(self) -> None:
         """Start one worker per replica; their engines come up in the background (``started`` events)."""
@@ -84,6 +85,7 @@ class LocalPool:
             self.fed.append(-1)
             self.alive.append(True)
             self.restarting.append(False)
+            self.up.append(False)
             threading.Thread(target=self._follow, args=(i, proc), daemon=True).start()
 
     @property
@@ -102,7 +104,7 @@ class LocalPool:
         self.plan = plan
         for i, proc in enumerate(self.procs):
             self.outstanding[i], self.sent[i], self.pending[i], self.fed[i] = 0, 0, 0, -1
-            self.restarting[i] = True
+            self.restarting[i], self.up[i] = True, False
             if self.alive[i]:
                 with suppress(OSError, ValueError):
                     proc.stdin.write(json.dumps({"restart": {"job": worker_job(plan)}}) + "\n")  # type: ignore[union-attr]
@@ -155,7 +157,7 @@ class LocalPool:
         except queue.Empty:
             return None
         if event["event"] == "started":
-            self.restarting[i] = False
+            self.restarting[i], self.up[i] = False, True
         elif self.restarting[i] and event["event"] == "progress":
             return None  # the previous engine's last word on its (finished) work
         if event["event"] == "progress" and "pending" in event:
@@ -168,6 +170,14 @@ class LocalPool:
 
     def any_alive(self) -> bool:
         return any(self.alive)
+
+    def streams(self, i: int) -> bool:
+        """Whether worker ``i``'s engine reports its unfinished requests as it goes (a streaming feeder)."""
+        return self.fed[i] >= 0
+
+    def kill(self, i: int) -> None:
+        """Kill worker ``i``'s process group (a hung engine); its ``exit`` event follows."""
+        _kill_group(self.procs[i])
 
     def close(self, kill: bool = False) -> None:
         """End of stdin stops each engine; ``kill`` (or a worker that does not stop) kills its process group."""

@@ -1,0 +1,48 @@
+"""A hung engine in ``troughput-batch`` (``batch.stall_timeout_s``): killed, its shards retried or failed with
+the reason, never a job that waits for ever. Scripted engine (``hang_in``), real worker processes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.batch.cli import _stall_timeout
+from harness.core.errors import TroughputError
+from harness.run.results import read_rows
+from tests.conftest import FAKE_ENGINE
+from tests.harness.batch.conftest import numbered, read_jsonl, troughput_batch
+
+ARGS = [f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark", "batch.shard_size=2", "batch.stall_timeout_s=2"]
+
+
+def test_an_engine_hung_in_start_fails_its_shards_with_the_reason(tmp_path: Path) -> None:
+    """(That a rerun then finishes such an incomplete job: test_batch_app's failed-engine test.)"""
+    path, out = numbered(tmp_path / "batch.jsonl", 4), tmp_path / "out"
+    hung = troughput_batch(tmp_path, *ARGS, f"batch.input={path}", f"batch.output_dir={out}",
+                           "+engine.knobs.hang_in=start", timeout=120)
+    assert hung.returncode == 1 and "incomplete" in hung.stdout, hung.stdout + hung.stderr[-2000:]
+    assert "its engine is starting" in hung.stdout and "batch.stall_timeout_s=2" in hung.stdout
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["status"] == "incomplete" and row["shards_committed"] == 0
+
+
+def test_a_replica_hung_in_generate_is_killed_and_its_shards_finish_on_the_other(tmp_path: Path) -> None:
+    path, out = numbered(tmp_path / "batch.jsonl", 8), tmp_path / "out"
+    proc = troughput_batch(tmp_path, *ARGS, f"batch.input={path}", f"batch.output_dir={out}", "engine.replicas=2",
+                           "+engine.knobs.token_s=0.01", "+engine.knobs.hang_in=generate",
+                           "+engine.knobs.hang_replica=2", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "worker 2: no progress for" in proc.stdout and "no request finished" in proc.stdout
+    assert "worker 1: no progress" not in proc.stdout, "the healthy replica, idle before the retried shards, is not killed"
+    assert [o["custom_id"] for o in read_jsonl(out / "output.jsonl")] == [f"req-{i}" for i in range(8)]
+    assert read_jsonl(out / "errors.jsonl") == []
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["status"] == "ok" and row["requests_ok"] == 8
+
+
+@pytest.mark.parametrize("value", [0, -1, "soon", True])
+def test_a_stall_timeout_that_is_not_seconds_is_refused_before_any_engine_starts(value) -> None:
+    with pytest.raises(TroughputError, match=r"batch.stall_timeout_s=.*must be seconds > 0, or null"):
+        _stall_timeout(value)
+    assert _stall_timeout(None) is None and _stall_timeout(90) == 90.0
