@@ -22,9 +22,9 @@ from harness.run.spec import command_line, layered_knobs, worker_env
 from harness.workloads.files import source
 
 
-def build_plan(cfg: DictConfig) -> Plan:
-    """The job ``cfg`` asks for, with its config from a decision, a tuned file or the overrides."""
-    cfg, origin = apply_source(cfg)
+def build_plan(cfg: DictConfig, origin: dict[str, Any]) -> Plan:
+    """The job ``cfg`` asks for; ``cfg`` and ``origin`` as ``apply_source`` gives them (its config from a
+    decision, a tuned file or the overrides)."""
     python = cfg.engine.python or sys.executable
     model = resolve_model(_plain(cfg.model), python)
     knobs = layered_knobs(cfg)
@@ -50,10 +50,10 @@ def build_plan(cfg: DictConfig) -> Plan:
 def main(cfg: DictConfig) -> str:
     """One batch job (or what is left of it); prints its summary. User errors print one line and exit 2."""
     try:
-        plan = build_plan(cfg)
+        cfg, origin = apply_source(cfg)
+        plan = build_plan(cfg, origin)
         tuning = None
         if plan.tune:  # every config the tuner may try is mapped to engine knobs now, before any engine starts
-            cfg, _ = apply_source(cfg)
             tuning = (phase_planner(cfg, plan), OmegaConf.to_container(cfg, resolve=True))
             check_space(tuning[0], plan.tune["space"])
         row = run_job(plan, progress=bool(cfg.run.progress), tuning=tuning)

@@ -171,6 +171,7 @@ def test_each_config_s_plan_carries_its_knobs_replicas_and_ordering_and_an_unkno
     """``vllm_cpu``'s space (replicas, canonical knobs, KV bytes) mapped to each run's plan without an engine."""
     from harness.batch.cli import build_plan
     from harness.batch.job import job_id
+    from harness.batch.source import apply_source
     from harness.batch.tune_config import check_space, phase_planner
     from harness.core.errors import TroughputError
     from tests.conftest import compose
@@ -178,7 +179,8 @@ def test_each_config_s_plan_carries_its_knobs_replicas_and_ordering_and_an_unkno
     path = write_jsonl(tmp_path / "b.jsonl", [completion(f"r{i}", "x", max_tokens=2) for i in range(4000)])
     cfg = compose(f"batch.input={path}", f"batch.output_dir={tmp_path / 'out'}", "batch.tune.trials=4",
                   f"run.results_dir={tmp_path / 'results'}", config_name="batch")
-    plan = build_plan(cfg)
+    cfg, origin = apply_source(cfg)
+    plan = build_plan(cfg, origin)
     assert plan.tune["space_name"] == "vllm_cpu" and "engine.replicas" in plan.tune["space"]["params"]
     plan_for = phase_planner(cfg, plan)
     check_space(plan_for, plan.tune["space"])
