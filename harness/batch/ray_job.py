@@ -134,7 +134,7 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
     With ``engine=ray`` the engine and commit stages are Ray Data LLM's processor and ``ray_llm``'s.
     """
     import ray
-    from ray.data import ActorPoolStrategy
+    from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
     from harness.batch.pool import engine_limits
     from harness.batch.ray_stages import EngineStage, commit, convert, shard_source
@@ -144,24 +144,28 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
     job = {"engine": plan.engine, "knobs": plan.knobs, "model": {**plan.model, **engine_limits(plan)}}
     ds = ray.data.read_datasource(shard_source(plan.input, plan.format, plan.shard_size, todo),
                                   num_cpus=SMALL_TASK_CPUS, label_selector=here)
-    ds = ds.map_batches(convert, batch_size=1, num_cpus=SMALL_TASK_CPUS,
+    # At most as many shards converted (and committed) at once as the engines take at once: more only buffers
+    # ahead, and each task slot is a worker process that imports the tokenizer (8 shards at once on a 2-core
+    # node starved the engine actor's start for minutes).
+    ahead = TaskPoolStrategy(size=opts["actors"] * plan.in_flight)
+    ds = ds.map_batches(convert, batch_size=1, num_cpus=SMALL_TASK_CPUS, compute=ahead,
                         fn_kwargs={"plan_json": plan_json, "duplicates": index.duplicates})
     if plan.engine == "ray":
-        return _through_ray_llm(ds, plan, opts, here)
+        return _through_ray_llm(ds, plan, opts, here, ahead)
     ds = ds.map_batches(EngineStage, batch_size=1, fn_constructor_kwargs={"job": job},
                         compute=ActorPoolStrategy(size=opts["actors"], max_concurrent_calls_per_actor=plan.in_flight,
                                                   enable_true_multi_threading=True),  # calls feed one engine
                         **engine_resources(opts))
-    return ds.map_batches(commit, batch_size=1, num_cpus=SMALL_TASK_CPUS, label_selector=here,
+    return ds.map_batches(commit, batch_size=1, num_cpus=SMALL_TASK_CPUS, label_selector=here, compute=ahead,
                           fn_kwargs={"plan_json": plan_json, "job": job_id(plan)})
 
 
-def _through_ray_llm(ds: Any, plan: Plan, opts: dict[str, Any], here: dict[str, str]) -> Any:
+def _through_ray_llm(ds: Any, plan: Plan, opts: dict[str, Any], here: dict[str, str], ahead: Any) -> Any:
     from ray.data import ActorPoolStrategy
 
     from harness.batch.ray_llm import ShardAssembler, explode, processor
 
-    ds = ds.map_batches(explode, batch_size=1, num_cpus=SMALL_TASK_CPUS)
+    ds = ds.map_batches(explode, batch_size=1, num_cpus=SMALL_TASK_CPUS, compute=ahead)
     ds = processor(plan, opts["gpus"], opts["actors"])(ds)
     return ds.map_batches(ShardAssembler, batch_format="pandas", num_cpus=SMALL_TASK_CPUS, label_selector=here,
                           compute=ActorPoolStrategy(size=1),

@@ -128,3 +128,35 @@ def test_a_plugin_engine_s_package_outside_the_checkout_is_shipped_to_the_nodes(
     finally:
         monkeypatch.delenv("TROUGHPUT_ENGINES")
         engines.registry.cache_clear()
+
+
+@pytest.mark.engine   # imports Ray Data (no cluster): the pipeline is built on a recording stand-in
+def test_shards_are_converted_and_committed_no_further_ahead_than_the_engines_take_them(tmp_path: Path,
+                                                                                        monkeypatch) -> None:
+    """Each small-task slot is a worker process importing the tokenizer: the convert and commit stages run at
+    most ``actors × in_flight`` tasks at once (unbounded, 8 shards at once starved a 2-core node's engine start)."""
+    import ray
+    from ray.data import ActorPoolStrategy, TaskPoolStrategy
+
+    from harness.batch.ray_job import pipeline
+    from harness.batch.shards import Index
+
+    calls: dict[str, dict] = {}
+
+    class Recorder:
+        def map_batches(self, fn, **kwargs):
+            calls[getattr(fn, "__name__", str(fn))] = kwargs
+            return self
+
+    class Context:
+        def get_node_id(self) -> str:
+            return "node"
+
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
+    monkeypatch.setattr(ray.data, "read_datasource", lambda *a, **k: Recorder())
+    plan = _plan(tmp_path, in_flight=3)
+    pipeline(plan, Index(8, {}), [0, 1, 2, 3], {**settings(_plan(tmp_path, ray={"actors": 2})), "gpus": 0})
+    assert set(calls) == {"convert", "EngineStage", "commit"}
+    for stage in ("convert", "commit"):
+        assert isinstance(calls[stage]["compute"], TaskPoolStrategy) and calls[stage]["compute"].size == 2 * 3, stage
+    assert isinstance(calls["EngineStage"]["compute"], ActorPoolStrategy)
