@@ -1,4 +1,5 @@
-"""``troughput-run`` as a user runs it: a subprocess, single runs and multiruns."""
+"""``troughput-run`` as a user runs it: a subprocess (or, where the process is not the point, the same command
+line in this process: ``tests/in_process.py``), single runs and multiruns."""
 
 import json
 import subprocess
@@ -8,12 +9,21 @@ import pytest
 
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE, ROOT
+from tests.in_process import run_app
 
 
 def troughput_run(tmp_path, *args, timeout=600):
     command = [sys.executable, "-m", "harness.cli", *args, f"run.results_dir={tmp_path / 'results'}",
                f"run.image_dir={tmp_path / 'images'}", "run.progress=false"]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def troughput_run_here(tmp_path, *args):
+    """``troughput_run`` in this process: Python's start and the app's imports are paid once per pytest worker."""
+    from harness.cli import main
+
+    return run_app(main, "troughput-run", [*args, f"run.results_dir={tmp_path / 'results'}",
+                                           f"run.image_dir={tmp_path / 'images'}", "run.progress=false"], cwd=ROOT)
 
 
 def batch_line(custom_id, text, url="/v1/chat/completions"):
@@ -24,9 +34,9 @@ def batch_line(custom_id, text, url="/v1/chat/completions"):
 
 
 def test_multirun_carries_on_past_a_killed_and_a_timed_out_run(tmp_path):
-    proc = troughput_run(tmp_path, "-m", f"engine.name={FAKE_ENGINE}", "workload=unique",
-                         "workload.num_requests=5", "run.time_limit_s=10",
-                         "+engine.knobs.kill_self=false,true", "+engine.knobs.sleep_s=0,30")
+    proc = troughput_run_here(tmp_path, "-m", f"engine.name={FAKE_ENGINE}", "workload=unique",
+                              "workload.num_requests=5", "run.time_limit_s=4",
+                              "+engine.knobs.kill_self=false,true", "+engine.knobs.sleep_s=0,30")
     assert proc.returncode == 0, proc.stderr
     rows = read_rows(tmp_path / "results")
     assert len(rows) == 4 and len({r["sweep_id"] for r in rows}) == 1
@@ -38,8 +48,8 @@ def test_multirun_carries_on_past_a_killed_and_a_timed_out_run(tmp_path):
 
 
 def test_multirun_fans_out_through_a_submitit_launcher(tmp_path):
-    proc = troughput_run(tmp_path, "-m", "hydra/launcher=submitit_local", f"engine.name={FAKE_ENGINE}",
-                         "workload=unique", "workload.num_requests=4", "+engine.knobs.max_num_seqs=1,2")
+    proc = troughput_run_here(tmp_path, "-m", "hydra/launcher=submitit_local", f"engine.name={FAKE_ENGINE}",
+                              "workload=unique", "workload.num_requests=4", "+engine.knobs.max_num_seqs=1,2")
     assert proc.returncode == 0, proc.stderr
     rows = read_rows(tmp_path / "results")
     assert sorted(r["knob.max_num_seqs"] for r in rows) == [1, 2] and {r["status"] for r in rows} == {"ok"}
@@ -47,7 +57,7 @@ def test_multirun_fans_out_through_a_submitit_launcher(tmp_path):
 
 
 def test_unknown_engine_name_lists_the_known_ones(tmp_path):
-    proc = troughput_run(tmp_path, "engine.name=vlm", "workload=unique", "workload.num_requests=2")
+    proc = troughput_run_here(tmp_path, "engine.name=vlm", "workload=unique", "workload.num_requests=2")
     row = read_rows(tmp_path / "results")[0]
     assert row["status"] == "invalid" and "known engines: vllm" in row["error"]
     assert "invalid" in proc.stdout

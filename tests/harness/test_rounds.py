@@ -7,7 +7,7 @@ from harness.report.rounds import wants_rounds
 from harness.report.verdict import CLEAR, compare
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE, compose
-from tests.harness.test_cli import troughput_run
+from tests.harness.test_cli import troughput_run_here
 
 COMMON = [f"engine.name={FAKE_ENGINE}", "workload=unique", "workload.num_requests=4", "run.warmup_requests=0",
           "run.rounds=auto"]
@@ -20,7 +20,7 @@ def rounds_of(rows, knob):
 def test_a_clear_difference_stops_as_soon_as_the_rule_decides(tmp_path):
     # 5x apart: on a quiet host the rule decides at round 3 (the fewest it takes); scheduling noise on a
     # loaded host can take a round or two more, so the test checks that it stopped at the first deciding round
-    proc = troughput_run(tmp_path, "-m", *COMMON, "run.max_rounds=8", "+engine.knobs.sleep_s=0.1,0.5")
+    proc = troughput_run_here(tmp_path, "-m", *COMMON, "run.max_rounds=8", "+engine.knobs.sleep_s=0.1,0.5")
     assert proc.returncode == 0, proc.stderr
     rows = read_rows(tmp_path / "results")
     last = max(r["round"] for r in rows)
@@ -41,8 +41,8 @@ def test_an_undecidable_comparison_runs_to_the_cap_and_says_so(tmp_path):
     # the same config twice (A/A) with a scripted spread: generate calls alternate 0.02 s and 0.3 s across runs,
     # and the rotating order gives both sides the same slow and fast runs: never decided
     cycle = tmp_path / "cycle"
-    proc = troughput_run(tmp_path, "-m", *COMMON, "engine.knobs.max_num_seqs=8,9", "run.max_rounds=4",
-                         "+engine.knobs.sleep_cycle_s=[0.02,0.3]", f"+engine.knobs.cycle_file={cycle}")
+    proc = troughput_run_here(tmp_path, "-m", *COMMON, "engine.knobs.max_num_seqs=8,9", "run.max_rounds=4",
+                              "+engine.knobs.sleep_cycle_s=[0.02,0.3]", f"+engine.knobs.cycle_file={cycle}")
     assert proc.returncode == 0, proc.stderr
     rows = read_rows(tmp_path / "results")
     assert rounds_of(rows, "max_num_seqs") == [(8, 1), (8, 2), (8, 3), (8, 4), (9, 1), (9, 2), (9, 3), (9, 4)]

@@ -100,3 +100,22 @@ def test_one_failed_replica_fails_the_run_and_stops_the_others(tmp_path):
 def test_more_replicas_than_devices_is_an_invalid_row(tmp_path):
     row = run(tmp_path, replicas=len(os.sched_getaffinity(0)) + 1)
     assert row["status"] == "invalid" and "needs at least" in row["error"] and "CPU cores" in row["error"]
+
+
+def test_a_run_ends_when_its_worker_exits_not_on_the_watchers_next_tick(tmp_path, monkeypatch):
+    """The watcher waits on the worker process (woken by its exit); it never sleeps a fixed quarter second,
+    which each of a study's many short runs paid (up to 0.25 s each)."""
+    import threading
+
+    from harness.run import runner
+
+    sleeps, sleep, me = [], runner.time.sleep, threading.get_ident()
+
+    def recorded(seconds):
+        if threading.get_ident() == me:
+            sleeps.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(runner.time, "sleep", recorded)
+    assert run(tmp_path, knobs={"sleep_s": 0.6}, warmup_requests=0)["status"] == "ok"
+    assert sleeps and max(sleeps) < 0.25, f"the watcher slept {max(sleeps, default=0)} s at a time"

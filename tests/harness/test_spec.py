@@ -34,7 +34,7 @@ def test_a_study_builds_its_workload_once_for_every_trial_and_confirmation_run(m
 
     builds = counting_builds(monkeypatch)
     summary = tune(compose("engine=sim", "workload=unique", "workload.num_requests=32", "run.warmup_requests=0",
-                           "tune.n_trials=6", "tune.confirm_rounds=2", f"run.results_dir={tmp_path}",
+                           "tune.n_trials=3", "tune.confirm_rounds=2", f"run.results_dir={tmp_path}",
                            "run.progress=false", config_name="tuning"))
-    assert summary["finished"] == 6 and "confirm" in summary, "trials and confirmation runs both ran"
+    assert summary["finished"] == 3 and "confirm" in summary, "trials and confirmation runs both ran"
     assert builds == ["unique"], "built once per study, not per trial"

@@ -10,7 +10,7 @@ from harness.run.results import prefixed, read_rows
 from harness.run.spec import build_spec
 from sweeps.command import hydra_value, run_command
 from tests.conftest import compose
-from tests.sweeps.test_study import load, run_tune, settings
+from tests.sweeps.test_study import load, settings, tune_app
 
 
 def overrides_of(command: str) -> list[str]:
@@ -38,9 +38,8 @@ def test_values_read_back_as_the_same_type_and_value(value):
 
 def test_pasting_a_trial_rows_command_composes_that_rows_config(tmp_path):
     """Through the real CLI (Hydra's own overrides), then each row's command composed as troughput-run would."""
-    proc = run_tune(tmp_path, *settings(tmp_path, 4, step_s=0.0, **{"tune.confirm_rounds": 1}))
-    output, _ = proc.communicate(timeout=600)
-    assert proc.returncode == 0, output
+    proc = tune_app(*settings(tmp_path, 4, step_s=0.0, **{"tune.confirm_rounds": 1}))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
     trials = {t.number: t for t in load(tmp_path).get_trials()}
     rows = [r for r in read_rows(tmp_path / "results") if "trial" in r or "confirm" in r]
     assert {r["trial"] for r in rows if "trial" in r} == set(trials)

@@ -1,4 +1,4 @@
-"""Batch files for troughput-batch tests, the app run as a user runs it."""
+"""Batch files for troughput-batch tests, the app run as a user runs it (a subprocess, or in this process)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import ROOT
+from tests.in_process import run_app
 
 
 def chat(cid: str, content: Any, **body: Any) -> dict:
@@ -45,11 +46,21 @@ def numbered(path: Path, count: int, max_tokens: int = 2) -> Path:
 
 def troughput_batch(tmp_path: Path, *args: str, timeout: float = 300, popen: bool = False, **kwargs: Any):
     """``troughput-batch`` in a subprocess, results under ``tmp_path``; ``popen``: started, not waited for."""
-    command = [sys.executable, "-m", "harness.batch.cli", *args, f"run.results_dir={tmp_path / 'results'}",
-               "run.progress=false", f"hydra.run.dir={tmp_path / 'hydra'}"]
+    command = [sys.executable, "-m", "harness.batch.cli", *_common(tmp_path, args)]
     if popen:
         return subprocess.Popen(command, cwd=ROOT, text=True, **kwargs)
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kwargs)
+
+
+def batch_app(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """``troughput-batch`` as ``troughput_batch`` runs it, but in this process (``tests/in_process.py``)."""
+    from harness.batch.cli import main
+
+    return run_app(main, "troughput-batch", _common(tmp_path, args), cwd=ROOT)
+
+
+def _common(tmp_path: Path, args: tuple[str, ...]) -> list[str]:
+    return [*args, f"run.results_dir={tmp_path / 'results'}", "run.progress=false", f"hydra.run.dir={tmp_path / 'hydra'}"]
 
 
 def read_jsonl(path: Path) -> list[dict]:

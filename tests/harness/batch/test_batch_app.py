@@ -11,7 +11,7 @@ from pathlib import Path
 
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
-from tests.harness.batch.conftest import chat, completion, numbered, read_jsonl, troughput_batch, write_jsonl
+from tests.harness.batch.conftest import batch_app, chat, completion, numbered, read_jsonl, troughput_batch, write_jsonl
 
 FAKE = f"engine.name={FAKE_ENGINE}"
 GREEDY = "batch.sampling=benchmark"  # the scripted engine decodes greedily only
@@ -56,7 +56,7 @@ def test_requests_an_engine_cannot_honour_are_errors_not_silently_greedy(tmp_pat
                                                   completion("json", "y", max_tokens=2,
                                                              response_format={"type": "json_object"})])
     out = tmp_path / "out"
-    proc = troughput_batch(tmp_path, FAKE, f"batch.input={path}", f"batch.output_dir={out}")
+    proc = batch_app(tmp_path, FAKE, f"batch.input={path}", f"batch.output_dir={out}")
     assert proc.returncode == 0, proc.stderr
     assert read_jsonl(out / "output.jsonl") == []
     reasons = {e["custom_id"]: e["response"]["body"]["error"]["message"] for e in read_jsonl(out / "errors.jsonl")}
@@ -68,12 +68,12 @@ def test_a_rerun_skips_committed_shards_and_a_changed_job_is_refused(tmp_path: P
     path = numbered(tmp_path / "batch.jsonl", 6)
     out = tmp_path / "out"
     args = [FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}", "batch.shard_size=2"]
-    assert troughput_batch(tmp_path, *args).returncode == 0
+    assert batch_app(tmp_path, *args).returncode == 0
     first = (out / "output.jsonl").read_text()
-    again = troughput_batch(tmp_path, *args)
+    again = batch_app(tmp_path, *args)
     assert again.returncode == 0 and "0 ok, 0 failed this run; 3 of 3 shards committed (3 before" in again.stdout
     assert (out / "output.jsonl").read_text() == first
-    changed = troughput_batch(tmp_path, *args[:-1], "batch.shard_size=3")
+    changed = batch_app(tmp_path, *args[:-1], "batch.shard_size=3")
     assert changed.returncode == 2 and "different shard_size" in changed.stderr
 
 
@@ -96,7 +96,7 @@ def test_kill_9_mid_run_then_rerun_gives_every_custom_id_once(tmp_path: Path) ->
     assert 3 <= committed < count // size, "killed mid-run, with shards done and shards left"
     assert len(in_flight) >= 2, "more than one shard was in flight when it was killed"
     assert not (out / "output.jsonl").exists()
-    rerun = troughput_batch(tmp_path, *args)
+    rerun = batch_app(tmp_path, *args)
     assert rerun.returncode == 0, rerun.stderr
     ids = [o["custom_id"] for o in read_jsonl(out / "output.jsonl")]
     assert sorted(ids) == sorted(f"req-{i}" for i in range(count)) and len(ids) == len(set(ids)) == count
@@ -109,11 +109,11 @@ def test_engines_that_fail_leave_the_job_incomplete_and_a_fixed_rerun_finishes_i
     path = numbered(tmp_path / "batch.jsonl", 4)
     out = tmp_path / "out"
     args = [FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}", "batch.shard_size=2"]
-    failed = troughput_batch(tmp_path, *args, "+engine.knobs.fail_in=start")
+    failed = batch_app(tmp_path, *args, "+engine.knobs.fail_in=start")
     assert failed.returncode == 1 and "incomplete" in failed.stdout
     assert "0 of 2 shards committed; rerun the same command" in failed.stdout
     assert "scripted failure in start" in failed.stdout
-    fixed = troughput_batch(tmp_path, *args)
+    fixed = batch_app(tmp_path, *args)
     assert fixed.returncode == 0 and len(read_jsonl(out / "output.jsonl")) == 4
     rows = read_rows(tmp_path / "results", "batch")
     assert [r["status"] for r in sorted(rows, key=lambda r: r["timestamp"])] == ["incomplete", "ok"]
@@ -122,8 +122,8 @@ def test_engines_that_fail_leave_the_job_incomplete_and_a_fixed_rerun_finishes_i
 def test_slurm_array_through_submitit_local(tmp_path: Path) -> None:
     path = numbered(tmp_path / "batch.jsonl", 10)
     out = tmp_path / "out"
-    proc = troughput_batch(tmp_path, FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
-                           "batch.shard_size=2", "batch.scale=slurm", "batch.slurm.tasks=2", "batch.slurm.cluster=local")
+    proc = batch_app(tmp_path, FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
+                     "batch.shard_size=2", "batch.scale=slurm", "batch.slurm.tasks=2", "batch.slurm.cluster=local")
     assert proc.returncode == 0, proc.stderr + proc.stdout
     ids = [o["custom_id"] for o in read_jsonl(out / "output.jsonl")]
     assert ids == [f"req-{i}" for i in range(10)]
@@ -145,8 +145,8 @@ def test_a_streaming_engine_is_fed_the_next_shard_while_the_current_one_generate
     spans = {}
     for mode, knobs in (("stream", ["+engine.knobs.token_s=0.05"]), ("serial", ["+engine.knobs.step_s=0.2"])):
         out = tmp_path / mode
-        proc = troughput_batch(tmp_path, FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
-                               "batch.shard_size=4", "batch.in_flight=2", "+engine.knobs.max_num_seqs=4", *knobs)
+        proc = batch_app(tmp_path, FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
+                         "batch.shard_size=4", "batch.in_flight=2", "+engine.knobs.max_num_seqs=4", *knobs)
         assert proc.returncode == 0, proc.stderr
         assert len(read_jsonl(out / "output.jsonl")) == 12
         spans[mode] = _shard_metas(out)
@@ -169,8 +169,8 @@ def test_a_decision_whose_winner_has_two_replicas_drives_a_job_with_two_engines(
     path = numbered(tmp_path / "batch.jsonl", 8)
     out = tmp_path / "out"
     # the decision's vLLM config on the scripted engine (engine.name is no engine/ordering choice, so it may be set)
-    proc = troughput_batch(tmp_path, "batch.decision=d2", FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
-                           "batch.shard_size=2")
+    proc = batch_app(tmp_path, "batch.decision=d2", FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}",
+                     "batch.shard_size=2")
     assert proc.returncode == 0, proc.stderr
     [row] = read_rows(tmp_path / "results", "batch")
     assert row["replicas"] == 2 and "knob.replicas" not in row

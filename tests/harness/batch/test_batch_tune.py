@@ -13,7 +13,7 @@ import pytest
 
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
-from tests.harness.batch.conftest import completion, read_jsonl, troughput_batch, write_jsonl
+from tests.harness.batch.conftest import batch_app, completion, read_jsonl, troughput_batch, write_jsonl
 
 SPACE = """space:
   params:
@@ -52,8 +52,8 @@ def _metas(out: Path) -> dict[int, dict]:
 
 def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 288)
-    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3", "+engine.knobs.token_s=0.02",
-                           "+engine.knobs.max_num_seqs=2")  # the job's own config: 2 sequences at once
+    proc = batch_app(tmp_path, *args, "batch.tune.trials=3", "+engine.knobs.token_s=0.01",
+                     "+engine.knobs.max_num_seqs=2")  # the job's own config: 2 sequences at once
     assert proc.returncode == 0, proc.stderr[-3000:]
     ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
     assert ids == [f"r{i}" for i in range(288)], "every request once, in file order, trial shards included"
@@ -64,7 +64,7 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp
     sampled = sorted(i for r in runs[:-1] for i in r["shards"])
     assert sampled != list(range(18)) and max(sampled) >= 18, "trial shards are drawn from the whole file"
     assert row["tune.phase_requests"] == 9 * 16 and row["tune.phase_requests"] <= 0.5 * 288
-    # 64 sequences at once against the job's 2: every request takes 0.2 s, so about 8x the rate
+    # 64 sequences at once against the job's 2: every request takes 0.1 s, so about 8x the rate
     assert row["tune.verdict"] == "clear winner" and row["tune.margin"] > 2
     assert row["tune.chosen"]["engine.knobs.max_num_seqs"] >= 16
     sides = [r["side"] for r in runs if r["kind"] == "confirm"]
@@ -83,7 +83,7 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp
 
 def test_a_job_too_small_for_the_trials_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 40)
-    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=4", "+engine.knobs.fail_in=start")
+    proc = batch_app(tmp_path, *args, "batch.tune.trials=4", "+engine.knobs.fail_in=start")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "too small for 4 trials" in proc.stderr and "needs about" in proc.stderr
     assert not (tmp_path / "out" / "shards").exists() or not list((tmp_path / "out" / "shards").iterdir())
@@ -91,14 +91,14 @@ def test_a_job_too_small_for_the_trials_is_refused_before_any_engine_starts(tmp_
 
 def test_an_output_changing_knob_needs_the_quality_guard(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 200, LOSSY_SPACE)
-    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3")
+    proc = batch_app(tmp_path, *args, "batch.tune.trials=3")
     assert proc.returncode == 2 and "batch.tune.min_agreement" in proc.stderr and "engine.knobs.dtype" in proc.stderr
 
 
 def test_the_guard_rejects_a_config_that_changes_outputs_and_its_shards_run_again(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 288, LOSSY_SPACE, max_tokens=9)
-    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3", "batch.tune.min_agreement=0.99",
-                           "batch.tune.probe_requests=8", "engine.replicas=2")  # two workers, both restarted per run
+    proc = batch_app(tmp_path, *args, "batch.tune.trials=3", "batch.tune.min_agreement=0.99",
+                     "batch.tune.probe_requests=8", "engine.replicas=2")  # two workers, both restarted per run
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "out"
     outputs = read_jsonl(out / "output.jsonl")
@@ -119,7 +119,7 @@ def test_the_guard_rejects_a_config_that_changes_outputs_and_its_shards_run_agai
 
 def test_kill_9_in_the_tuning_phase_resumes_it_without_losing_a_committed_shard(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 288)
-    args += ["batch.tune.trials=3", "+engine.knobs.token_s=0.02", "batch.tune.restart=new_worker"]
+    args += ["batch.tune.trials=3", "+engine.knobs.token_s=0.01", "batch.tune.restart=new_worker"]
     proc = troughput_batch(tmp_path, *args, popen=True, start_new_session=True, stdout=open(os.devnull, "w"),
                            stderr=open(tmp_path / "first.err", "w"))
     log = tmp_path / "out" / "tune" / "runs.jsonl"
@@ -131,7 +131,7 @@ def test_kill_9_in_the_tuning_phase_resumes_it_without_losing_a_committed_shard(
     proc.wait()
     before = _metas(tmp_path / "out")
     assert 4 <= len(before) < 36, "killed in the tuning phase"
-    again = troughput_batch(tmp_path, *args)
+    again = batch_app(tmp_path, *args)
     assert again.returncode == 0, again.stderr[-3000:]
     ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
     assert ids == [f"r{i}" for i in range(288)]
@@ -200,7 +200,7 @@ def test_when_the_job_s_own_config_fails_the_best_trial_runs_the_rest_unconfirme
     space = SPACE.replace("low: 2, high: 64", "low: 1, high: 4").replace(
         "  - name: batch recipe\n    params: {engine.knobs.max_num_seqs: 64}\n", "")
     path, args = _job(tmp_path, 288, space)
-    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3", "+engine.knobs.oom_above=4")  # its own 8 fail
+    proc = batch_app(tmp_path, *args, "batch.tune.trials=3", "+engine.knobs.oom_above=4")  # its own 8 fail
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")] == [f"r{i}" for i in range(288)]
     [row] = read_rows(tmp_path / "results", "batch")
@@ -214,7 +214,7 @@ def test_when_the_job_s_own_config_fails_the_best_trial_runs_the_rest_unconfirme
 def test_an_engine_that_fails_to_start_after_a_restart_fails_its_trial_and_the_next_run_gets_new_workers(
         tmp_path: Path) -> None:
     path, args = _job(tmp_path, 288, _choices_space("fail_in", ["start", "never"]))
-    proc = troughput_batch(tmp_path, *args, "batch.tune.trials=3")
+    proc = batch_app(tmp_path, *args, "batch.tune.trials=3")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")] == [f"r{i}" for i in range(288)]
     [row] = read_rows(tmp_path / "results", "batch")
