@@ -11,7 +11,7 @@ from harness.batch.cli import _stall_timeout
 from harness.core.errors import TroughputError
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
-from tests.harness.batch.conftest import numbered, read_jsonl, troughput_batch
+from tests.harness.batch.conftest import batch_app, numbered, read_jsonl
 
 ARGS = [f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark", "batch.shard_size=2", "batch.stall_timeout_s=2"]
 
@@ -19,8 +19,8 @@ ARGS = [f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark", "batch.shard_s
 def test_an_engine_hung_in_start_fails_its_shards_with_the_reason(tmp_path: Path) -> None:
     """(That a rerun then finishes such an incomplete job: test_batch_app's failed-engine test.)"""
     path, out = numbered(tmp_path / "batch.jsonl", 4), tmp_path / "out"
-    hung = troughput_batch(tmp_path, *ARGS, f"batch.input={path}", f"batch.output_dir={out}",
-                           "+engine.knobs.hang_in=start", timeout=120)
+    hung = batch_app(tmp_path, *ARGS, f"batch.input={path}", f"batch.output_dir={out}",
+                           "+engine.knobs.hang_in=start")
     assert hung.returncode == 1 and "incomplete" in hung.stdout, hung.stdout + hung.stderr[-2000:]
     assert "its engine is starting" in hung.stdout and "batch.stall_timeout_s=2" in hung.stdout
     [row] = read_rows(tmp_path / "results", "batch")
@@ -29,9 +29,9 @@ def test_an_engine_hung_in_start_fails_its_shards_with_the_reason(tmp_path: Path
 
 def test_a_replica_hung_in_generate_is_killed_and_its_shards_finish_on_the_other(tmp_path: Path) -> None:
     path, out = numbered(tmp_path / "batch.jsonl", 8), tmp_path / "out"
-    proc = troughput_batch(tmp_path, *ARGS, f"batch.input={path}", f"batch.output_dir={out}", "engine.replicas=2",
+    proc = batch_app(tmp_path, *ARGS, f"batch.input={path}", f"batch.output_dir={out}", "engine.replicas=2",
                            "+engine.knobs.token_s=0.01", "+engine.knobs.hang_in=generate",
-                           "+engine.knobs.hang_replica=2", timeout=120)
+                           "+engine.knobs.hang_replica=2")
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "worker 2: no progress for" in proc.stdout and "no request finished" in proc.stdout
     assert "worker 1: no progress" not in proc.stdout, "the healthy replica, idle before the retried shards, is not killed"
