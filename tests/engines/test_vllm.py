@@ -85,13 +85,11 @@ def test_harness_rows_carry_engine_hf_and_the_columns_of_vllm_rows(tmp_path, tig
 
 
 def validate_here(tmp_path, *overrides):
-    """The worker's job for the spec ``troughput-run`` builds, run in this pytest process (``run_worker``): the
-    knob checks need vLLM itself, whose import this module's in-process test pays anyway, not a worker of
-    their own (about 10 s each)."""
-    from tests.engines.conftest import run_worker
+    """The knob checks need vLLM itself, not a worker process of their own: this module's in-process test imports
+    vLLM into this pytest worker anyway."""
+    from tests.engines.conftest import run_spec_here
 
-    spec = build_spec(compose(*overrides, f"run.results_dir={tmp_path}", "run.progress=false"))
-    return run_worker(tmp_path, spec.engine, spec.model, spec.workload.requests, spec.knobs)
+    return run_spec_here(tmp_path, build_spec(compose(*overrides, f"run.results_dir={tmp_path}", "run.progress=false")))
 
 
 def test_unknown_knob_fails_before_the_engine_starts(tmp_path):
