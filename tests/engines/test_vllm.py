@@ -16,8 +16,8 @@ PREFIX = ["workload=prefix_heavy", "workload.num_groups=4", "workload.prompts_pe
 #   no hits although the prompts share prefixes, preemptions; its workload also serves the hf comparison.
 ROOMY = [*PREFIX, "workload.output_len={kind: fixed, value: 4}", "run.repeats=2",
          f"hardware.canonical.kv_memory_bytes={64 << 20}"]
-TIGHT_WORKLOAD = [*PREFIX, "~workload.output_len", "+workload.output_len={kind: uniform, low: 32, high: 64}", "run.warmup_requests=0",
-                  "model.canonical.context_length=512"]
+TIGHT_WORKLOAD = [*PREFIX, "~workload.output_len", "+workload.output_len={kind: uniform, low: 32, high: 64}",
+                  "run.warmup_requests=0", "model.canonical.context_length=512"]
 TIGHT = [*TIGHT_WORKLOAD, "engine.knobs.enable_prefix_caching=false", "engine.knobs.max_num_seqs=16",
          f"hardware.canonical.kv_memory_bytes={1 << 20}"]
 
