@@ -4,8 +4,9 @@ A copy of the page with a small probe script is loaded once: its DOM is dumped a
 (``--dump-dom``), where the probe has recorded load errors, every image's natural size, the
 headline table's rows and any resource fetched from outside the page; the same launch
 screenshots it into ``reports/test-artifacts/`` (the probe's output is hidden, so the shot is
-the page as a reader sees it; one Chromium start instead of two). Without chromium the test skips, except under ``CI=true``,
-where ``make test`` must have installed it (``make browser``), so it fails.
+the page as a reader sees it; one Chromium start instead of two). Without chromium the test
+skips, except under ``CI=true``, where ``make test`` must have installed it (``make browser``),
+so it fails.
 """
 
 import html
