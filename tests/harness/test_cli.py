@@ -5,8 +5,6 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE, ROOT
 from tests.in_process import run_app
@@ -73,18 +71,5 @@ def test_batch_file_with_a_broken_line_fails_with_its_line_number(tmp_path):
     assert not (tmp_path / "results" / "runs").exists(), "no engine started, no row written"
 
 
-@pytest.mark.engine
-def test_good_batch_file_runs_on_the_real_engine(tmp_path):
-    path = tmp_path / "batch.jsonl"
-    lines = [batch_line(f"req-{i}", f"tell me about the number {i}") for i in range(6)]
-    lines.append(batch_line("plain", "once upon a time", url="/v1/completions"))
-    path.write_text("\n".join(lines) + "\n")
-    proc = troughput_run(tmp_path, "workload=file", f"workload.path={path}", "run.save_outputs=true")
-    assert proc.returncode == 0, proc.stderr
-    row = read_rows(tmp_path / "results")[0]
-    assert row["status"] == "ok", row["error"]
-    assert row["requests_done"] == 7 and row["output_tokens"] == 6 * 5 + 7
-    assert row["workload_info.source_format"] == "openai_batch"
-    outputs = [json.loads(line) for line in open(tmp_path / "results" / "outputs" / f"{row['run_id']}.jsonl")]
-    assert [o["id"] for o in outputs] == [f"req-{i}" for i in range(6)] + ["plain"]
-    assert "ok" in proc.stdout and "1 row(s)" in proc.stdout
+# A good batch file on the real engine: its vLLM row is the ok row of the three-engine multirun in
+# tests/harness/test_cli_engines.py (one vLLM start serves both checks).

@@ -1,12 +1,14 @@
 """All three engines through ``troughput-run``: canonical knobs in the config, and a multirun across engines."""
 
+import json
+
 import pytest
 
 from engines.base import KnobError
 from harness.run.results import read_rows
 from harness.run.spec import build_spec
 from tests.conftest import compose
-from tests.harness.test_cli import troughput_run
+from tests.harness.test_cli import batch_line, troughput_run
 
 
 def spec(tmp_path, *overrides):
@@ -41,16 +43,27 @@ def test_a_bad_canonical_value_stops_the_cli_with_one_line(tmp_path):
 
 @pytest.mark.engine
 def test_multirun_over_three_engines_gives_one_ok_row_and_two_clear_invalid_rows(tmp_path):
-    proc = troughput_run(tmp_path, "-m", "engine=vllm,sglang,trtllm", "workload=unique", "workload.num_requests=8")
+    """Also a good OpenAI Batch file on the real engine (one vLLM start serves both: the file is the workload)."""
+    path = tmp_path / "batch.jsonl"
+    lines = [batch_line(f"req-{i}", f"tell me about the number {i}") for i in range(6)]
+    lines.append(batch_line("plain", "once upon a time", url="/v1/completions"))
+    path.write_text("\n".join(lines) + "\n")
+    proc = troughput_run(tmp_path, "-m", "engine=vllm,sglang,trtllm", "workload=file", f"workload.path={path}",
+                         "run.save_outputs=true")
     assert proc.returncode == 0, proc.stderr
     rows = {row["engine"]: row for row in read_rows(tmp_path / "results")}
     assert set(rows) == {"vllm", "sglang", "trtllm"}
     assert rows["vllm"]["status"] == "ok", rows["vllm"]["error"]
-    assert rows["vllm"]["requests_done"] == 8 and rows["vllm"]["canon.kv_memory_fraction"] == 0.5
+    assert rows["vllm"]["requests_done"] == 7 and rows["vllm"]["canon.kv_memory_fraction"] == 0.5
     for engine, package in (("sglang", "sglang"), ("trtllm", "tensorrt_llm")):
         row = rows[engine]
         assert row["status"] == "invalid" and row["failed_phase"] == "validate"
         assert f"{package} is not installed" in row["error"] and f"troughput-env {engine}" in row["error"]
         assert "Traceback" not in row["error"]
     assert rows["trtllm"]["knob.backend"] == "pytorch"
-    assert "3 row(s)" in proc.stdout
+    assert "3 row(s)" in proc.stdout and "ok" in proc.stdout
+
+    row = rows["vllm"]   # the batch file on the real engine
+    assert row["output_tokens"] == 6 * 5 + 7 and row["workload_info.source_format"] == "openai_batch"
+    outputs = [json.loads(line) for line in open(tmp_path / "results" / "outputs" / f"{row['run_id']}.jsonl")]
+    assert [o["id"] for o in outputs] == [f"req-{i}" for i in range(6)] + ["plain"]

@@ -1,5 +1,6 @@
 """From a real ``troughput-run -m`` (two workloads on their two models x two configs on the CPU default) to both
-reports: four real runs, the fewest that give each workload a winner and the report two models to keep apart."""
+reports: four real runs, the fewest that give each workload a winner and the report two models to keep apart. The same
+rows serve the multimodal counts (vLLM on the tiny VLM), which would otherwise need a run of their own."""
 
 import json
 import re
@@ -13,11 +14,14 @@ from harness.report.decisions import VERDICTS, chosen_knobs, read_decisions
 from harness.run.results import read_results
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("report_engine")]   # one worker: one multirun
 
 
-def test_real_multirun_rows_give_both_reports_with_the_winners_the_rows_give(tmp_path):
-    results, reports = tmp_path / "results", tmp_path / "reports"
+@pytest.fixture(scope="module")
+def multirun(tmp_path_factory):
+    """The real multirun's results folder and its rows (4 runs); both tests read it."""
+    tmp_path = tmp_path_factory.mktemp("multirun")
+    results = tmp_path / "results"
     run = subprocess.run(
         [sys.executable, "-m", "harness.cli", "-m", "workload=unique,multimodal",
          "engine.knobs.max_num_seqs=2,16", "run.repeats=2", "run.warmup_requests=2", "++workload.num_requests=16",
@@ -27,7 +31,27 @@ def test_real_multirun_rows_give_both_reports_with_the_winners_the_rows_give(tmp
     assert run.returncode == 0, run.stderr[-3000:]
     frame = read_results(results)
     assert len(frame) == 4 and set(frame["status"]) == {"ok"}, frame[["status", "error"]]
+    return results, frame
 
+
+def test_multimodal_rows_count_repeated_images(multirun):
+    """vLLM on the tiny VLM: each repeat of an image in a pass is one processor-cache hit (caches are reset
+    after warm-up and after each pass), and each image placeholder became the model's image run."""
+    _, frame = multirun
+    rows = frame[frame["workload"] == "multimodal"].to_dict("records")
+    assert len(rows) == 2
+    for row in rows:
+        assert row["model"] == "tiny_vlm" and row["workload_info.images"] == 16
+        repeats = row["workload_info.images"] - row["workload_info.unique_images"]
+        assert repeats > 0
+        assert row["mm_cache_queries"] == 16
+        assert row["mm_cache_hits"] == repeats
+        assert row["input_tokens"] > row["workload_info.input_tokens_requested"]
+
+
+def test_real_multirun_rows_give_both_reports_with_the_winners_the_rows_give(tmp_path, multirun):
+    results, frame = multirun
+    reports = tmp_path / "reports"
     report = subprocess.run([sys.executable, "-m", "harness.report.cli", "--results-dir", str(results),
                              "--reports-dir", str(reports), "--name", "real"], cwd=ROOT, capture_output=True,
                             text=True, timeout=300)
