@@ -3,16 +3,22 @@
 The workload arrives interleaved (``workload.arrival`` default: one request of each group in turn, as
 mixed real files do), so ``as_given`` is the honest baseline: were ``prefix_grouped`` a no-op, it would
 send the same order as ``as_given`` and get the same hit count, and this test would fail.
+
+The three runs are the worker's job (``engines.worker.run_job``) on what ``troughput-run`` builds, in this
+pytest worker, which the ``vllm_adapter`` group's other tests have imported vLLM into already (a worker
+process per run would import it again, about 10 s each). That ``troughput-run`` hands its worker the
+requests in the ordering's order is the runner's, tested on the scripted engine
+(``tests/harness/test_ordering.py``).
 """
 
 import pytest
 
 from harness.ordering.policies import apply_ordering
-from harness.run.runner import execute
 from harness.run.spec import build_spec
 from tests.conftest import compose
+from tests.engines.conftest import run_worker
 
-pytestmark = pytest.mark.engine
+pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("vllm_adapter")]
 
 # 6 groups x 4 prompts sharing 512 tokens (16 blocks of 32). The cache holds 40 blocks: one group's
 # prefix and its 4 running requests fit (16 + 4 x 2 blocks), four unrelated requests (4 x 18) do not.
@@ -24,7 +30,7 @@ OVERRIDES = ["workload=prefix_heavy", "workload.num_groups=6", "workload.prompts
 POLICIES = ("as_given", "shuffled", "prefix_grouped")
 
 
-def test_prefix_grouped_beats_the_interleaved_arrival_order_and_shuffled(tmp_path):
+def test_prefix_grouped_beats_the_interleaved_arrival_order_and_shuffled(tmp_path, monkeypatch):
     spec = build_spec(compose(*OVERRIDES, f"run.results_dir={tmp_path}"))
     groups = spec.workload.groups
     assert spec.workload.info["arrival"] == "interleaved"
@@ -33,12 +39,15 @@ def test_prefix_grouped_beats_the_interleaved_arrival_order_and_shuffled(tmp_pat
     sent = {name: [r.id for r in apply_ordering(spec.workload.requests, cfg)] for name, cfg in orderings.items()}
     assert sent["prefix_grouped"] != sent["as_given"], "prefix_grouped reorders the interleaved arrival"
 
+    for name, value in spec.env.items():   # the worker's environment (in-process engine core, one thread)
+        monkeypatch.setenv(name, str(value))
     rows = {}
     for name in POLICIES:
-        spec.ordering = orderings[name]
-        rows[name] = execute(spec, progress=False)
-        assert rows[name]["status"] == "ok", rows[name]["error"]
-    grouped = rows["prefix_grouped"]
+        (tmp_path / name).mkdir()
+        ordered = apply_ordering(spec.workload.requests, orderings[name])
+        result, rows[name] = run_worker(tmp_path / name, spec.engine, spec.model, ordered, spec.knobs)
+        assert result["status"] == "ok", result.get("error")
+    grouped = {**rows["prefix_grouped"], **{f"workload_info.{k}": v for k, v in spec.workload.summary().items()}}
     block = grouped["engine_info.block_size"]
     ideal_blocks = grouped[f"workload_info.ideal_prefix_hit_tokens_block{block}"]
     ideal_tokens = grouped["workload_info.ideal_prefix_hit_tokens_tree"]
