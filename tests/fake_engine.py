@@ -13,8 +13,8 @@ token ``max_tokens`` times, so token counts are exact. ``token_s`` makes ``feede
 (``engines.feeding.AsyncFeeder``): each request takes ``token_s`` per output token, at most
 ``max_num_seqs`` at once, like a continuous-batching engine fed while it runs. ``dtype``:
 ``lossy`` changes every third output token (an output-changing knob, for the quality guard);
-any other value leaves outputs as they are. ``hang_in`` (start|generate) hangs there for good, in every
-replica or only in replica ``hang_replica`` (1-based): a hung engine, for the batch watchdog.
+any other value leaves outputs as they are. ``hang_in: start`` hangs the start for good, in every replica or
+only in replica ``hang_replica`` (1-based): a hung engine start, for the batch watchdog.
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ class FakeEngine(Engine):
         replica = os.environ.get("TROUGHPUT_REPLICA", "1/1").split("/")[0]
         if self.knobs.get("fail_in") == "generate" or str(self.knobs.get("fail_replica")) == replica:
             raise RuntimeError("scripted failure in generate")
-        self._hang("generate")
         held = bytearray(int(self.knobs.get("hold_mb", 0)) << 20)
         held[::4096] = b"x" * len(held[::4096])  # touch every page so it is resident
         time.sleep(float(self.knobs.get("sleep_s", 0)) + self._cycle_sleep())
@@ -96,8 +95,6 @@ class FakeEngine(Engine):
         seats = asyncio.Semaphore(int(self.knobs.get("max_num_seqs", 8)))  # bound to the feeder's loop on first use
 
         async def one(r: Request) -> Completion:
-            if self.knobs.get("hang_in") == "generate":
-                await asyncio.to_thread(self._hang, "generate")  # this replica's requests never finish
             async with seats:
                 await asyncio.sleep(float(self.knobs["token_s"]) * r.max_tokens)
             return Completion(r.id, len(r.prompt_token_ids), self._tokens(r), cached_tokens=0)

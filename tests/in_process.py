@@ -22,12 +22,16 @@ from typing import Callable
 def run_app(main: Callable[[], object], prog: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     """``prog args...`` in ``cwd`` through ``main`` (a ``@hydra.main`` function); its exit status, stdout, stderr.
 
-    Process-wide state the app sets (argv, root logging, signal handlers, environment, Hydra's global
-    instance) is restored afterwards, so one test's run cannot leak into the next.
+    Process-wide state the app sets (argv, the working directory, root logging's handlers and every
+    logger's level, signal handlers, environment, Hydra's global instance) is restored afterwards. Not
+    restored: module-level caches and third-party settings an app changes (e.g. Optuna's log verbosity);
+    an exception other than ``SystemExit`` propagates (a subprocess would exit 1 with its traceback).
     """
     from hydra.core.global_hydra import GlobalHydra
 
     root = logging.getLogger()
+    levels = {name: logger.level for name, logger in logging.Logger.manager.loggerDict.items()
+              if isinstance(logger, logging.Logger)}
     saved = (sys.argv, root.handlers[:], root.level, dict(os.environ),
              {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}, os.getcwd())
     out, err, code = io.StringIO(), io.StringIO(), 0
@@ -50,6 +54,9 @@ def run_app(main: Callable[[], object], prog: str, args: list[str], cwd: Path) -
                 handler.close()
         root.handlers[:] = saved[1]
         root.setLevel(saved[2])
+        for name, logger in logging.Logger.manager.loggerDict.items():
+            if isinstance(logger, logging.Logger):
+                logger.setLevel(levels.get(name, logging.NOTSET))
         os.environ.clear()
         os.environ.update(saved[3])
         for sig, handler in saved[4].items():

@@ -163,7 +163,7 @@ class _Runner:
         self.t_last: float | None = None
         self.inside_startup: dict[int, float] = {}  # worker -> replica start-up inside its shards (engine=ray)
         self.steps: dict[int, int] = {}  # worker -> its engine's steps since start, as of its latest shard
-        self.sign_of_life: dict[int, tuple[float, Any]] = {}  # worker -> (when, what) it last showed progress
+        self.sign_of_life: dict[int, float] = {}  # worker -> when it last said anything (while its engine starts)
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
@@ -192,31 +192,28 @@ class _Runner:
     def _hand_over(self, shard_dir: str, index: int, items: list[Item], worker: int) -> None:
         """A shard is now in flight on ``worker``; an idle worker's stall clock starts now."""
         if all(owner != worker for _, _, owner in self.in_flight.values()):
-            self.sign_of_life[worker] = (time.monotonic(), None)
+            self.sign_of_life[worker] = time.monotonic()
         self.in_flight[shard_dir] = (index, items, worker)
 
     def _note_progress(self, worker: int, event: dict[str, Any]) -> None:
-        """A start, a finished shard, or a progress report whose counts moved is a sign of life."""
-        mark = tuple(event.get(k) for k in ("done", "total", "fed")) if event["event"] == "progress" else event
-        if self.sign_of_life.get(worker, (0.0, None))[1] != mark:
-            self.sign_of_life[worker] = (time.monotonic(), mark)
+        """Any event from a worker whose engine is starting is a sign of life (its phase, its start)."""
+        self.sign_of_life[worker] = time.monotonic()
 
     def _kill_stalled(self, pool: Any) -> None:
-        """Kill a worker with shards in flight that showed no progress for ``plan.stall_timeout_s`` (a hung
-        engine): its shards go to another worker once, else fail with the reason. Watched: engines starting, and
-        engines that report their unfinished requests as they go; a blocking ``generate`` says nothing until it
-        returns, so such an engine is not watched once up."""
+        """Kill a worker with shards in flight whose engine has been starting for ``plan.stall_timeout_s`` without
+        a word (a hung start, or an in-job tuning's restart): its shards go to another worker once, else fail with
+        the reason. A running engine is not watched: a request may rightly take longer than any fixed limit, and
+        not every engine reports tokens as they come."""
         limit = self.plan.stall_timeout_s
         if not limit:
             return
         now = time.monotonic()
         for worker in {owner for _, _, owner in self.in_flight.values()}:
-            if not pool.alive[worker] or worker in self.failures or (pool.up[worker] and not pool.streams(worker)):
+            if not pool.alive[worker] or pool.up[worker] or worker in self.failures:
                 continue
-            since = self.sign_of_life.setdefault(worker, (now, None))[0]
+            since = self.sign_of_life.setdefault(worker, now)
             if now - since > limit:
-                state = "its engine is starting" if not pool.up[worker] else "no request finished"
-                self.failures[worker] = (f"no progress for {now - since:.0f} s ({state}): the engine looks hung, so "
+                self.failures[worker] = (f"its engine was still starting after {now - since:.0f} s: it looks hung, so "
                                          f"troughput killed the worker (batch.stall_timeout_s={limit:g})")
                 log.error("worker %d: %s", worker + 1, self.failures[worker])
                 pool.kill(worker)

@@ -171,12 +171,8 @@ class LocalPool:
     def any_alive(self) -> bool:
         return any(self.alive)
 
-    def streams(self, i: int) -> bool:
-        """Whether worker ``i``'s engine reports its unfinished requests as it goes (a streaming feeder)."""
-        return self.fed[i] >= 0
-
     def kill(self, i: int) -> None:
-        """Kill worker ``i``'s process group (a hung engine); its ``exit`` event follows."""
+        """Kill worker ``i``'s process group (a hung engine start); its ``exit`` event follows."""
         _kill_group(self.procs[i])
 
     def close(self, kill: bool = False) -> None:

@@ -33,7 +33,7 @@ def batch_line(custom_id, text, url="/v1/chat/completions"):
 
 def test_multirun_carries_on_past_a_killed_and_a_timed_out_run(tmp_path):
     proc = troughput_run_here(tmp_path, "-m", f"engine.name={FAKE_ENGINE}", "workload=unique",
-                              "workload.num_requests=5", "run.time_limit_s=4",
+                              "workload.num_requests=5", "run.time_limit_s=10",
                               "+engine.knobs.kill_self=false,true", "+engine.knobs.sleep_s=0,30")
     assert proc.returncode == 0, proc.stderr
     rows = read_rows(tmp_path / "results")
