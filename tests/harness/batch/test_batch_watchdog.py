@@ -14,7 +14,8 @@ from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
 from tests.harness.batch.conftest import batch_app, numbered, read_jsonl
 
-ARGS = [f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark", "batch.shard_size=2", "batch.stall_timeout_s=3"]
+# A healthy scripted start takes well under a second: 5 s leaves room for a loaded host.
+ARGS = [f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark", "batch.shard_size=2", "batch.stall_timeout_s=5"]
 pytestmark = pytest.mark.timeout(120)   # without the watchdog these jobs would wait for ever
 
 
@@ -24,7 +25,7 @@ def test_an_engine_hung_in_start_fails_its_shards_with_the_reason(tmp_path: Path
     hung = batch_app(tmp_path, *ARGS, f"batch.input={path}", f"batch.output_dir={out}",
                            "+engine.knobs.hang_in=start")
     assert hung.returncode == 1 and "incomplete" in hung.stdout, hung.stdout + hung.stderr[-2000:]
-    assert "its engine was still starting after" in hung.stdout and "batch.stall_timeout_s=3" in hung.stdout
+    assert "its engine was still starting after" in hung.stdout and "batch.stall_timeout_s=5" in hung.stdout
     [row] = read_rows(tmp_path / "results", "batch")
     assert row["status"] == "incomplete" and row["shards_committed"] == 0
 
@@ -43,8 +44,8 @@ def test_a_replica_hung_in_start_is_killed_and_its_shards_finish_on_the_other(tm
 
 
 def test_a_running_engine_whose_requests_outlast_the_limit_is_not_killed(tmp_path: Path) -> None:
-    """Each request streams for 4 s (0.5 s a token), longer than the 3 s limit: slow is not hung."""
-    path, out = numbered(tmp_path / "batch.jsonl", 4, max_tokens=8), tmp_path / "out"
+    """Each request streams for 6 s (0.5 s a token), longer than the 5 s limit: slow is not hung."""
+    path, out = numbered(tmp_path / "batch.jsonl", 4, max_tokens=12), tmp_path / "out"
     proc = batch_app(tmp_path, *ARGS, f"batch.input={path}", f"batch.output_dir={out}",
                      "+engine.knobs.token_s=0.5", "+engine.knobs.max_num_seqs=8")
     assert proc.returncode == 0 and "killed" not in proc.stdout, proc.stdout + proc.stderr[-3000:]
