@@ -1,7 +1,9 @@
 """troughput-tune against the scripted engine: trials are runner runs, failures teach, studies resume and share."""
 
+import contextlib
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -159,20 +161,24 @@ def test_fidelity_needs_one_objective(tmp_path):
                      config_name="tuning"))
 
 
+def completed_trials(tmp_path: Path) -> int:
+    """COMPLETE trials in the study's database, read with plain SQL: opening Optuna's storage while the tuner
+    sets up its own races it (both create the tables), and once cost a fresh clone this whole test."""
+    db = tmp_path / "results" / "optuna.db"
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=1)) as con:
+            return con.execute("SELECT count(*) FROM trials WHERE state = 'COMPLETE'").fetchone()[0]
+    except sqlite3.Error:   # no file, or no tables yet
+        return 0
+
+
 def test_kill_minus_nine_then_resume_keeps_every_finished_trial(tmp_path):
     args = settings(tmp_path, 6, step_s=0.4)
     proc = run_tune(tmp_path, *args)
     deadline = time.monotonic() + 240
-    while time.monotonic() < deadline:
-        time.sleep(1)
-        if not (tmp_path / "results" / "optuna.db").exists():
-            continue
-        try:
-            done = [t for t in load(tmp_path).get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
-        except Exception:  # noqa: BLE001 - the study may not be created yet
-            continue
-        if len(done) >= 2:
-            break
+    while time.monotonic() < deadline and proc.poll() is None and completed_trials(tmp_path) < 2:
+        time.sleep(0.5)
+    assert proc.poll() is None, f"the tuner ended before the kill:\n{proc.communicate()[0][-3000:]}"
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     before = {t.number: t.params for t in load(tmp_path).get_trials() if t.state == optuna.trial.TrialState.COMPLETE}
