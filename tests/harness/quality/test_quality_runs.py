@@ -14,15 +14,6 @@ def run(tmp_path, *overrides):
     return execute(build_spec(cfg), progress=False)
 
 
-def test_a_choice_workload_runs_constrained_on_vllm_and_every_answer_parses(tmp_path):
-    row = run(tmp_path, "workload=structured_choice", "workload.num_requests=12")
-    assert row["status"] == "ok", row["error"]
-    assert row["quality.structured_requests"] == 12 and row["quality.parsed"] == 12 and row["quality.valid"] == 12
-    assert row["quality.truncated"] == 0 and row["quality.constraint_kind"] == "choice"
-    assert row["engine_info.grammar_backend"] == "auto"
-    assert row["output_tokens"] < row["workload_info.output_tokens_requested"], "EOS on: answers end with the grammar"
-
-
 def test_an_engine_without_structured_outputs_gives_an_invalid_row_saying_so(tmp_path):
     row = run(tmp_path, "engine=hf", "workload=structured_choice", "workload.num_requests=4")
     assert row["status"] == "invalid" and "cannot constrain outputs" in row["error"]
@@ -49,7 +40,10 @@ def test_an_openai_batch_file_with_response_format_runs_constrained(tmp_path):
     assert row["quality.structured_requests"] == 4 and row["quality.valid"] == 4, "compact JSON, closed by the grammar"
 
 
-def test_expected_answers_in_a_plain_jsonl_file_give_exact_match_accuracy(tmp_path):
+def test_expected_answers_in_a_plain_jsonl_file_run_constrained_and_give_exact_match_accuracy(tmp_path):
+    """A choice constraint on every line: each answer parses, the grammar closes it (EOS on), and the expected
+    answers give the exact-match accuracy. (The ``structured_choice`` workload builds the same kind of requests:
+    the test above builds it and sees an engine without structured outputs refuse it; one vLLM run covers both.)"""
     import json
 
     labels = ["yes", "no"]
@@ -60,6 +54,9 @@ def test_expected_answers_in_a_plain_jsonl_file_give_exact_match_accuracy(tmp_pa
     row = run(tmp_path, "workload=file", f"workload.path={path}", "run.save_outputs=true")
     assert row["status"] == "ok", row["error"]
     assert row["quality.expected_compared"] == 6 and row["quality.valid"] == 6
+    assert row["quality.structured_requests"] == 6 and row["quality.parsed"] == 6 and row["quality.truncated"] == 0
+    assert row["quality.constraint_kind"] == "choice" and row["engine_info.grammar_backend"] == "auto"
+    assert row["output_tokens"] < row["workload_info.output_tokens_requested"], "EOS on: answers end with the grammar"
     from pathlib import Path
 
     from harness.core.tokens import TextTokenizer
