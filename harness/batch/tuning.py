@@ -50,7 +50,7 @@ from harness.batch.tune_runs import (RunLog, RunRecord, predicted_seconds, probe
                                       sample_summary, shards_per_run, steady_rate)
 from harness.core.errors import TroughputError
 from harness.quality.agreement import columns as agreement_columns
-from harness.report.verdict import compare
+from harness.report.verdict import CLOSE, Verdict, compare
 from sweeps.best import leaders
 from sweeps.seeds import enqueue_seeds
 from sweeps.space import SearchSpace
@@ -203,8 +203,16 @@ class InJobTuning:
             why = own[-1].reason.splitlines()[0][:300] if own[-1].reason else own[-1].status
             log.warning("the job's own config failed (%s): trial %d's config goes on unconfirmed", why, candidate.number)
             return values, (candidate.number, None, f"the job's own config failed ({why}): the best trial, unconfirmed")
-        rounds = int(self.tune["confirm_rounds"])
-        for r in range(rounds):
+        rounds, cap = int(self.tune["confirm_rounds"]), int(self.tune.get("max_confirm_rounds") or 0)
+        r = 0
+        while True:
+            if r >= rounds:   # the rounds asked for are in: more only while too close to call, up to the cap
+                verdict = self._verdict(candidate.number)
+                more = self._more_rounds(verdict, r, cap)
+                if more:
+                    log.info("confirmation: %s after %d rounds (%s): one more round", verdict.verdict, r, more)
+                else:
+                    break
             sides = ("default", "candidate") if r % 2 == 0 else ("candidate", "default")
             for side in sides:
                 done = [x for x in self._confirm_records(candidate.number) if x.side == side]
@@ -212,12 +220,31 @@ class InJobTuning:
                     continue
                 self._run("confirm", f"confirm {side} {r + 1}", {} if side == "default" else values,
                           self._next_shards(), trial=candidate.number, side=side)
-        mine = self._confirm_records(candidate.number)
-        rates = {side: [x.rate for x in mine if x.side == side and x.rate] for side in ("candidate", "default")}
-        verdict = compare(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
-        log.info("confirmation: trial %d ÷ engine defaults: %s, %s", candidate.number, verdict.interval_text(),
-                 verdict.verdict)
+            r += 1
+        log.info("confirmation: trial %d ÷ engine defaults: %s, %s (%d rounds)", candidate.number,
+                 verdict.interval_text(), verdict.verdict, r)
         return (values if verdict.winner == "a" else {}), (candidate.number, verdict, verdict.verdict)
+
+    def _verdict(self, trial: int) -> Verdict:
+        mine = self._confirm_records(trial)
+        rates = {side: [x.rate for x in mine if x.side == side and x.rate] for side in ("candidate", "default")}
+        return compare(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
+
+    def _more_rounds(self, verdict: Verdict, done: int, cap: int) -> str | None:
+        """Why one more confirmation round, after ``done``: the rule has not decided, the cap
+        (``max_confirm_rounds``) is not reached, the rounds it likely needs fit under the cap, and the budget
+        (``max_share``) holds two more runs; ``None`` if not."""
+        if verdict.verdict != CLOSE or done >= cap:
+            return None
+        if verdict.rounds_needed is None or verdict.rounds_needed > cap:
+            log.info("confirmation: %s; about %s rounds a side would decide it, over batch.tune.max_confirm_rounds="
+                     "%d: no more rounds", verdict.reason, verdict.rounds_needed or "more than 200", cap)
+            return None
+        if not self._room_for(2):
+            log.info("confirmation: too close to call, but the tuning budget (batch.tune.max_share) holds no "
+                     "further round")
+            return None
+        return f"about {verdict.rounds_needed} rounds a side would likely decide it"
 
     # ---- one run ----------------------------------------------------------------------------------
 
@@ -310,11 +337,15 @@ class InJobTuning:
         return set([i for i in self.order if i not in committed][:self.k])
 
     def _room_for_a_trial(self) -> bool:
-        """Whether one more trial and the whole confirmation fit in ``max_share`` of the job's shards, counting every
-        shard the tuning runs so far took (runs cut by a kill took theirs too)."""
+        """Whether one more trial and the whole confirmation fit in ``max_share`` of the job's shards."""
+        return self._room_for(1 + 2 * int(self.tune["confirm_rounds"]))
+
+    def _room_for(self, runs: int) -> bool:
+        """Whether ``runs`` more runs fit in ``max_share`` of the job's shards, counting every shard the tuning
+        runs so far took (runs cut by a kill took theirs too)."""
         budget = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size))
         taken = self.state.committed() | {i for r in self.log.read() for i in r.discarded}  # no main phase yet
-        return len(taken) + self.k * (1 + 2 * int(self.tune["confirm_rounds"])) <= budget
+        return len(taken) + self.k * runs <= budget
 
     @staticmethod
     def _cut(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:

@@ -1,0 +1,86 @@
+"""The in-job confirmation's rounds: the rounds asked for, then more only while the rule says "too close to call",
+up to ``batch.tune.max_confirm_rounds`` and within the tuning budget. Runs are scripted: each confirmation run's
+rate comes from a list, so the verdict after each round is known."""
+
+from __future__ import annotations
+
+import optuna
+from optuna.distributions import IntDistribution
+
+from harness.batch.tune_runs import RunRecord
+from harness.batch.tuning import InJobTuning
+
+
+class Scripted(InJobTuning):
+    """The confirmation of ``InJobTuning`` with runs that take their rates from ``rates[side]`` in turn."""
+
+    def __init__(self, rates: dict[str, list[float]], cap: int, room_runs: int = 100):
+        self.tune = {"confirm_rounds": 3, "max_confirm_rounds": cap, "min_effect": 0.02}
+        self.rates, self.records, self.room_runs = {k: list(v) for k, v in rates.items()}, [], room_runs
+
+        class Log:
+            read = staticmethod(lambda: self.records)
+        self.log = Log()
+
+    def _run(self, kind, label, values, shards, trial=None, side=None):
+        rate = self.rates[side].pop(0)
+        self.records.append(RunRecord(kind=kind, label=label, values=values, shards=[], output_tokens=round(rate * 10),
+                                      generation_s=10.0, trial=trial, side=side))
+        return self.records[-1]
+
+    def _next_shards(self):
+        return set()
+
+    def _room_for(self, runs: int) -> bool:
+        return sum(r.kind == "confirm" for r in self.records) + runs <= self.room_runs
+
+
+def _study() -> optuna.Study:
+    study = optuna.create_study(direction="maximize")
+    study.add_trial(optuna.trial.create_trial(params={"engine.knobs.max_num_seqs": 16}, value=1.0,
+                                              distributions={"engine.knobs.max_num_seqs": IntDistribution(2, 64)}))
+    return study
+
+
+def _sides(tuning: Scripted) -> list[str]:
+    return [r.side for r in tuning.records]
+
+
+def test_a_clear_winner_after_the_rounds_asked_for_adds_none() -> None:
+    tuning = Scripted({"candidate": [110, 111, 109], "default": [100, 101, 99]}, cap=6)
+    chosen, (_, verdict, said) = tuning._confirm(_study())
+    assert said == "clear winner" and chosen == {"engine.knobs.max_num_seqs": 16}
+    assert _sides(tuning) == ["default", "candidate", "candidate", "default", "default", "candidate"]
+
+
+def test_too_close_to_call_adds_rounds_until_the_rule_decides() -> None:
+    # after 3 rounds: 1.073x [0.970, 1.186], about 5 rounds a side would decide it; the 4th round does
+    tuning = Scripted({"candidate": [108, 112, 102, 108, 108], "default": [100, 98, 102, 100, 100]}, cap=6)
+    chosen, (_, verdict, said) = tuning._confirm(_study())
+    assert len(tuning.records) == 8 and verdict.n_a == verdict.n_b == 4
+    assert said == "clear winner" and chosen == {"engine.knobs.max_num_seqs": 16}
+    assert _sides(tuning)[6:] == ["candidate", "default"], "the added round keeps alternating"
+
+
+def test_rounds_that_would_need_more_than_the_cap_are_not_started() -> None:
+    # 1.056x [0.925, 1.205]: about 7 rounds a side would decide it, over a cap of 6: none added, the job keeps its own
+    tuning = Scripted({"candidate": [104, 112, 101, 104], "default": [100, 100, 100, 100]}, cap=6)
+    chosen, (_, verdict, said) = tuning._confirm(_study())
+    assert len(tuning.records) == 6 and said == "too close to call" and chosen == {}
+
+
+def test_the_cap_and_the_budget_stop_the_rounds_and_the_job_keeps_its_config() -> None:
+    # 1.060x [0.980, 1.146] after 3 rounds (about 4 would decide), 1.044x [0.980, 1.113] after 4: a cap of 4 stops it
+    noisy = {"candidate": [106, 110, 102, 100, 108], "default": [100, 98, 102, 100, 100]}
+    capped = Scripted(noisy, cap=4)
+    chosen, (_, verdict, said) = capped._confirm(_study())
+    assert len(capped.records) == 8 and said == "too close to call" and chosen == {}
+    broke = Scripted(noisy, cap=6, room_runs=7)   # one more run fits the budget, a round (two) does not
+    chosen, (_, verdict, said) = broke._confirm(_study())
+    assert len(broke.records) == 6 and said == "too close to call" and chosen == {}
+
+
+def test_with_the_cap_at_the_rounds_asked_for_nothing_is_added() -> None:
+    tuning = Scripted({"candidate": [108, 112, 102, 108], "default": [100, 98, 102, 100]}, cap=3)
+    chosen, (_, verdict, said) = tuning._confirm(_study())
+    assert len(tuning.records) == 6 and said == "too close to call" and chosen == {}
