@@ -102,16 +102,21 @@ def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
     """How many shards each trial and confirmation run takes.
 
     The tuning budget (``max_share`` of the job's shards) is split evenly over the trials and
-    the ``2 × confirm_rounds`` confirmation runs, so each run measures as many tokens as the
-    budget allows; ``shards_per_run`` sets it by hand. A run must hold at least
-    ``min_run_requests`` requests (several engine batches, so that ramp-up and the drain at its
-    end are a small part of its time); a job too small for that is refused before any engine starts.
+    ``2 × max_confirm_rounds`` confirmation runs (the rounds asked for and those the confirmation
+    may add while undecided), so each run measures as many tokens as the budget allows; where runs
+    that small would hold fewer than ``min_run_requests`` requests, over the trials and
+    ``2 × confirm_rounds`` runs only (no room for added rounds). ``shards_per_run`` sets it by hand.
+    A run must hold at least ``min_run_requests`` requests (several engine batches, so that ramp-up
+    and the drain at its end are a small part of its time); a job too small for that is refused
+    before any engine starts.
     """
     shards = index.shards(shard_size)
     runs = int(tune["trials"]) + 2 * int(tune["confirm_rounds"])
     budget = int(float(tune["max_share"]) * shards)
     given = tune.get("shards_per_run")
-    k = int(given) if given else budget // runs
+    roomy = int(tune["trials"]) + 2 * max(int(tune.get("max_confirm_rounds") or 0), int(tune["confirm_rounds"]))
+    k = int(given) if given else budget // roomy if budget // roomy * shard_size >= int(tune["min_run_requests"]) \
+        else budget // runs
     if given and k * runs > budget:
         raise TroughputError(f"batch.tune.shards_per_run={k} × {runs} runs = {k * runs} shards, over "
                              f"batch.tune.max_share={tune['max_share']} of the job's {shards} shards ({budget})")

@@ -9,7 +9,8 @@ with the phase's knobs):
    (``tune_runs.shards_per_run`` says how many). A trial's shards are committed as the job's
    output; its value is output tokens ÷ generation seconds (engines up to its last commit).
 2. **confirmation**: the best feasible trial's config against the engine defaults, alternating,
-   ``confirm_rounds`` runs a side on further sampled shards; the verdict rule
+   ``confirm_rounds`` runs a side on further sampled shards, then more rounds while the rule is
+   undecided, up to ``max_confirm_rounds`` and within the budget; the verdict rule
    (``harness.report.verdict``, docs/verdicts.md) must call the candidate a clear winner by
    ``min_effect``, else the defaults are kept.
 3. **main**: every shard left, with the confirmed config.
@@ -50,7 +51,7 @@ from harness.batch.tune_runs import (RunLog, RunRecord, predicted_seconds, probe
                                       sample_summary, shards_per_run, steady_rate)
 from harness.core.errors import TroughputError
 from harness.quality.agreement import columns as agreement_columns
-from harness.report.verdict import CLOSE, Verdict, compare
+from harness.report.verdict import INSUFFICIENT, Verdict, compare
 from sweeps.best import leaders
 from sweeps.seeds import enqueue_seeds
 from sweeps.space import SearchSpace
@@ -206,13 +207,13 @@ class InJobTuning:
         rounds, cap = int(self.tune["confirm_rounds"]), int(self.tune.get("max_confirm_rounds") or 0)
         r = 0
         while True:
-            if r >= rounds:   # the rounds asked for are in: more only while too close to call, up to the cap
+            started = len(self._confirm_records(candidate.number)) > 2 * r   # round r begun (a kill cut it)
+            if r >= rounds and not started:   # the rounds asked for are in: more only while undecided, to the cap
                 verdict = self._verdict(candidate.number)
                 more = self._more_rounds(verdict, r, cap)
-                if more:
-                    log.info("confirmation: %s after %d rounds (%s): one more round", verdict.verdict, r, more)
-                else:
+                if not more:
                     break
+                log.info("confirmation: %s after %d rounds (%s): one more round", verdict.verdict, r, more)
             sides = ("default", "candidate") if r % 2 == 0 else ("candidate", "default")
             for side in sides:
                 done = [x for x in self._confirm_records(candidate.number) if x.side == side]
@@ -231,11 +232,26 @@ class InJobTuning:
         return compare(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
 
     def _more_rounds(self, verdict: Verdict, done: int, cap: int) -> str | None:
-        """Why one more confirmation round, after ``done``: the rule has not decided, the cap
-        (``max_confirm_rounds``) is not reached, the rounds it likely needs fit under the cap, and the budget
-        (``max_share``) holds two more runs; ``None`` if not."""
-        if verdict.verdict != CLOSE or done >= cap:
+        """Why one more confirmation round, after ``done``; ``None`` (and why not, in the log) if none.
+
+        One more while the rule has not decided: too close to call (and the rounds it likely needs at this
+        spread fit under the cap ``max_confirm_rounds``), or insufficient data because a run failed (at most
+        one a side so far); and the cap is not reached and the budget (``max_share``) holds two more runs."""
+        if verdict.decided:
             return None
+        if done >= cap:
+            log.info("confirmation: %s after %d rounds, the cap (batch.tune.max_confirm_rounds=%d): no more rounds",
+                     verdict.verdict, done, cap)
+            return None
+        if verdict.verdict == INSUFFICIENT:   # a failed run: another round, unless a side keeps failing
+            if min(verdict.n_a, verdict.n_b) < done - 1:
+                log.info("confirmation: %s: more than one failed run on a side, no more rounds", verdict.reason)
+                return None
+            if not self._room_for(2):
+                log.info("confirmation: a run failed, and the tuning budget (batch.tune.max_share) holds no "
+                         "further round")
+                return None
+            return "a run failed: " + verdict.reason
         if verdict.rounds_needed is None or verdict.rounds_needed > cap:
             log.info("confirmation: %s; about %s rounds a side would decide it, over batch.tune.max_confirm_rounds="
                      "%d: no more rounds", verdict.reason, verdict.rounds_needed or "more than 200", cap)

@@ -68,7 +68,7 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp
     assert row["tune.verdict"] == "clear winner" and row["tune.margin"] > 2
     # trial 2 (seed 0) samples 12 sequences: on 16-request runs it and the recipe's 64 are within noise of
     # each other (CI chose 12 once), and both are 6x the job's 2
-    assert row["tune.chosen"]["engine.knobs.max_num_seqs"] >= 12
+    assert row["tune.chosen"]["engine.knobs.max_num_seqs"] in (12, 64)
     sides = [r["side"] for r in runs if r["kind"] == "confirm"]
     assert sides == ["default", "candidate", "candidate", "default", "default", "candidate"], "alternating rounds"
     metas = _metas(tmp_path / "out")

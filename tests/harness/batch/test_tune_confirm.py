@@ -23,9 +23,9 @@ class Scripted(InJobTuning):
         self.log = Log()
 
     def _run(self, kind, label, values, shards, trial=None, side=None):
-        rate = self.rates[side].pop(0)
-        self.records.append(RunRecord(kind=kind, label=label, values=values, shards=[], output_tokens=round(rate * 10),
-                                      generation_s=10.0, trial=trial, side=side))
+        rate = self.rates[side].pop(0)   # None: the run failed
+        self.records.append(RunRecord(kind=kind, label=label, values=values, shards=[], output_tokens=round(rate or 0) * 10,
+                                      generation_s=10.0, trial=trial, side=side, status="ok" if rate else "failed"))
         return self.records[-1]
 
     def _next_shards(self):
@@ -84,3 +84,43 @@ def test_with_the_cap_at_the_rounds_asked_for_nothing_is_added() -> None:
     tuning = Scripted({"candidate": [108, 112, 102, 108], "default": [100, 98, 102, 100]}, cap=3)
     chosen, (_, verdict, said) = tuning._confirm(_study())
     assert len(tuning.records) == 6 and said == "too close to call" and chosen == {}
+
+
+def test_a_failed_run_gets_a_round_more_and_a_side_that_keeps_failing_does_not() -> None:
+    once = Scripted({"candidate": [110, None, 109, 111], "default": [100, 101, 99, 100]}, cap=6)
+    chosen, (_, verdict, said) = once._confirm(_study())
+    assert len(once.records) == 8 and said == "clear winner" and (verdict.n_a, verdict.n_b) == (3, 4)
+    twice = Scripted({"candidate": [110, None, None, 111], "default": [100, 101, 99, 100]}, cap=6)
+    chosen, (_, verdict, said) = twice._confirm(_study())
+    assert len(twice.records) == 6 and said == "insufficient data" and chosen == {}
+
+
+def test_a_resume_inside_an_added_round_finishes_that_round_before_deciding_again() -> None:
+    """Killed after the first run of round 4: the rerun (same log) runs round 4's other side, then decides."""
+    rates = {"candidate": [108, 112, 102, 108, 108], "default": [100, 98, 102, 100, 100]}
+    whole = Scripted(rates, cap=6)
+    whole._confirm(_study())
+    cut = Scripted(rates, cap=6)
+    cut.records = whole.records[:7]   # the log as a kill after run 7 left it
+    for side in ("candidate", "default"):
+        cut.rates[side] = cut.rates[side][sum(r.side == side for r in cut.records):]
+    chosen, (_, verdict, said) = cut._confirm(_study())
+    assert [r.label for r in cut.records] == [r.label for r in whole.records] and len(cut.records) == 8
+    assert said == "clear winner" and verdict.n_a == verdict.n_b == 4
+
+
+def test_runs_are_sized_to_leave_room_for_the_added_rounds_where_the_job_is_big_enough() -> None:
+    from harness.batch.tune_runs import shards_per_run
+
+    class Index:
+        def __init__(self, records: int):
+            self.records = records
+
+        def shards(self, size: int) -> int:
+            return -(-self.records // size)
+
+    tune = {"trials": 4, "confirm_rounds": 3, "max_confirm_rounds": 6, "max_share": 0.1, "min_run_requests": 256,
+            "shards_per_run": None}
+    assert shards_per_run(tune, Index(1_000_000), 100) == 1000 // (4 + 12), "room for 3 added rounds"
+    assert shards_per_run(tune, Index(30_000), 100) == 30 // (4 + 6), "too small for the room: the rounds asked for"
+    assert shards_per_run({**tune, "max_confirm_rounds": None}, Index(1_000_000), 100) == 1000 // (4 + 6)
