@@ -9,7 +9,9 @@ The job: ``workload=backlog_cpu``'s generator (lognormal prompts, median 128 tok
 outputs, median 64, sigma 1.0, up to 512), ``--count`` requests, written as an OpenAI Batch file
 of ``/v1/completions`` lines whose ``prompt`` is the token ids, run greedy with exact lengths
 (``batch.sampling=benchmark``) with the CPU cell's 16 MiB KV budget
-(``hardware.canonical.kv_memory_bytes=16777216``) on the tiny model. Three arms, their order
+(``hardware.canonical.kv_memory_bytes=16777216``) on the tiny model; ``--kv-bytes`` and
+``--shape input_len.median=512 ...`` (changes to the workload's YAML) make another cell, for
+which ``--grid`` does not apply. Three arms, their order
 rotated each round so that other load on a shared host falls on each alike:
 
 - ``in-job``: ``batch.tune.trials=--trials`` over ``conf/tune/vllm_cpu_backlog.yaml``;
@@ -41,18 +43,21 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-CELL = ["hardware=cpu", "hardware.canonical.kv_memory_bytes=16777216"]
+KV_BYTES = 16777216   # search_efficiency.py --cell cpu's KV budget
 SPACE = "vllm_cpu_backlog"
 
 
-def write_job(path: Path, count: int, seed: int = 0) -> dict[str, Any]:
-    """``backlog_cpu``'s requests, ``count`` of them, as an OpenAI Batch file; returns its token counts."""
+def write_job(path: Path, count: int, seed: int = 0, shape: list[str] = ()) -> dict[str, Any]:
+    """``backlog_cpu``'s requests, ``count`` of them, as an OpenAI Batch file; returns its token counts.
+    ``shape``: dotted ``key=value`` changes to that workload (e.g. ``input_len.median=512``)."""
     from omegaconf import OmegaConf
 
     from harness.core.models import resolve_model
     from harness.workloads import build_workload
 
-    workload = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "workload" / "backlog_cpu.yaml"))
+    config = OmegaConf.load(ROOT / "conf" / "workload" / "backlog_cpu.yaml")
+    config.merge_with_dotlist(list(shape))
+    workload = OmegaConf.to_container(config)
     workload.update(num_requests=count, seed=seed)
     model = resolve_model(OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "model" / "tiny.yaml")),
                           sys.executable)
@@ -63,6 +68,11 @@ def write_job(path: Path, count: int, seed: int = 0) -> dict[str, Any]:
             f.write(json.dumps({"custom_id": r.id, "method": "POST", "url": "/v1/completions", "body": body}) + "\n")
     return {"requests": len(requests), "prompt_tokens": sum(len(r.prompt_token_ids) for r in requests),
             "output_tokens": sum(r.max_tokens for r in requests)}
+
+
+def cell(args: argparse.Namespace) -> list[str]:
+    """The hardware cell: the CPU with ``--kv-bytes`` of KV cache (16 MiB: search_efficiency.py's cpu cell)."""
+    return ["hardware=cpu", f"hardware.canonical.kv_memory_bytes={args.kv_bytes}"]
 
 
 def arm_overrides(arm: str, args: argparse.Namespace) -> list[str]:
@@ -80,7 +90,7 @@ def run_arm(arm: str, data: Path, work: Path, args: argparse.Namespace) -> dict[
     results, out_dir = work / f"results-{tag}", work / f"out-{tag}"
     cmd = [str(Path(sys.executable).parent / "troughput-batch"), f"batch.input={data}", f"batch.output_dir={out_dir}",
            "batch.sampling=benchmark", f"batch.shard_size={args.shard_size}", f"run.results_dir={results}",
-           "run.progress=false", *CELL, *arm_overrides(arm, args), *args.overrides]
+           "run.progress=false", *cell(args), *arm_overrides(arm, args), *args.overrides]
     t0 = time.monotonic()
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.monotonic() - t0
@@ -139,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid", type=Path, default=None, help="a search_efficiency.py --cell cpu grid folder")
     parser.add_argument("--grid-best", nargs="*", default=[], help="the grid's best config as K=V overrides")
     parser.add_argument("--arms", default="in-job,default,grid-best")
+    parser.add_argument("--kv-bytes", type=int, default=KV_BYTES, help="the cell's KV cache bytes")
+    parser.add_argument("--shape", nargs="*", default=[],
+                        help="changes to backlog_cpu's requests, e.g. input_len.median=512 output_len.median=16")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides for every arm")
     args = parser.parse_args(argv)
@@ -148,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the grid-best arm needs --grid-best K=V ... (the grid's best cell, e.g. from "
                          "docs/benchmarks.md 'Does the search pay?')")
     data = args.out / "backlog_cpu.jsonl"
-    shape = write_job(data, args.count, args.seed)
+    if args.grid and (args.kv_bytes != KV_BYTES or args.shape):
+        raise SystemExit("--grid is search_efficiency.py's cpu cell (backlog_cpu, 16 MiB KV): not this cell")
+    shape = write_job(data, args.count, args.seed, args.shape)
     host = {"cpu": platform.processor() or platform.machine(), "flags": _isa_flags(), "nproc": os.cpu_count()}
     print(f"{data}: {shape}; host {host}", flush=True)
     times: dict[str, list[float]] = {a: [] for a in arms}
