@@ -11,7 +11,8 @@ of ``/v1/completions`` lines whose ``prompt`` is the token ids, run greedy with 
 (``batch.sampling=benchmark``) with the CPU cell's 16 MiB KV budget
 (``hardware.canonical.kv_memory_bytes=16777216``) on the tiny model; ``--kv-bytes`` and
 ``--shape input_len.median=512 ...`` (changes to the workload's YAML) make another cell, for
-which ``--grid`` does not apply. Three arms, their order
+which ``--grid`` does not apply; ``--space`` another search space (e.g. ``vllm_cpu``, replicas and
+KV bytes too). Three arms, their order
 rotated each round so that other load on a shared host falls on each alike:
 
 - ``in-job``: ``batch.tune.trials=--trials`` over ``conf/tune/vllm_cpu_backlog.yaml``;
@@ -77,7 +78,7 @@ def cell(args: argparse.Namespace) -> list[str]:
 
 def arm_overrides(arm: str, args: argparse.Namespace) -> list[str]:
     if arm == "in-job":
-        return [f"batch.tune.trials={args.trials}", f"tune={SPACE}", f"batch.tune.min_run_requests={args.min_run}",
+        return [f"batch.tune.trials={args.trials}", f"tune={args.space}", f"batch.tune.min_run_requests={args.min_run}",
                 f"batch.tune.max_share={args.max_share}", f"batch.tune.seed={args.seed}"]
     if arm == "grid-best":
         return [f"++{kv}" for kv in args.grid_best]
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--grid-best", nargs="*", default=[], help="the grid's best config as K=V overrides")
     parser.add_argument("--arms", default="in-job,default,grid-best")
     parser.add_argument("--kv-bytes", type=int, default=KV_BYTES, help="the cell's KV cache bytes")
+    parser.add_argument("--space", default=SPACE, help="the in-job arm's search space (conf/tune/<space>.yaml)")
     parser.add_argument("--shape", nargs="*", default=[],
                         help="changes to backlog_cpu's requests, e.g. input_len.median=512 output_len.median=16")
     parser.add_argument("--out", type=Path, required=True)
@@ -161,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("the grid-best arm needs --grid-best K=V ... (the grid's best cell, e.g. from "
                          "docs/benchmarks.md 'Does the search pay?')")
     data = args.out / "backlog_cpu.jsonl"
-    if args.grid and (args.kv_bytes != KV_BYTES or args.shape):
+    if args.grid and (args.kv_bytes != KV_BYTES or args.shape or args.space != SPACE):
         raise SystemExit("--grid is search_efficiency.py's cpu cell (backlog_cpu, 16 MiB KV): not this cell")
     shape = write_job(data, args.count, args.seed, args.shape)
     host = {"cpu": platform.processor() or platform.machine(), "flags": _isa_flags(), "nproc": os.cpu_count()}
