@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 
-EXECUTION_ONLY = ("restart", "max_confirm_rounds")  # batch.tune settings that change how the job runs, not what it answers
+# batch.tune settings that change how the job runs, not what it answers
+EXECUTION_ONLY = ("restart", "max_confirm_rounds")
 # What must match when a job with committed shards is resumed: the input (path and a sha256 of every
 # byte, from the scan), how it is split and read, and everything that shapes an answer.
 IDENTITY = ("input", "input_digest", "format", "shard_size", "sampling", "default_max_tokens",
@@ -61,7 +62,8 @@ class Plan:
 
     def identity(self) -> dict[str, Any]:
         """What must match on resume. Of the in-job tuning settings, how engines restart between runs and how many
-        confirmation rounds may be added do not shape an answer; a job without tuning has none (so its id is the one it had before tuning existed)."""
+        confirmation rounds may be added do not shape an answer; a job without tuning has none (so its id is the
+        one it had before tuning existed)."""
         identity = {key: getattr(self, key) for key in IDENTITY}
         identity["tune"] = {k: v for k, v in self.tune.items() if k not in EXECUTION_ONLY}
         if not identity["tune"]:

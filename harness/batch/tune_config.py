@@ -55,7 +55,7 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
     cap = int(tune.get("max_confirm_rounds") or rounds)
     if cap < rounds:
         raise TroughputError(f"batch.tune.max_confirm_rounds={cap} is below batch.tune.confirm_rounds={rounds}: it "
-                             "caps the rounds added while the verdict is too close to call")
+                             "caps the rounds added while the verdict is undecided")
     full = with_default_space(cfg)
     space = OmegaConf.to_container(full.tune.space, resolve=True)
     SearchSpace(space)  # checks the space's shape

@@ -24,8 +24,9 @@ class Scripted(InJobTuning):
 
     def _run(self, kind, label, values, shards, trial=None, side=None):
         rate = self.rates[side].pop(0)   # None: the run failed
-        self.records.append(RunRecord(kind=kind, label=label, values=values, shards=[], output_tokens=round(rate or 0) * 10,
-                                      generation_s=10.0, trial=trial, side=side, status="ok" if rate else "failed"))
+        self.records.append(RunRecord(kind=kind, label=label, values=values, shards=[],
+                                      output_tokens=round(rate or 0) * 10, generation_s=10.0, trial=trial, side=side,
+                                      status="ok" if rate else "failed"))
         return self.records[-1]
 
     def _next_shards(self):
