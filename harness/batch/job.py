@@ -180,7 +180,7 @@ class _Runner:
                 break
             got = pool.next_event(timeout=1.0)
             if got is not None:
-                self._note_progress(*got)
+                self.sign_of_life[got[0]] = time.monotonic()   # any event is a sign of life (an engine starting)
                 self._handle(pool, *got)
             self._kill_stalled(pool)
         inside = max(self.inside_startup.values(), default=0.0)  # start-up, not generation, on the slowest worker
@@ -194,10 +194,6 @@ class _Runner:
         if all(owner != worker for _, _, owner in self.in_flight.values()):
             self.sign_of_life[worker] = time.monotonic()
         self.in_flight[shard_dir] = (index, items, worker)
-
-    def _note_progress(self, worker: int, event: dict[str, Any]) -> None:
-        """Any event from a worker whose engine is starting is a sign of life (its phase, its start)."""
-        self.sign_of_life[worker] = time.monotonic()
 
     def _kill_stalled(self, pool: Any) -> None:
         """Kill a worker with shards in flight whose engine has been starting for ``plan.stall_timeout_s`` without

@@ -114,13 +114,14 @@ def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
     runs = int(tune["trials"]) + 2 * int(tune["confirm_rounds"])
     budget = int(float(tune["max_share"]) * shards)
     given = tune.get("shards_per_run")
+    min_requests = int(tune["min_run_requests"])
     roomy = int(tune["trials"]) + 2 * max(int(tune.get("max_confirm_rounds") or 0), int(tune["confirm_rounds"]))
-    k = int(given) if given else budget // roomy if budget // roomy * shard_size >= int(tune["min_run_requests"]) \
-        else budget // runs
+    k = int(given) if given else budget // roomy
+    if not given and k * shard_size < min_requests:   # too small for room to add rounds: the rounds asked for
+        k = budget // runs
     if given and k * runs > budget:
         raise TroughputError(f"batch.tune.shards_per_run={k} × {runs} runs = {k * runs} shards, over "
                              f"batch.tune.max_share={tune['max_share']} of the job's {shards} shards ({budget})")
-    min_requests = int(tune["min_run_requests"])
     if k < 1 or k * shard_size < min_requests:
         per_run = math.ceil(min_requests / shard_size)
         need = math.ceil(per_run * runs / float(tune["max_share"])) * shard_size

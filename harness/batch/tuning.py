@@ -247,20 +247,18 @@ class InJobTuning:
             if min(verdict.n_a, verdict.n_b) < done - 1:
                 log.info("confirmation: %s: more than one failed run on a side, no more rounds", verdict.reason)
                 return None
-            if not self._room_for(2):
-                log.info("confirmation: a run failed, and the tuning budget (batch.tune.max_share) holds no "
-                         "further round")
-                return None
-            return "a run failed: " + verdict.reason
-        if verdict.rounds_needed is None or verdict.rounds_needed > cap:
+            why = "a run failed: " + verdict.reason
+        elif verdict.rounds_needed is None or verdict.rounds_needed > cap:
             log.info("confirmation: %s; about %s rounds a side would decide it, over batch.tune.max_confirm_rounds="
                      "%d: no more rounds", verdict.reason, verdict.rounds_needed or "more than 200", cap)
             return None
+        else:
+            why = f"about {verdict.rounds_needed} rounds a side would likely decide it"
         if not self._room_for(2):
-            log.info("confirmation: too close to call, but the tuning budget (batch.tune.max_share) holds no "
-                     "further round")
+            log.info("confirmation: %s, but the tuning budget (batch.tune.max_share) holds no further round",
+                     verdict.verdict)
             return None
-        return f"about {verdict.rounds_needed} rounds a side would likely decide it"
+        return why
 
     # ---- one run ----------------------------------------------------------------------------------
 
