@@ -153,11 +153,16 @@ def check_one_host(study: optuna.Study, host_id: str | None, mixed_hosts: bool =
                              "tune.mixed_hosts=true to mix them knowingly")
 
 
+UNNAMED_AFTER_S = 30.0
+"""A tuner names itself on a trial right after asking for it (two storage writes, SQLite's lock
+wait is 5 s); a trial still unnamed after this long was asked for by a tuner that was killed."""
+
+
 def fail_stale_trials(study: optuna.Study, stale_after_s: float) -> int:
     """Mark trials left RUNNING by a killed tuner as failed; returns how many.
 
     Stale: its tuner's pid is gone (same host), or it never got its owner recorded
-    within a minute of being asked, or it has run longer than ``stale_after_s``.
+    within ``UNNAMED_AFTER_S`` of being asked, or it has run longer than ``stale_after_s``.
     """
     failed = 0
     now = datetime.now()
@@ -165,12 +170,33 @@ def fail_stale_trials(study: optuna.Study, stale_after_s: float) -> int:
         attrs = trial.user_attrs
         age = (now - trial.datetime_start).total_seconds() if trial.datetime_start else 0.0
         dead_here = attrs.get("host") == socket.gethostname() and not _alive(attrs.get("pid"))
-        orphaned = "host" not in attrs and age > 60
+        orphaned = "host" not in attrs and age > UNNAMED_AFTER_S
         if dead_here or orphaned or age > stale_after_s:
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
             study.set_user_attr(f"stale_trial_{trial.number}", "tuner died while the trial ran")
             failed += 1
     return failed
+
+
+def await_unnamed_trials(study: optuna.Study, deadline: float | None = None) -> bool:
+    """Wait out trials asked for but not yet named by their tuner; True when there were any.
+
+    Such a trial is another worker's, named within moments, or a killed tuner's (killed between
+    asking and naming): that one is marked failed once ``UNNAMED_AFTER_S`` has passed, like any
+    trial of a killed tuner, instead of being left RUNNING with nobody running it.
+    """
+    def unnamed() -> list[int]:
+        return [t.number for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,))
+                if "host" not in t.user_attrs]
+
+    waiting = unnamed()
+    if waiting:
+        log.info("trial(s) %s asked for but not yet named by a tuner: waiting up to %.0f s for a name, then "
+                 "counting them failed (a tuner killed between asking and starting)", waiting, UNNAMED_AFTER_S)
+    while unnamed() and (deadline is None or time.monotonic() < deadline):
+        time.sleep(0.5)
+        fail_stale_trials(study, stale_after_s=float("inf"))
+    return bool(waiting)
 
 
 def finished_trials(study: optuna.Study) -> int:
@@ -199,7 +225,10 @@ def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objecti
             space.learn_memory_edge(trial.params)
     budget = trial_budget(cfg, study)
     ran = 0
-    while started_trials(study) < budget and (deadline is None or time.monotonic() < deadline):
+    while deadline is None or time.monotonic() < deadline:
+        if started_trials(study) >= budget:
+            await_unnamed_trials(study, deadline)  # a killed tuner's unnamed trial ends failed, not RUNNING
+            break
         if isinstance(study.sampler, StudyGridSampler) and study.sampler.is_exhausted(study) and \
                 not study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.WAITING,)):
             break  # every cell ran (several workers, or an earlier, larger budget) and no seed waits

@@ -195,6 +195,33 @@ def test_kill_minus_nine_then_resume_keeps_every_finished_trial(tmp_path):
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
+def test_a_tuner_killed_between_asking_and_naming_its_trial_costs_no_slot(tmp_path, monkeypatch):
+    """The kill above can land between ``study.ask()`` and the trial's owner being written (a fresh clone at
+    a3f471a: the resume ended one trial short); here that window is made on purpose."""
+    import sweeps.study
+    from sweeps.cli import tune
+
+    assert tune_app(*settings(tmp_path, 0)).returncode == 0   # the study exists, with its seeds waiting
+    load(tmp_path).ask()                                       # asked, never named: its tuner died there
+    monkeypatch.setattr(sweeps.study, "UNNAMED_AFTER_S", 0.5)
+    tune(compose(*settings(tmp_path, 3), config_name="tuning"))
+    trials = load(tmp_path).get_trials()
+    assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
+    assert len([t for t in trials if t.state.is_finished()]) == 3
+    assert len([t for t in trials if "run_id" in t.user_attrs]) == 2, "the killed trial used its slot, as above"
+
+
+def test_a_trial_named_by_a_live_tuner_is_not_waited_for_or_failed():
+    from sweeps.study import await_unnamed_trials
+
+    study = optuna.create_study(direction="maximize")
+    trial = study.ask()
+    trial.set_user_attr("host", "another-node")
+    trial.set_user_attr("pid", 1)
+    assert await_unnamed_trials(study) is False
+    assert study.trials[0].state == optuna.trial.TrialState.RUNNING
+
+
 def test_two_workers_share_one_study_without_duplicates_or_losses(tmp_path):
     args = settings(tmp_path, 8)
     # Create the study first so both workers load the same one.
