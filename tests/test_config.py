@@ -105,7 +105,8 @@ def test_the_cpu_space_seeds_pin_what_they_assume(tmp_path):
     study = optuna.create_study(direction="maximize")
     summary = {"requests": 10, "input_tokens_requested": 1000, "output_tokens_requested": 500}
     names = enqueue_seeds(study, base["tune"], SearchSpace(base["tune"]["space"]), base, summary, str(tmp_path))
-    assert names[0] == "engine defaults" and names[2].startswith("trtllm heuristic")
+    assert names[0] == "engine defaults" and names[3].startswith("trtllm heuristic")
     params = [t.system_attrs["fixed_params"] for t in study.get_trials()]
-    assert params[2]["engine.knobs.kv_cache_memory_bytes"] == 256 << 20, "the budget the heuristic assumed"
+    assert params[3]["engine.knobs.kv_cache_memory_bytes"] == 256 << 20, "the budget the heuristic assumed"
+    assert params[2] == {**params[1], "engine.replicas": 2}, "the batch recipe on every core"
     assert params[1]["engine.knobs.kv_cache_memory_bytes"] == 1 << 30, "the batch recipe: the most KV allowed"
