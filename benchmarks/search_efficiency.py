@@ -77,7 +77,7 @@ CELLS = {
     # replicas, sequences and KV bytes (vllm_cpu's space cut to 18 cells): the cell where the defaults lose
     "cpu_replicas": Cell(["engine=vllm", "hardware=cpu", "workload=backlog_cpu", "tune=vllm_cpu_replicas_backlog",
                           "hardware.canonical.kv_memory_bytes=16777216", "run.repeats=1",
-                          "run.memory_limit_bytes=3000000000"],
+                          "run.memory_limit_bytes=8000000000"],   # 2 replicas of 1 GiB KV: about 3.2 GB
                          {"engine.replicas": 1, "engine.canonical.max_seqs": 32,
                           "engine.knobs.kv_cache_memory_bytes": 16777216}, grid_points=3),
 }
