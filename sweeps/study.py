@@ -154,8 +154,10 @@ def check_one_host(study: optuna.Study, host_id: str | None, mixed_hosts: bool =
 
 
 UNNAMED_AFTER_S = 30.0
-"""A tuner names itself on a trial right after asking for it (two storage writes, SQLite's lock
-wait is 5 s); a trial still unnamed after this long was asked for by a tuner that was killed."""
+"""A tuner names itself on a trial right after asking for it (the sampler has run by then; two
+storage writes follow, each waiting at most SQLite's 5 s for a lock); a trial still unnamed after
+this long was asked for by a tuner that was killed. Ages count from the trial's start as the asking
+node's clock wrote it, so nodes sharing a study need clocks within a few seconds (NTP)."""
 
 
 def fail_stale_trials(study: optuna.Study, stale_after_s: float) -> int:

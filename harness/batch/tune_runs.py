@@ -58,21 +58,6 @@ class RunRecord:
         return {**asdict(self), "output_tok_s": self.rate}
 
 
-def judged_rates(records: list[RunRecord]) -> tuple[list[float], str]:
-    """The rates runs are compared by (trial values, the confirmation's verdict), and which kind.
-
-    The main phase is one long run whose engine is refilled until its last shard, so what a
-    config would do there is its steady rate (``steady_rate``), not its short run's own rate,
-    which also pays that run's drain: a run of a few engine batches ends with its longest
-    outputs finishing on a half-empty engine, and configs with bigger batches pay more of it.
-    Steady rates where every run gives one, else every run's own rate (never a mix).
-    """
-    ok = [r for r in records if r.rate]
-    if ok and all(r.steady_tok_s for r in ok):
-        return [r.steady_tok_s for r in ok], "steady"  # type: ignore[misc]
-    return [r.rate for r in ok], "plain"  # type: ignore[misc]
-
-
 class RunLog:
     """``<output_dir>/tune/runs.jsonl``: the finished runs, oldest first."""
 

@@ -7,8 +7,7 @@ with the phase's knobs):
    for this engine and hardware, its seed trials and sizing heuristic, constraints, memory
    edge and sampler), each on the next shards of a seeded random order of the job's shards
    (``tune_runs.shards_per_run`` says how many). A trial's shards are committed as the job's
-   output; its value is its steady rate (``tune_runs.judged_rates``: output tokens per second
-   while its engine was still being refilled, what the config would do in the long main phase).
+   output; its value is output tokens ÷ generation seconds (engines up to its last commit).
 2. **confirmation**: the best feasible trial's config against the engine defaults, alternating,
    ``confirm_rounds`` runs a side on further sampled shards, then more rounds while the rule is
    undecided, up to ``max_confirm_rounds`` and within the budget; the verdict rule
@@ -48,8 +47,8 @@ from harness.batch.plan import Plan
 from harness.batch.shards import Index
 from harness.batch.state import JobState
 from harness.batch.tune_config import output_changing, sampler_config
-from harness.batch.tune_runs import (RunLog, RunRecord, judged_rates, predicted_seconds, probe_requests,
-                                      sample_order, sample_summary, shards_per_run, steady_rate)
+from harness.batch.tune_runs import (RunLog, RunRecord, predicted_seconds, probe_requests, sample_order,
+                                      sample_summary, shards_per_run, steady_rate)
 from harness.core.errors import TroughputError
 from harness.quality.agreement import columns as agreement_columns
 from harness.report.verdict import INSUFFICIENT, Verdict, compare
@@ -133,7 +132,7 @@ class InJobTuning:
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
             if record is not None and record.status == "ok":
-                study.tell(trial.number, _value(record))
+                study.tell(trial.number, record.rate or 0.0)
                 continue
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
             if record is not None:  # it ran and failed or was rejected: it used its budget, and is never rerun
@@ -190,7 +189,7 @@ class InJobTuning:
                 agreement = record.agreement if record.agreement is not None else \
                     0.0 if self._changes_output(values) else 1.0  # only output-changing configs are probed
                 trial.set_constraint("agreement", float(floor) - agreement)
-            study.tell(trial, _value(record))
+            study.tell(trial, record.rate or 0.0)
 
     def _confirm(self, study: optuna.Study) -> tuple[dict[str, Any], Any]:
         """The candidate against the defaults, alternating; returns the config the job continues with."""
@@ -229,10 +228,8 @@ class InJobTuning:
 
     def _verdict(self, trial: int) -> Verdict:
         mine = self._confirm_records(trial)
-        rates, _ = judged_rates(mine)   # one kind of rate for both sides
-        ok = [x for x in mine if x.rate]
-        side = {s: [v for x, v in zip(ok, rates) if x.side == s] for s in ("candidate", "default")}
-        return compare(side["candidate"], side["default"], min_effect=float(self.tune["min_effect"]))
+        rates = {side: [x.rate for x in mine if x.side == side and x.rate] for side in ("candidate", "default")}
+        return compare(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
 
     def _more_rounds(self, verdict: Verdict, done: int, cap: int) -> str | None:
         """Why one more confirmation round, after ``done``; ``None`` (and why not, in the log) if none.
@@ -432,15 +429,8 @@ class InJobTuning:
         }
 
 
-def _value(record: RunRecord) -> float:
-    """A trial's value: its steady rate, or its own rate where its finishes give none (``judged_rates``)."""
-    return judged_rates([record])[0][0] if record.rate else 0.0
-
-
 def _describe(record: RunRecord) -> str:
     rate = f"{record.rate:,.1f} output tok/s" if record.rate else "no rate"
-    if record.rate and record.steady_tok_s:
-        rate += f" (steady {record.steady_tok_s:,.1f})"
     text = f"{record.status}, {rate}, {record.requests} requests, {len(record.shards)} shards committed"
     if record.agreement is not None:
         text += f", agreement {record.agreement:.4f}"

@@ -195,7 +195,7 @@ def test_kill_minus_nine_then_resume_keeps_every_finished_trial(tmp_path):
     assert not [t for t in trials if t.state == optuna.trial.TrialState.RUNNING]
 
 
-def test_a_tuner_killed_between_asking_and_naming_its_trial_costs_no_slot(tmp_path, monkeypatch):
+def test_a_tuner_killed_between_asking_and_naming_its_trial_leaves_no_trial_running(tmp_path, monkeypatch):
     """The kill above can land between ``study.ask()`` and the trial's owner being written (a fresh clone at
     a3f471a: the resume ended one trial short); here that window is made on purpose."""
     import sweeps.study
@@ -211,15 +211,26 @@ def test_a_tuner_killed_between_asking_and_naming_its_trial_costs_no_slot(tmp_pa
     assert len([t for t in trials if "run_id" in t.user_attrs]) == 2, "the killed trial used its slot, as above"
 
 
-def test_a_trial_named_by_a_live_tuner_is_not_waited_for_or_failed():
+def test_a_trial_a_live_tuner_names_late_is_waited_for_and_not_failed():
+    import threading
+
     from sweeps.study import await_unnamed_trials
 
     study = optuna.create_study(direction="maximize")
     trial = study.ask()
-    trial.set_user_attr("host", "another-node")
-    trial.set_user_attr("pid", 1)
-    assert await_unnamed_trials(study) is False
-    assert study.trials[0].state == optuna.trial.TrialState.RUNNING
+
+    def name_it() -> None:   # another worker, slow between asking and naming
+        time.sleep(1.0)
+        trial.set_user_attr("pid", 1)
+        trial.set_user_attr("host", "another-node")
+
+    namer = threading.Thread(target=name_it)
+    namer.start()
+    assert await_unnamed_trials(study) is True
+    assert study.trials[0].user_attrs.get("host") == "another-node", "it returned once the name came, not before"
+    namer.join()
+    assert study.trials[0].state == optuna.trial.TrialState.RUNNING, "a named trial is another worker's"
+    assert await_unnamed_trials(study) is False, "nothing unnamed: no wait"
 
 
 def test_two_workers_share_one_study_without_duplicates_or_losses(tmp_path):

@@ -14,11 +14,9 @@ from harness.batch.tuning import InJobTuning
 class Scripted(InJobTuning):
     """The confirmation of ``InJobTuning`` with runs that take their rates from ``rates[side]`` in turn."""
 
-    def __init__(self, rates: dict[str, list[float]], cap: int, room_runs: int = 100,
-                 steady: dict[str, list[float]] | None = None):
+    def __init__(self, rates: dict[str, list[float]], cap: int, room_runs: int = 100):
         self.tune = {"confirm_rounds": 3, "max_confirm_rounds": cap, "min_effect": 0.02}
         self.rates, self.records, self.room_runs = {k: list(v) for k, v in rates.items()}, [], room_runs
-        self.steady = {k: list(v) for k, v in (steady or {}).items()}
 
         class Log:
             read = staticmethod(lambda: self.records)
@@ -28,8 +26,7 @@ class Scripted(InJobTuning):
         rate = self.rates[side].pop(0)   # None: the run failed
         self.records.append(RunRecord(kind=kind, label=label, values=values, shards=[],
                                       output_tokens=round(rate or 0) * 10, generation_s=10.0, trial=trial, side=side,
-                                      status="ok" if rate else "failed",
-                                      steady_tok_s=self.steady[side].pop(0) if self.steady else None))
+                                      status="ok" if rate else "failed"))
         return self.records[-1]
 
     def _next_shards(self):
@@ -55,17 +52,6 @@ def test_a_clear_winner_after_the_rounds_asked_for_adds_none() -> None:
     chosen, (_, verdict, said) = tuning._confirm(_study())
     assert said == "clear winner" and chosen == {"engine.knobs.max_num_seqs": 16}
     assert _sides(tuning) == ["default", "candidate", "candidate", "default", "default", "candidate"]
-
-
-def test_the_verdict_compares_steady_rates_where_every_run_has_one() -> None:
-    # the runs' own rates tie (each paid its drain); their steady rates show the candidate clearly faster
-    rates = {"candidate": [100, 101, 99], "default": [100, 99, 101]}
-    steady = {"candidate": [130, 131, 129], "default": [110, 111, 109]}
-    chosen, (_, verdict, said) = Scripted(rates, cap=3, steady=steady)._confirm(_study())
-    assert said == "clear winner" and chosen and abs(verdict.ratio - 130 / 110) < 0.01
-    one_missing = {"candidate": [130, 131, 129], "default": [110, None, 109]}  # then no side uses them
-    _, (_, verdict, said) = Scripted(rates, cap=3, steady=one_missing)._confirm(_study())
-    assert said != "clear winner" and abs(verdict.ratio - 1.0) < 0.02
 
 
 def test_too_close_to_call_adds_rounds_until_the_rule_decides() -> None:

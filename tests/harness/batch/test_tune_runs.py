@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from harness.batch.tune_runs import RunRecord, judged_rates, predicted_seconds, steady_rate
+from harness.batch.tune_runs import RunRecord, predicted_seconds, steady_rate
 
 
 def _run(lengths: list[int], seats: int = 16, step_s: float = 0.001) -> tuple[list[tuple[float, int]], float]:
@@ -65,15 +65,3 @@ def test_finish_times_that_do_not_spread_give_no_steady_rate() -> None:
                          generation_s=2.0, steady_tok_s=None)]
     got = predicted_seconds(records, {}, 400)
     assert got["prediction_method"] == "plain" and abs(got["predicted_rest_s"] - 20.0) < 1e-9
-
-
-def test_runs_are_judged_by_their_steady_rates_only_where_every_run_has_one():
-    from harness.batch.tuning import _value
-
-    drained = RunRecord(kind="trial", label="t", values={}, shards=[], output_tokens=1000, generation_s=10.0,
-                        steady_tok_s=140.0)
-    unsteady = RunRecord(kind="trial", label="u", values={}, shards=[], output_tokens=1200, generation_s=10.0)
-    failed = RunRecord(kind="trial", label="f", values={}, shards=[], status="failed", steady_tok_s=90.0)
-    assert judged_rates([drained, failed]) == ([140.0], "steady")
-    assert judged_rates([drained, unsteady]) == ([100.0, 120.0], "plain")
-    assert (_value(drained), _value(unsteady), _value(failed)) == (140.0, 120.0, 0.0)
