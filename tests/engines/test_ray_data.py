@@ -125,7 +125,7 @@ def _engine_actor_pids() -> list[int]:
 
 
 @pytest.mark.engine
-@pytest.mark.xdist_group("ray_local")   # its own local Ray, not the session's head: beside the "ray" group, not in it
+@pytest.mark.xdist_group("ray")
 def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(tiny):
     """On a local Ray the adapter starts itself (no ``engine.address``): that path's one real check."""
     ray_engine = engine(tiny, batch_size=4, max_concurrent_batches=1, num_cpus=4)
