@@ -143,6 +143,10 @@ def live_trials_to_2pct(records: list[dict[str, Any]], grid: Any) -> dict[str, A
             if not values:
                 seen.append(grid.seeds.get("engine defaults", ({}, None))[1])
                 continue
+            measured = [v for params, v in grid.seeds.values() if params == values]
+            if measured:   # a seed trial the grid ran as it is: its own measurement, not the nearest cell's
+                seen.append(measured[0])
+                continue
             values = {**DEFAULTS_AT_GRID, **values}   # a knob a trial leaves unset is at the engine's default
             if any(p not in values for p in grid.values):   # unset, and its default is not on the grid
                 seen.append(None)
