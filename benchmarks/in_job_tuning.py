@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import platform
 import statistics
@@ -113,6 +114,9 @@ def load_grid(args: argparse.Namespace) -> Any:
     from benchmarks.search_efficiency import CELLS, run_grid
 
     cell = CELLS[args.grid_cell]
+    if not (args.grid / "optuna.db").exists():
+        raise SystemExit(f"--grid {args.grid}: no optuna.db there; run benchmarks/search_efficiency.py --cell "
+                         f"{args.grid_cell} first (its folder: results/search_efficiency/{args.grid_cell}-<n>pt)")
     if f"tune={args.space}" not in cell.overrides or f"hardware.canonical.kv_memory_bytes={args.kv_bytes}" \
             not in cell.overrides or args.shape:
         raise SystemExit(f"--grid is search_efficiency.py's {args.grid_cell} cell ({' '.join(cell.overrides)}): "
@@ -151,12 +155,12 @@ def live_trials_to_2pct(records: list[dict[str, Any]], grid: Any) -> dict[str, A
             if any(p not in values for p in grid.values):   # unset, and its default is not on the grid
                 seen.append(None)
                 continue
-            key = tuple(grid.values[p][min(max(round(position(grid.values[p], values[p])), 0),
+            # half up (not half-to-even; 1e-9 for the logs' rounding): 16 MiB is halfway from 4 to 64 MiB on a log scale
+            key = tuple(grid.values[p][min(max(math.floor(position(grid.values[p], values[p]) + 0.5 + 1e-9), 0),
                                            len(grid.values[p]) - 1)] if numeric[p] else values[p]
                         for p in grid.values)
             seen.append(grid.cells.get(key))
         out.append({"round_arm": rec.get("round"), "seen": seen, "trials_to_2pct": trials_to(seen, target)})
-    sampler = optuna.samplers.TPESampler(seed=0, n_startup_trials=4, multivariate=True)
     seeds = [s for s in grid.seeds if s != "real-time config"]   # the space's seed trials, as the live study's
     replayed = [trials_to(replay(grid, optuna.samplers.TPESampler(seed=seed, n_startup_trials=4, multivariate=True),
                                  seeds, grid.valid()), target) for seed in range(5)]

@@ -174,7 +174,8 @@ def fail_stale_trials(study: optuna.Study, stale_after_s: float) -> int:
         dead_here = attrs.get("host") == socket.gethostname() and not _alive(attrs.get("pid"))
         orphaned = "host" not in attrs and age > UNNAMED_AFTER_S
         if dead_here or orphaned or age > stale_after_s:
-            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
+            # skip_if_finished: another tuner on the study may fail the same trial first
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
             study.set_user_attr(f"stale_trial_{trial.number}", "tuner died while the trial ran")
             failed += 1
     return failed
@@ -239,8 +240,8 @@ def run_trials(cfg: DictConfig, study: optuna.Study, space: SearchSpace, objecti
             trial.set_user_attr("reason", "over budget: not run")
             study.tell(trial, state=optuna.trial.TrialState.FAIL)
             break
+        trial.set_user_attr("pid", os.getpid())   # pid first: a trial with a host but no pid reads as dead
         trial.set_user_attr("host", socket.gethostname())
-        trial.set_user_attr("pid", os.getpid())
         _run_one(cfg, study, trial, space, objective, base, make_spec)
         ran += 1
     return ran

@@ -109,4 +109,5 @@ def test_the_cpu_space_seeds_pin_what_they_assume(tmp_path):
     params = [t.system_attrs["fixed_params"] for t in study.get_trials()]
     assert params[3]["engine.knobs.kv_cache_memory_bytes"] == 256 << 20, "the budget the heuristic assumed"
     assert params[2] == {**params[1], "engine.replicas": 2}, "the batch recipe on every core"
+    assert params[1]["engine.replicas"] == params[3]["engine.replicas"] == 1, "no seed leaves replicas to chance"
     assert params[1]["engine.knobs.kv_cache_memory_bytes"] == 1 << 30, "the batch recipe: the most KV allowed"

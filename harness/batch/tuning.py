@@ -158,8 +158,8 @@ class InJobTuning:
                             "confirmation (runs cut by kills, or a reference run, took shards): no more trials")
                 break
             trial = study.ask()
+            trial.set_user_attr("pid", os.getpid())   # the order troughput-tune names its trials in
             trial.set_user_attr("host", socket.gethostname())
-            trial.set_user_attr("pid", os.getpid())
             seed = trial.user_attrs.get("seed")
             values = {} if seed == DEFAULTS_SEED else self.space.suggest(trial, self.base)
             broken = self.space.check(values, self.base)

@@ -226,11 +226,22 @@ def test_a_trial_a_live_tuner_names_late_is_waited_for_and_not_failed():
 
     namer = threading.Thread(target=name_it)
     namer.start()
-    assert await_unnamed_trials(study) is True
+    assert await_unnamed_trials(study, deadline=time.monotonic() + 60) is True
     assert study.trials[0].user_attrs.get("host") == "another-node", "it returned once the name came, not before"
     namer.join()
     assert study.trials[0].state == optuna.trial.TrialState.RUNNING, "a named trial is another worker's"
     assert await_unnamed_trials(study) is False, "nothing unnamed: no wait"
+
+
+def test_a_trial_left_unnamed_past_the_limit_is_failed_by_the_wait(monkeypatch):
+    import sweeps.study
+
+    monkeypatch.setattr(sweeps.study, "UNNAMED_AFTER_S", 0.3)
+    study = optuna.create_study(direction="maximize")
+    study.ask()   # its tuner was killed before naming itself
+    assert sweeps.study.await_unnamed_trials(study, deadline=time.monotonic() + 60) is True
+    assert study.trials[0].state == optuna.trial.TrialState.FAIL
+    assert "stale_trial_0" in study.user_attrs
 
 
 def test_two_workers_share_one_study_without_duplicates_or_losses(tmp_path):
