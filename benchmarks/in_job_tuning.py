@@ -126,8 +126,7 @@ def load_grid(args: argparse.Namespace) -> Any:
 
 def grid_best_overrides(grid: Any) -> list[str]:
     """The grid's best cell as overrides for the grid-best arm."""
-    (key,) = [k for k, v in grid.cells.items() if v == grid.best][:1]
-    return [f"{p}={v}" for p, v in zip(grid.values, key)]
+    return [f"{p}={v}" for p, v in grid.best_cell.items()]
 
 
 def live_trials_to_2pct(records: list[dict[str, Any]], grid: Any) -> dict[str, Any]:

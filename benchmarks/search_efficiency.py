@@ -106,6 +106,12 @@ class Grid:
     def best(self) -> float:
         return max(v for v in self.cells.values() if v is not None)
 
+    @property
+    def best_cell(self) -> dict[str, Any]:
+        """The best cell's params (the first measured, where several tie)."""
+        key = next(k for k, v in self.cells.items() if v == self.best)
+        return dict(zip(self.values, key))
+
     def valid(self) -> int:
         return len(self.cells) - len(self.invalid)
 
@@ -253,12 +259,11 @@ def main() -> None:
     out = ROOT / "results" / "search_efficiency" / f"{args.cell}-{cell.grid_points}pt"
     grid = run_grid(cell, out, args.overrides)
     best = grid.best
-    (best_key,) = [k for k, v in grid.cells.items() if v == best][:1]
     budget = max(1, round(BUDGET_SHARE * grid.valid()))
     print(f"\ncell {args.cell}: {' '.join(cell.overrides)}")
     print(f"grid: {len(grid.cells)} cells ({grid.valid()} valid), {sum(grid.seconds.values()):,.0f} run seconds "
           f"({grid.wall_s:,.0f} s in this invocation, which resumes a stored grid); best {best:,.1f} "
-          f"at {dict(zip(grid.values, best_key))}")
+          f"at {grid.best_cell}")
     for name, (params, value) in grid.seeds.items():
         share = f"{value / best:.1%} of the grid's best" if value is not None else "failed"
         print(f"  {name:28s} {share:>28s}  {params or 'engine defaults'}")
