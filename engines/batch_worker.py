@@ -10,7 +10,11 @@ finish, the engine-busy seconds it accounts for, and the engine's idle seconds j
 it was fed) is written whole and renamed into place before ``shard_done`` is said. A request
 the engine cannot take (a constraint or sampling it lacks, an input it rejects with
 ``ValueError``) is a per-request error; any other failure says ``shard_failed`` and ends the
-worker. End of stdin, once every fed shard is done, stops the engine. ``start_engine`` and
+worker. End of stdin, once every fed shard is done, stops the engine. ``{"restart": {"job": ...}}``
+restarts the engine in this process with another job (an in-job tuning's next run);
+``{"park": true}`` stops it and leaves the process waiting for the next restart (a slot an
+in-job tuning's run with fewer replicas does not use, ``harness.batch.pool``); a ``job.json`` of
+``{"park": true}`` starts the worker parked. ``start_engine`` and
 ``feed_until_closed`` are also ``batch.scale=ray``'s engine stage (``harness.batch.ray_stages``).
 Standard library only, besides the adapter and its engine.
 """
@@ -103,26 +107,32 @@ def serve(job_dir: Path) -> int:
     ``{"restart": {"job": {...}}}`` on stdin (an in-job tuning's next run): once every shard fed
     so far is done, the engine stops and a new one starts in this process with that job's knobs and
     model limits (no new worker, no second import of the engine) and says ``started`` again; later
-    shards go to it.
+    shards go to it. ``{"park": true}``: the engine stops the same way, no new one starts (no memory
+    held, no engine threads), the worker says ``phase: parked`` and waits for a restart; a shard
+    sent to a parked worker is an error.
     """
-    job = json.loads((job_dir / "job.json").read_text())
+    job: dict[str, Any] | None = json.loads((job_dir / "job.json").read_text())
     engine: Engine | None = None
     feeder: Feeder | None = None
     commands = _stdin_commands()
     try:
         while True:
-            emit("phase", phase="start")
-            engine, start = start_engine(job)
-            emit("started", start=start)
-            feeder = feeder_for(engine)
-            restart = feed_until_closed(engine, feeder, commands, _write_result)
-            if restart is None:
+            if job is None or job.get("park"):
+                emit("phase", phase="parked")
+                command = _while_parked(commands)
+            else:
+                emit("phase", phase="start")
+                engine, start = start_engine(job)
+                emit("started", start=start)
+                feeder = feeder_for(engine)
+                command = feed_until_closed(engine, feeder, commands, _write_result)
+                feeder.close()
+                engine.stop()
+                engine, feeder = None, None
+                gc.collect()
+            if command is None:
                 return 0
-            feeder.close()
-            engine.stop()
-            engine, feeder = None, None
-            gc.collect()
-            job = restart["restart"]["job"]
+            job = command["restart"]["job"] if "restart" in command else None
     except BaseException as e:  # noqa: BLE001 - the driver must hear why
         emit("shard_failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         return 3
@@ -150,6 +160,16 @@ def _stdin_commands() -> queue.Queue[dict[str, Any] | None]:
     return commands
 
 
+def _while_parked(commands: queue.Queue[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """A parked worker's next restart, or ``None`` at end of input; another park changes nothing."""
+    while True:
+        command = commands.get()
+        if command is None or "restart" in command:
+            return command
+        if "park" not in command:
+            raise RuntimeError(command.get("error") or f"a parked worker takes no shard: {command}")
+
+
 def _write_result(shard: str, result: dict[str, Any]) -> None:
     """A finished shard's ``result.json`` in its directory, then ``shard_done`` for the driver."""
     result["peak_rss_bytes"] = peak_rss_bytes()
@@ -164,8 +184,8 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
     A command is ``{"shard": DIR}`` (its ``requests.jsonl`` is read) or ``{"shard": KEY,
     "requests": [...]}`` (a Ray actor's call); ``None`` ends the input. ``finish(shard, result)``
     gets the shard's ``result.json`` contents (``shard_result``) in the order shards finish.
-    A ``{"restart": ...}`` command also ends it, once every shard fed before it is done; it is
-    returned (commands after it stay queued for the next engine), ``None`` at end of input.
+    A ``{"restart": ...}`` or ``{"park": ...}`` command also ends it, once every shard fed before it
+    is done; it is returned (commands after it stay queued for the next engine), ``None`` at end of input.
     """
     shards: dict[str, tuple[dict[str, str], float]] = {}  # shard -> (screened errors, idle before it)
     idle_since: float | None = time.perf_counter()  # the engine has nothing to do from here
@@ -180,7 +200,7 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
                 raise queue.Empty  # a restart waits for the shards fed before it; later commands wait for it
             command = commands.get(timeout=None if feeder.idle() else 0)
             while True:
-                if command is None or "restart" in command:
+                if command is None or "restart" in command or "park" in command:
                     closed, restart = True, command
                     break
                 elif "error" in command:

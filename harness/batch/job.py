@@ -199,7 +199,8 @@ class _Runner:
         """Kill a worker with shards in flight whose engine has been starting for ``plan.stall_timeout_s`` without
         a word (a hung start, or an in-job tuning's restart): its shards go to another worker once, else fail with
         the reason. A running engine is not watched: a request may rightly take longer than any fixed limit, and
-        not every engine reports tokens as they come."""
+        not every engine reports tokens as they come. A parked worker (``LocalPool``'s slots) holds no shard, so it
+        is never watched."""
         limit = self.plan.stall_timeout_s
         if not limit:
             return
@@ -238,7 +239,7 @@ class _Runner:
         if kind == "started":
             self.started[worker] = time.monotonic()
             self.run.startup_s = max(self.run.startup_s or 0.0, event["start"].get("startup_s") or 0.0)
-            if len(self.started) == len(pool.alive):
+            if len(self.started) == pool.engines:  # every worker not parked
                 self.t_ready = time.monotonic()
                 self.bar.engines_up()
         elif kind == "progress":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import resource
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from harness.core.errors import TroughputError
 from harness.run.results import new_run_id, write_row
 
 SCALES = ("local", "ray", "slurm")
+log = logging.getLogger("troughput.batch.tune")
 
 
 def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan], dict[str, Any]] | None = None
@@ -71,7 +73,14 @@ def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan]
 
 
 def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool) -> tuple[ShardsRun, dict[str, Any]]:
-    """The tuning phase, then the main phase, each run one engine start on this node or one Ray Data pipeline."""
+    """The tuning phase, then the main phase, each run one engine start on this node or one Ray Data pipeline.
+
+    On this node, with ``batch.tune.restart=in_process``, the workers are started for the most replicas
+    a run can ask for (``replica_slots``) where the run's layout allows (``pool.slot_misfit``), and kept:
+    a run with fewer replicas leaves the other slots parked. A run they cannot take gets a new pool.
+    """
+    from harness.batch.pool import slot_misfit
+    from harness.batch.tune_config import replica_slots
     from harness.batch.tuning import InJobTuning
 
     if tuning is None:
@@ -79,6 +88,8 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
     plan_for, base = tuning
     cluster = None
     pools: list[Any] = []  # the local workers, kept up between runs (engines restarted in them)
+    in_process = plan.tune.get("restart") == "in_process"
+    slots = replica_slots(plan) if in_process else 0
 
     def run_phase(phase: Plan, target: JobState, shards: set[int], probe: Any) -> ShardsRun:
         if plan.scale == "ray":  # one pipeline per phase, its actors started with the phase's knobs
@@ -86,13 +97,23 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
 
             return run_ray(phase, target, index, progress, shards.__contains__, cluster)
         pool = pools[-1] if pools else None
-        reuse = plan.tune.get("restart") == "in_process" and pool is not None and pool.restartable(phase)
-        if reuse:
+        label = phase.phase.get("run", "run")
+        if pool is None:
+            why = "the first run"
+        else:
+            why = pool.unfit(phase) if in_process else "batch.tune.restart=new_worker"
+        if why is None:
+            log.info("%s: workers kept, engines restarted in %d of %d slots, %d parked", label, phase.replicas,
+                     pool.slots, pool.slots - phase.replicas)
             pool.restart(phase)
         else:
             if pool is not None:
                 pool.close()
-            pool = make_pool(phase, state, new_run_id())
+            refused = slot_misfit(phase, slots) if slots > phase.replicas else None
+            size = slots if slots > phase.replicas and refused is None else phase.replicas
+            log.info("%s: new workers (slots %d, replicas %d): %s%s", label, size, phase.replicas, why,
+                     f"; not {slots} slots: {refused}" if refused else "")
+            pool = make_pool(phase, state, new_run_id(), size)
             pools.append(pool)
         return run_shards(phase, target, index, shards.__contains__, pool, progress, probe, keep_open=True)
 

@@ -12,9 +12,9 @@ from harness.batch.shards import Index
 from harness.batch.state import JobState
 
 
-def make_pool(plan: Plan, state: JobState, run_id: str) -> Any:
-    """The engines this node drives: local batch workers."""
-    return LocalPool(plan, state.work_dir / run_id, Path(plan.results_dir) / "logs")
+def make_pool(plan: Plan, state: JobState, run_id: str, slots: int | None = None) -> Any:
+    """The engines this node drives: local batch workers, ``slots`` of them (default: the plan's replicas)."""
+    return LocalPool(plan, state.work_dir / run_id, Path(plan.results_dir) / "logs", slots)
 
 
 def load_index(state: JobState) -> Index:

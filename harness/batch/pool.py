@@ -7,6 +7,15 @@ are unfinished (a shard commits only when its longest request finishes, so on sk
 lengths shards-in-flight alone would let the engine's queue run dry behind a few long tails),
 up to ``MAX_IN_FLIGHT_FACTOR × in_flight`` shards. Events from all workers arrive on one queue
 as ``(worker, event)``; a worker that ends says ``exit``.
+
+Slots (an in-job tuning whose space holds ``engine.replicas``): the pool may start more workers
+than the plan's replicas, ``slots``, each on the device slice ``device_envs(slots, ...)`` gives.
+A run with ``r`` replicas runs engines in slots 1..r; the others are *parked* (engine stopped,
+process waiting for the next ``restart``) and get no shards. So a switch between one and two
+replicas restarts engines in the workers kept, with no new process and no second import of the
+engine, where ``slot_misfit`` allows the run on the slots; otherwise the caller
+(``harness.batch.launch``) starts a new pool. On the CPU a 1-replica run on 2 slots is pinned to
+the first slot's cores, not spread over all of them.
 """
 
 from __future__ import annotations
@@ -20,11 +29,11 @@ from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
-from engines import registry_env
+from engines import find_unit, registry_env
 from engines.common import PROJECT_ROOT
 from harness.batch.plan import Plan
 from harness.core.errors import TroughputError
-from harness.run.replicas import device_envs
+from harness.run.replicas import AFFINITY_ENV, device_envs
 from harness.run.runner import _kill_group
 
 
@@ -40,8 +49,9 @@ def feed_below(shard_size: int) -> int:
 class LocalPool:
     """Batch workers on this node."""
 
-    def __init__(self, plan: Plan, run_dir: Path, log_dir: Path):
+    def __init__(self, plan: Plan, run_dir: Path, log_dir: Path, slots: int | None = None):
         self.plan = plan
+        self.slots = slots or plan.replicas  # worker processes; those past plan.replicas are parked
         self.run_dir, self.log_dir = run_dir, log_dir
         self.procs: list[subprocess.Popen] = []
         self.outstanding: list[int] = []
@@ -54,19 +64,20 @@ class LocalPool:
         self.closed = False
         self.restarting: list[bool] = []  # a worker told to restart: its events from before are stale until ``started``
         self.up: list[bool] = []  # its engine said ``started`` (since the last restart)
+        self.parked: list[bool] = []  # a slot past the plan's replicas: no engine, no shards
 
     def start(self) -> None:
-        """Start one worker per replica; their engines come up in the background (``started`` events)."""
+        """Start one worker per slot; the first ``plan.replicas`` start their engines in the background
+        (``started`` events), the others start parked."""
         plan = self.plan
-        extra = device_envs(plan.replicas, plan.device_kind, plan.env)
+        extra = device_envs(self.slots, plan.device_kind, plan.env)
         env = {**os.environ, **{k: str(v) for k, v in plan.env.items()}, **registry_env(),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
-        job = worker_job(plan)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         for i, device in enumerate(extra):
             job_dir = self.run_dir / f"worker{i + 1}"
             job_dir.mkdir(parents=True, exist_ok=True)
-            (job_dir / "job.json").write_text(json.dumps(job))
+            (job_dir / "job.json").write_text(json.dumps(worker_job(plan) if i < plan.replicas else {"park": True}))
             log_path = self.log_dir / f"{self.run_dir.name}.worker{i + 1}.log"
             self.log_paths.append(log_path)
             with open(log_path, "w") as log:
@@ -86,6 +97,7 @@ class LocalPool:
             self.alive.append(True)
             self.restarting.append(False)
             self.up.append(False)
+            self.parked.append(i >= plan.replicas)
             threading.Thread(target=self._follow, args=(i, proc), daemon=True).start()
 
     @property
@@ -93,28 +105,43 @@ class LocalPool:
         """Workers were started and the pool is not closed."""
         return bool(self.procs) and not self.closed
 
+    @property
+    def engines(self) -> int:
+        """Workers running an engine in this run (slots not parked)."""
+        return self.parked.count(False)
+
     def restart(self, plan: Plan) -> None:
         """Each live worker's engine restarted in its process with ``plan``'s knobs (an in-job tuning's next run).
 
         The worker stops its engine once every shard fed so far is done (the driver has collected
         them all), starts the new one and says ``started``; the shards submitted after this go to it.
+        Slots past ``plan.replicas`` are told to park instead (their engine stopped the same way);
+        a parked slot told to restart starts its engine again.
         """
-        if not self.restartable(plan):
-            raise ValueError("a restart keeps the engine, the replicas and the environment; start a new pool")
+        why = self.unfit(plan)
+        if why:
+            raise ValueError(f"these workers cannot run this plan ({why}); start a new pool")
         self.plan = plan
         for i, proc in enumerate(self.procs):
             self.outstanding[i], self.sent[i], self.pending[i], self.fed[i] = 0, 0, 0, -1
-            self.restarting[i], self.up[i] = True, False
+            self.restarting[i], self.up[i] = True, False  # a parked slot's events stay stale until it restarts
+            self.parked[i] = i >= plan.replicas
+            command = {"park": True} if self.parked[i] else {"restart": {"job": worker_job(plan)}}
             if self.alive[i]:
                 with suppress(OSError, ValueError):
-                    proc.stdin.write(json.dumps({"restart": {"job": worker_job(plan)}}) + "\n")  # type: ignore[union-attr]
+                    proc.stdin.write(json.dumps(command) + "\n")  # type: ignore[union-attr]
                     proc.stdin.flush()  # type: ignore[union-attr]
 
-    def restartable(self, plan: Plan) -> bool:
-        """Whether ``plan`` can run on these workers with their engines restarted: same engine, replicas, env."""
-        return (self.started and all(self.alive) and plan.engine == self.plan.engine
-                and plan.replicas == self.plan.replicas and plan.env == self.plan.env
-                and plan.python == self.plan.python)
+    def unfit(self, plan: Plan) -> str | None:
+        """Why ``plan`` cannot run on these workers with their engines restarted; ``None`` if it can: the same
+        engine, environment and Python, every worker alive, and its replicas fit the slots (``slot_misfit``)."""
+        if not self.started:
+            return "the workers are not up (never started, or stopped after a failed run)"
+        if not all(self.alive):
+            return "a worker has ended"
+        if (plan.engine, plan.env, plan.python) != (self.plan.engine, self.plan.env, self.plan.python):
+            return "another engine, environment or Python"
+        return slot_misfit(plan, len(self.procs))
 
     def _follow(self, i: int, proc: subprocess.Popen) -> None:
         for line in proc.stdout:  # type: ignore[union-attr]
@@ -124,7 +151,7 @@ class LocalPool:
 
     def _takes(self, i: int) -> bool:
         """Whether worker ``i`` should be handed another shard now."""
-        if not self.alive[i]:
+        if not self.alive[i] or self.parked[i]:
             return False
         if self.outstanding[i] < self.plan.in_flight:
             return True
@@ -139,8 +166,9 @@ class LocalPool:
         return sum(max(self.plan.in_flight - n, 1) for i, n in enumerate(self.outstanding) if self._takes(i))
 
     def submit(self, shard_dir: Path, index: int, requests: int = 0) -> int:
-        """Queue a shard on a live worker that takes one (the fewest shards first); return its number."""
-        takers = [i for i in range(len(self.procs)) if self._takes(i)] or [i for i, a in enumerate(self.alive) if a]
+        """Queue a shard on a live worker that takes one (the fewest shards first; never a parked one); return its
+        number."""
+        takers = [i for i in range(len(self.procs)) if self._takes(i)] or self._running()
         i = min((self.outstanding[i], i) for i in takers)[1]
         self.outstanding[i] += 1
         self.sent[i] += requests
@@ -168,8 +196,13 @@ class LocalPool:
             self.alive[i] = False
         return i, event
 
+    def _running(self) -> list[int]:
+        """The live workers that are not parked."""
+        return [i for i, alive in enumerate(self.alive) if alive and not self.parked[i]]
+
     def any_alive(self) -> bool:
-        return any(self.alive)
+        """Whether a worker that is not parked is alive (a parked one takes no shards)."""
+        return bool(self._running())
 
     def kill(self, i: int) -> None:
         """Kill worker ``i``'s process group (a hung engine start); its ``exit`` event follows."""
@@ -187,6 +220,44 @@ class LocalPool:
                     proc.wait(timeout=60)
             if proc.poll() is None:
                 _kill_group(proc)
+
+
+def slot_misfit(plan: Plan, slots: int) -> str | None:
+    """Why ``plan``'s replicas cannot run on the first of ``slots`` workers laid out by ``device_envs(slots, ...)``;
+    ``None`` if they can.
+
+    As many replicas as slots is the plan's own layout. Fewer run on slices cut for more replicas, so
+    each must be as big as a replica needs: on the CPU a slot's cores at least the engine's threads
+    (``OMP_NUM_THREADS`` in the plan's env; unset: refused), on a GPU a slot's GPUs exactly the
+    devices one replica occupies (tensor × pipeline parallel, the engine unit's count; an engine
+    without a unit: refused). More replicas than slots never fit.
+    """
+    if plan.replicas > slots:
+        return f"{plan.replicas} replicas on {slots} slots"
+    if plan.replicas == slots:
+        return None
+    try:
+        layout = device_envs(slots, plan.device_kind, plan.env)[0]
+    except TroughputError as e:
+        return str(e)
+    if plan.device_kind == "cpu":
+        cores = len(layout[AFFINITY_ENV].split(","))
+        threads = str(plan.env.get("OMP_NUM_THREADS", ""))
+        if not threads.isdigit() or not 0 < int(threads) <= cores:
+            return (f"a slot has {cores} CPU cores, and the engine's threads (OMP_NUM_THREADS="
+                    f"{threads or 'unset'}) are not known to fit them")
+        return None
+    if plan.device_kind == "gpu":
+        gpus = len(layout["CUDA_VISIBLE_DEVICES"].split(","))
+        try:
+            engine_unit = find_unit(plan.engine)  # None for a module:Class adapter, which declares no devices
+            per_replica = engine_unit.devices(plan.knobs) if engine_unit else None
+        except Exception:  # noqa: BLE001 - a count that cannot be made refuses the slots
+            per_replica = None
+        if per_replica != gpus:
+            return f"a slot has {gpus} GPUs, a replica needs {per_replica or 'an unknown number of'}"
+        return None
+    return f"device kind {plan.device_kind!r}"
 
 
 def worker_job(plan: Plan) -> dict[str, Any]:

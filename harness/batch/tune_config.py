@@ -99,6 +99,14 @@ def phase_planner(cfg: DictConfig, plan: Plan) -> Callable[[dict[str, Any], dict
     return plan_for
 
 
+def replica_slots(plan: Plan) -> int:
+    """The most replicas a tuned job's runs can ask for: the search space's ``engine.replicas`` high bound (or its
+    largest choice), and the job's own replicas (the engine defaults' runs)."""
+    param = plan.tune["space"]["params"].get("engine.replicas") or {}
+    bounds = param.get("choices") or [param.get("high")]
+    return max([plan.replicas, *(int(b) for b in bounds if b is not None)])
+
+
 def check_space(plan_for: Callable[..., Plan], space: dict[str, Any]) -> None:
     """Every param's extreme values mapped to engine knobs now, so that an unknown canonical knob, or one the
     engine lacks, fails before any engine starts (a native ``engine.knobs.*`` name is checked by the engine

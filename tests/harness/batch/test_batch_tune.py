@@ -228,3 +228,80 @@ def test_an_engine_that_fails_to_start_after_a_restart_fails_its_trial_and_the_n
     broken = next(r for r in row["tune.runs"] if r["label"] == "trial 1 (start)")
     assert broken["status"] == "failed" and "scripted failure in start" in broken["reason"] and broken["shards"] == []
     assert len(list((tmp_path / "results" / "logs").glob("*.worker*.log"))) == 2, "new workers after the failed start"
+
+
+# Replicas 1 -> 2 -> 1 in the trials (all seeds). The 1-replica configs fail in replica 2 (TROUGHPUT_REPLICA=2/2,
+# the second slot): a 1-replica run that fed the parked slot a shard would fail, the 2-replica one does not.
+REPLICAS_SPACE = """space:
+  params:
+    engine.replicas: {type: int, low: 1, high: 2}
+    engine.knobs.fail_replica: {type: categorical, choices: [0, 2]}
+seeds:
+  - name: engine defaults
+  - name: two
+    params: {engine.replicas: 2, engine.knobs.fail_replica: 0}
+  - name: one
+    params: {engine.replicas: 1, engine.knobs.fail_replica: 2}
+heuristic: null
+"""
+
+
+@pytest.mark.parametrize("threads", ["1", None])
+def test_a_replica_switch_keeps_the_workers_and_a_1_replica_run_leaves_the_second_slot_parked(
+        tmp_path: Path, threads: str | None) -> None:
+    """OMP_NUM_THREADS=1 (hardware cpu's): a slot's core holds the engine, so 2 slots start once; unset: the
+    threads are not known to fit a slot, so every switch starts new workers, as before slots."""
+    path, args = _job(tmp_path, 288, REPLICAS_SPACE)
+    env = [] if threads else ["~hardware.env.OMP_NUM_THREADS"]
+    proc = batch_app(tmp_path, *args, *env, "batch.tune.trials=3", "+engine.knobs.fail_replica=2")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")] == [f"r{i}" for i in range(288)]
+    [row] = read_rows(tmp_path / "results", "batch")
+    runs = row["tune.runs"]
+    assert [r["values"].get("engine.replicas", 1) for r in runs[:3]] == [1, 2, 1], "two switches in the trials"
+    assert all(r["status"] == "ok" for r in runs), "no 1-replica run fed the second slot"
+    assert len(_metas(tmp_path / "out")) == 36 and (row["shards_run"], row["requests_ok"]) == (36, 288), \
+        "every shard committed once"
+    logs = list((tmp_path / "results" / "logs").glob("*.worker*.log"))
+    if threads:
+        assert len(logs) == 2, "one worker per slot for the whole job"
+        assert "trial 2 (one): workers kept, engines restarted in 1 of 2 slots, 1 parked" in proc.stdout
+    else:
+        assert len(logs) >= 4, "a worker per replica per switch: 1, then 2, then 1 again"
+        assert "trial 2 (one): new workers (slots 1, replicas 1): a slot has" in proc.stdout
+
+
+def test_a_run_takes_the_kept_slots_only_where_its_replicas_fit_their_devices(monkeypatch) -> None:
+    from dataclasses import replace
+
+    from harness.batch.plan import Plan
+    from harness.batch.pool import slot_misfit
+    from harness.batch.tune_config import replica_slots
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+
+    def plan(replicas: int, kind: str = "cpu", engine: str = "vllm", **env: str) -> Plan:
+        return Plan(input="in.jsonl", format="jsonl", output_dir="out", shard_size=8, engine=engine, model={},
+                    knobs={}, ordering={}, python="python", env=env, replicas=replicas, device_kind=kind)
+
+    # CPU, 2 slots of 2 cores: one replica fits a slot when its threads are known to fit the slot's cores
+    assert slot_misfit(plan(1, OMP_NUM_THREADS="2"), 2) is None
+    assert "OMP_NUM_THREADS=3" in slot_misfit(plan(1, OMP_NUM_THREADS="3"), 2)
+    assert "OMP_NUM_THREADS=unset" in slot_misfit(plan(1), 2)
+    assert slot_misfit(plan(2), 2) is None, "as many replicas as slots: the plan's own layout"
+    assert slot_misfit(plan(3, OMP_NUM_THREADS="1"), 2) == "3 replicas on 2 slots"
+    assert "needs at least 8 CPU cores" in slot_misfit(plan(1, OMP_NUM_THREADS="1"), 8)
+    # GPU, 2 slots: a slot's GPUs must be exactly one replica's (tensor x pipeline parallel); unknown: refused
+    gpu = plan(1, "gpu", CUDA_VISIBLE_DEVICES="0,1")
+    assert slot_misfit(gpu, 2) is None
+    assert "a replica needs 2" in slot_misfit(replace(gpu, knobs={"tensor_parallel_size": 2}), 2)
+    assert "a slot has 2 GPUs, a replica needs 1" in slot_misfit(plan(1, "gpu", CUDA_VISIBLE_DEVICES="0,1,2,3"), 2)
+    assert "unknown" in slot_misfit(plan(1, "gpu", "tests.fake_engine:FakeEngine", CUDA_VISIBLE_DEVICES="0,1"), 2)
+    # the slots: the space's replicas bound, or the job's own replicas
+    tuned = plan(1)
+    tuned.tune = {"space": {"params": {"engine.replicas": {"type": "int", "low": 1, "high": 2}}}}
+    assert replica_slots(tuned) == 2
+    tuned.tune = {"space": {"params": {"engine.replicas": {"type": "categorical", "choices": [1, 4]}}}}
+    assert replica_slots(tuned) == 4
+    tuned.tune, tuned.replicas = {"space": {"params": {}}}, 3
+    assert replica_slots(tuned) == 3
