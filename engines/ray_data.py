@@ -83,6 +83,10 @@ class RayDataEngine(Engine):
         if not gpus and not kwargs.get("placement_group_config"):
             # Ray's default bundle asks for a GPU and waits for one forever on a CPU-only cluster.
             kwargs["placement_group_config"] = {"bundle_per_worker": {"CPU": 1}}
+        env = actor_env(gpus)
+        if env:   # the knob's own runtime_env (and its env_vars) win
+            own = dict(kwargs.get("runtime_env") or {})
+            kwargs["runtime_env"] = {**own, "env_vars": {**env, **(own.get("env_vars") or {})}}
         return kwargs
 
     def start(self) -> StartInfo:
@@ -187,6 +191,17 @@ class RayDataEngine(Engine):
         if ray.is_initialized():
             ray.shutdown()
         self.started = False
+
+
+def actor_env(gpus: float) -> dict[str, str]:
+    """What vLLM's unit gives its engines on the cluster's hardware, for the engine actors wherever they run.
+
+    On CPUs: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. Ray Data LLM's async engine still runs its engine core in a
+    process of its own, but vLLM then runs the model in that process instead of spawning a worker process
+    for it (one import of vLLM fewer: a replica started in 22 s instead of 30 s here, shared
+    ENGINE-FACTS). Set on the processor's ``runtime_env``, so it reaches actors on a cluster joined by
+    address too, not only those of a local Ray that inherit the driver's environment."""
+    return dict(VLLM_UNIT.hardware_env.get("gpu" if gpus else "cpu", {}))
 
 
 def _item(index: int, request: Request) -> dict[str, Any]:

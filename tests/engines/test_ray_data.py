@@ -8,10 +8,12 @@ replica is killed mid-job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 
+import psutil
 import pytest
 
 from engines import unit
@@ -62,6 +64,17 @@ def test_canonical_knobs_land_in_engine_kwargs_and_replicas_count_as_devices():
     assert knobs["engine_kwargs"]["kv_cache_memory_bytes"] == cfg.hardware.canonical.kv_memory_bytes
     ray = unit("ray")
     assert ray.devices(knobs) == 3 and ray.devices({**knobs, **ray.knobs["tensor_parallel"].to_native(2)}) == 6
+
+
+def test_engine_actors_get_vllm_s_cpu_environment_through_the_processor_s_runtime_env(tiny):
+    """On CPUs the actors run vLLM's model in the engine core's process (no worker process of its own), on a
+    local Ray or on a cluster joined by address; a runtime_env knob of the user's keeps its own values."""
+    env = engine(tiny)._config_kwargs(gpus=0)["runtime_env"]["env_vars"]
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    own = engine(tiny, runtime_env={"pip": ["x"], "env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "A": "b"}})
+    assert own._config_kwargs(gpus=0)["runtime_env"] == {
+        "pip": ["x"], "env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "A": "b"}}
+    assert "runtime_env" not in engine(tiny)._config_kwargs(gpus=1), "GPU engines keep vLLM's own defaults"
 
 
 def test_every_row_of_the_dataset_has_the_same_sampling_keys():
@@ -133,10 +146,14 @@ def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(t
     ray_engine.validate()
     ray_engine.start()
     killed: list[int] = []
+    descendants: list = []
     try:
         def kill_after_first_batch(n: int) -> None:
             if not killed:
                 killed.extend(_engine_actor_pids())
+                for child in psutil.Process(killed[0]).children(recursive=True):
+                    with contextlib.suppress(psutil.Error):
+                        descendants.append(child.name() + " " + " ".join(child.cmdline()))
                 for pid in killed:
                     os.kill(pid, signal.SIGKILL)
 
@@ -148,6 +165,8 @@ def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(t
     finally:
         ray_engine.stop()
     assert len(killed) == 1, "one replica was running and was killed"
+    engines = [d for d in descendants if "resource_tracker" not in d]   # multiprocessing's own helper aside
+    assert len(engines) == 1, f"the actor's one engine process is vLLM's engine core, which runs the model: {descendants}"
     assert [c.id for c in completions] == [r.id for r in requests]
     assert all(len(c.output_token_ids) == 8 for c in completions), "every request once, none lost or doubled"
     assert stats.extra["ray_actor_restarts"] >= 1, "the row says Ray restarted the replica"
