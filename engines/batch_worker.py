@@ -14,7 +14,9 @@ worker. End of stdin, once every fed shard is done, stops the engine. ``{"restar
 restarts the engine in this process with another job (an in-job tuning's next run);
 ``{"park": true}`` stops it and leaves the process waiting for the next restart (a slot an
 in-job tuning's run with fewer replicas does not use, ``harness.batch.pool``); a ``job.json`` of
-``{"park": true}`` starts the worker parked. ``start_engine`` and
+``{"park": true}`` starts the worker parked. A job's ``cores`` (a run on fewer replicas than the
+pool's workers, on the CPU) pins the engine to them before it starts; its ``generation`` (the
+pool's run number) comes back in ``started``. ``start_engine`` and
 ``feed_until_closed`` are also ``batch.scale=ray``'s engine stage (``harness.batch.ray_stages``).
 Standard library only, besides the adapter and its engine.
 """
@@ -107,8 +109,8 @@ def serve(job_dir: Path) -> int:
     ``{"restart": {"job": {...}}}`` on stdin (an in-job tuning's next run): once every shard fed
     so far is done, the engine stops and a new one starts in this process with that job's knobs and
     model limits (no new worker, no second import of the engine) and says ``started`` again; later
-    shards go to it. ``{"park": true}``: the engine stops the same way, no new one starts (no memory
-    held, no engine threads), the worker says ``phase: parked`` and waits for a restart; a shard
+    shards go to it. ``{"park": true}``: the engine stops the same way, no new one starts (no weights or
+    KV cache held, no engine threads), the worker says ``phase: parked`` and waits for a restart; a shard
     sent to a parked worker is an error.
     """
     job: dict[str, Any] | None = json.loads((job_dir / "job.json").read_text())
@@ -122,8 +124,10 @@ def serve(job_dir: Path) -> int:
                 command = _while_parked(commands)
             else:
                 emit("phase", phase="start")
+                if job.get("cores"):   # this run's own cores (a run on fewer replicas than the pool's slots)
+                    os.sched_setaffinity(0, set(job["cores"]))
                 engine, start = start_engine(job)
-                emit("started", start=start)
+                emit("started", start=start, **({"generation": job["generation"]} if "generation" in job else {}))
                 feeder = feeder_for(engine)
                 command = feed_until_closed(engine, feeder, commands, _write_result)
                 feeder.close()

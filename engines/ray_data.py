@@ -20,6 +20,7 @@ prefix-cache counters stay empty. Module name: ``engines/ray.py`` would shadow t
 from __future__ import annotations
 
 import math
+import os
 import time
 from typing import Any
 
@@ -194,14 +195,20 @@ class RayDataEngine(Engine):
 
 
 def actor_env(gpus: float) -> dict[str, str]:
-    """What vLLM's unit gives its engines on the cluster's hardware, for the engine actors wherever they run.
+    """vLLM's CPU environment for the engine actors wherever they run, where this process's threads are set.
 
-    On CPUs: ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. Ray Data LLM's async engine still runs its engine core in a
-    process of its own, but vLLM then runs the model in that process instead of spawning a worker process
-    for it (one import of vLLM fewer: a replica started in 22 s instead of 30 s here, shared
-    ENGINE-FACTS). Set on the processor's ``runtime_env``, so it reaches actors on a cluster joined by
-    address too, not only those of a local Ray that inherit the driver's environment."""
-    return dict(VLLM_UNIT.hardware_env.get("gpu" if gpus else "cpu", {}))
+    On CPUs, with ``OMP_NUM_THREADS`` set here (hardware ``cpu`` sets 1): that and
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0``. Ray Data LLM's async engine still runs its engine core in
+    a process of its own, but vLLM then runs the model in that process with that many threads, as
+    ``engine=vllm`` does, instead of spawning a worker process for it whose threads it binds itself
+    (one import of vLLM fewer: a replica up in about 22 s instead of 30 s on a 2-core host, see
+    docs/engines.md). Without ``OMP_NUM_THREADS`` nothing is set: vLLM's own executor sizes and
+    binds the threads. Set on the processor's ``runtime_env``, so it reaches actors on a cluster
+    joined by address too, not only those of a local Ray that inherit this environment."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    if gpus or not threads:
+        return {}
+    return {**VLLM_UNIT.hardware_env.get("cpu", {}), "OMP_NUM_THREADS": threads}
 
 
 def _item(index: int, request: Request) -> dict[str, Any]:

@@ -14,8 +14,10 @@ A run with ``r`` replicas runs engines in slots 1..r; the others are *parked* (e
 process waiting for the next ``restart``) and get no shards. So a switch between one and two
 replicas restarts engines in the workers kept, with no new process and no second import of the
 engine, where ``slot_misfit`` allows the run on the slots; otherwise the caller
-(``harness.batch.launch``) starts a new pool. On the CPU a 1-replica run on 2 slots is pinned to
-the first slot's cores, not spread over all of them.
+(``harness.batch.launch``) starts a new pool. On the CPU each run's engines are pinned to that run's
+own layout (``_job``: a 1-replica run on 2 slots gets all the pool's cores), not to a slot's slice.
+Each engine start carries the run's number (``generation``), which ``started`` echoes, so a word
+from an engine started for an earlier run is not taken for this run's.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class LocalPool:
         self.restarting: list[bool] = []  # a worker told to restart: its events from before are stale until ``started``
         self.up: list[bool] = []  # its engine said ``started`` (since the last restart)
         self.parked: list[bool] = []  # a slot past the plan's replicas: no engine, no shards
+        self.generation = 0  # the run the workers' engines are started for (``started`` echoes it)
 
     def start(self) -> None:
         """Start one worker per slot; the first ``plan.replicas`` start their engines in the background
@@ -77,7 +80,7 @@ class LocalPool:
         for i, device in enumerate(extra):
             job_dir = self.run_dir / f"worker{i + 1}"
             job_dir.mkdir(parents=True, exist_ok=True)
-            (job_dir / "job.json").write_text(json.dumps(worker_job(plan) if i < plan.replicas else {"park": True}))
+            (job_dir / "job.json").write_text(json.dumps(self._job(i)))
             log_path = self.log_dir / f"{self.run_dir.name}.worker{i + 1}.log"
             self.log_paths.append(log_path)
             with open(log_path, "w") as log:
@@ -122,15 +125,31 @@ class LocalPool:
         if why:
             raise ValueError(f"these workers cannot run this plan ({why}); start a new pool")
         self.plan = plan
+        self.generation += 1
         for i, proc in enumerate(self.procs):
             self.outstanding[i], self.sent[i], self.pending[i], self.fed[i] = 0, 0, 0, -1
             self.restarting[i], self.up[i] = True, False  # a parked slot's events stay stale until it restarts
             self.parked[i] = i >= plan.replicas
-            command = {"park": True} if self.parked[i] else {"restart": {"job": worker_job(plan)}}
+            job = self._job(i)
+            command = job if self.parked[i] else {"restart": {"job": job}}
             if self.alive[i]:
                 with suppress(OSError, ValueError):
                     proc.stdin.write(json.dumps(command) + "\n")  # type: ignore[union-attr]
                     proc.stdin.flush()  # type: ignore[union-attr]
+
+    def _job(self, i: int) -> dict[str, Any]:
+        """Worker ``i``'s job for this run: ``{"park": true}`` past the plan's replicas; else the engine's job, with
+        this run's number and, on the CPU, the cores this run's own layout gives replica ``i``
+        (``device_envs(replicas)``: all of the pool's cores for one replica), so that a run with fewer replicas
+        than slots is laid out as the same config run on its own would be, not on a slot's slice (and a later
+        run with more gets its slices back)."""
+        if i >= self.plan.replicas:
+            return {"park": True}
+        job = {**worker_job(self.plan), "generation": self.generation}
+        if self.plan.device_kind == "cpu":
+            cores = device_envs(self.plan.replicas, "cpu", self.plan.env)[i].get(AFFINITY_ENV)
+            job["cores"] = ([int(c) for c in cores.split(",")] if cores else sorted(os.sched_getaffinity(0)))
+        return job
 
     def unfit(self, plan: Plan) -> str | None:
         """Why ``plan`` cannot run on these workers with their engines restarted; ``None`` if it can: the same
@@ -185,6 +204,8 @@ class LocalPool:
         except queue.Empty:
             return None
         if event["event"] == "started":
+            if event.get("generation", self.generation) != self.generation or self.parked[i]:
+                return None  # an engine started for an earlier run (it got no shard there), since stopped
             self.restarting[i], self.up[i] = False, True
         elif self.restarting[i] and event["event"] == "progress":
             return None  # the previous engine's last word on its (finished) work

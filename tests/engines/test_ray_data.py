@@ -66,15 +66,19 @@ def test_canonical_knobs_land_in_engine_kwargs_and_replicas_count_as_devices():
     assert ray.devices(knobs) == 3 and ray.devices({**knobs, **ray.knobs["tensor_parallel"].to_native(2)}) == 6
 
 
-def test_engine_actors_get_vllm_s_cpu_environment_through_the_processor_s_runtime_env(tiny):
-    """On CPUs the actors run vLLM's model in the engine core's process (no worker process of its own), on a
-    local Ray or on a cluster joined by address; a runtime_env knob of the user's keeps its own values."""
+def test_engine_actors_get_vllm_s_cpu_environment_through_the_processor_s_runtime_env(tiny, monkeypatch):
+    """On CPUs with the threads set (hardware cpu: 1) the actors run vLLM's model in the engine core's process
+    with them (no worker process of its own), on a local Ray or on a cluster joined by address; a runtime_env
+    knob of the user's keeps its own values; without the threads set, vLLM's own executor keeps binding them."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
     env = engine(tiny)._config_kwargs(gpus=0)["runtime_env"]["env_vars"]
-    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert env == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
     own = engine(tiny, runtime_env={"pip": ["x"], "env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "A": "b"}})
     assert own._config_kwargs(gpus=0)["runtime_env"] == {
-        "pip": ["x"], "env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "A": "b"}}
+        "pip": ["x"], "env_vars": {"VLLM_ENABLE_V1_MULTIPROCESSING": "1", "OMP_NUM_THREADS": "1", "A": "b"}}
     assert "runtime_env" not in engine(tiny)._config_kwargs(gpus=1), "GPU engines keep vLLM's own defaults"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert "runtime_env" not in engine(tiny)._config_kwargs(gpus=0)
 
 
 def test_every_row_of_the_dataset_has_the_same_sampling_keys():
@@ -139,8 +143,9 @@ def _engine_actor_pids() -> list[int]:
 
 @pytest.mark.engine
 @pytest.mark.xdist_group("ray")
-def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(tiny):
+def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(tiny, monkeypatch):
     """On a local Ray the adapter starts itself (no ``engine.address``): that path's one real check."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")   # as hardware cpu sets for a run's worker
     ray_engine = engine(tiny, batch_size=4, max_concurrent_batches=1, num_cpus=4)
     requests = [Request(f"r{i}", [5 + i, 6, 7, 8] * 8, 8) for i in range(40)]
     ray_engine.validate()
@@ -151,7 +156,7 @@ def test_a_replica_killed_mid_job_is_restarted_by_ray_and_nothing_counts_twice(t
         def kill_after_first_batch(n: int) -> None:
             if not killed:
                 killed.extend(_engine_actor_pids())
-                for child in psutil.Process(killed[0]).children(recursive=True):
+                for child in psutil.Process(killed[0]).children(recursive=True) if killed else ():
                     with contextlib.suppress(psutil.Error):
                         descendants.append(child.name() + " " + " ".join(child.cmdline()))
                 for pid in killed:
