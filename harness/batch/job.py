@@ -290,7 +290,8 @@ class _Runner:
                 self.run.shards_failed[index] = f"worker {worker + 1}: {why}"
 
     def _commit(self, index: int, items: list[Item], result: dict[str, Any], worker: int | None = None) -> None:
-        meta = commit_shard(self.plan, self.state, self.tok, self.job, index, items, result)
+        meta = commit_shard(self.plan, self.state, self.tok, self.job, index, items, result,
+                            None if worker is None else {"worker": worker + 1})
         if meta is None:
             return  # another worker or an earlier run committed it first
         self.t_last = time.monotonic()

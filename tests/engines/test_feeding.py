@@ -149,3 +149,30 @@ def test_a_restart_waits_for_the_shards_fed_before_it_and_leaves_the_later_ones_
         assert again is None and list(results) == ["0"], "end of input after the restart: nothing else ran here"
     finally:
         feeder.close()
+
+
+def test_a_park_waits_for_the_shards_fed_before_it_and_a_parked_worker_takes_only_a_restart() -> None:
+    """A slot an in-job tuning's run does not use: the loop returns the park once shard 0 is done; parked,
+    another park changes nothing, a restart ends the wait, end of input too, and a shard is an error."""
+    from engines.batch_worker import _while_parked
+
+    commands: queue.Queue = queue.Queue()
+    commands.put({"shard": "0", "requests": [_request("a", 30)]})   # 0.3 s: still generating at the park
+    commands.put({"park": True})
+    results: dict[str, dict] = {}
+    feeder = AsyncFeeder(_run)
+    try:
+        got = feed_until_closed(_Engine(), feeder, commands, lambda key, result: results.setdefault(key, result),
+                                progress=False)
+    finally:
+        feeder.close()
+    assert got == {"park": True} and list(results) == ["0"], "shard 0 finished before the park was returned"
+    restart = {"restart": {"job": {"engine": "x", "knobs": {}, "model": {}}}}
+    for command in ({"park": True}, restart):
+        commands.put(command)
+    assert _while_parked(commands) == restart
+    commands.put(None)
+    assert _while_parked(commands) is None
+    commands.put({"shard": "1", "requests": [_request("b")]})
+    with pytest.raises(RuntimeError, match="a parked worker takes no shard"):
+        _while_parked(commands)
