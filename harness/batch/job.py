@@ -270,7 +270,7 @@ class _Runner:
             self.failures[worker] = str(event.get("error"))
         elif kind == "exit":
             why = event.get("error") or self.failures.get(worker) or f"worker exited with code {event['code']}"
-            if getattr(pool, "parked", None) and pool.parked[worker]:  # it held no shard; the next run gets new workers
+            if pool.parked[worker]:  # it held no shard; the next run gets new workers
                 log.warning("parked worker %d ended: %s", worker + 1, why)
             self._orphaned(pool, worker, why)
 
