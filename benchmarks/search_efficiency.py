@@ -243,6 +243,10 @@ def main() -> None:
     parser.add_argument("--samplers", default=",".join(SAMPLERS), help=f"comma-separated, of: {', '.join(SAMPLERS)}")
     parser.add_argument("--live", action="store_true", help="run every sampler trial for real instead of replaying")
     parser.add_argument("--grid-points", type=int, help="values per numeric param (default: the cell's)")
+    parser.add_argument("--budget", type=int, help="trials per study (default: 20%% of the grid's valid cells); "
+                        "'within 2%% by trial N' and 'best in N trials' use it too")
+    parser.add_argument("--tag", default="", help="a suffix for the grid's folder: another grid of the same cell "
+                        "(e.g. with run.repeats=3) instead of resuming the stored one")
     parser.add_argument("overrides", nargs="*", help="extra overrides for the cell, e.g. run.repeats=3")
     args = parser.parse_args()
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -256,10 +260,10 @@ def main() -> None:
         cell = replace(cell, grid_points=args.grid_points)
     if "engine=sim" in cell.overrides:
         metadata_folder()
-    out = ROOT / "results" / "search_efficiency" / f"{args.cell}-{cell.grid_points}pt"
+    out = ROOT / "results" / "search_efficiency" / f"{args.cell}-{cell.grid_points}pt{'-' + args.tag if args.tag else ''}"
     grid = run_grid(cell, out, args.overrides)
     best = grid.best
-    budget = max(1, round(BUDGET_SHARE * grid.valid()))
+    budget = args.budget or max(1, round(BUDGET_SHARE * grid.valid()))
     print(f"\ncell {args.cell}: {' '.join(cell.overrides)}")
     print(f"grid: {len(grid.cells)} cells ({grid.valid()} valid), {sum(grid.seconds.values()):,.0f} run seconds "
           f"({grid.wall_s:,.0f} s in this invocation, which resumes a stored grid); best {best:,.1f} "
@@ -268,7 +272,8 @@ def main() -> None:
         share = f"{value / best:.1%} of the grid's best" if value is not None else "failed"
         print(f"  {name:28s} {share:>28s}  {params or 'engine defaults'}")
     mode = "live runs" if args.live else "replayed on the grid's measured points"
-    print(f"\nsamplers ({mode}; {args.seeds} seeds; budget for 'best found' = 20% of valid cells = {budget} trials)")
+    print(f"\nsamplers ({mode}; {args.seeds} seeds; budget for 'best found' = "
+          f"{'--budget' if args.budget else '20% of valid cells'} = {budget} trials)")
     print(f"| sampler | seed trials | trials to 2% | trials to 5% | within 2% by trial {budget} "
           f"| best in {budget} trials | run s to 2% |")
     print("|---|---|---|---|---|---|---|")

@@ -7,6 +7,7 @@ environment, so it uses the standard library only.
 from __future__ import annotations
 
 import abc
+import importlib
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -140,6 +141,9 @@ class Engine(abc.ABC):
     # (engines.decoding); the worker refuses such requests before start where it does not.
     supports_sampling: bool = False
     supports_constraints: bool = False
+    # What ``start`` imports first (the engine's package, its heaviest part): ``preload`` imports it ahead,
+    # e.g. in a parked batch worker while another slot runs, so that the slot's first start skips it.
+    preload_modules: tuple[str, ...] = ()
 
     def __init__(self, model: dict[str, Any], knobs: dict[str, Any]):
         self.model = model
@@ -147,6 +151,15 @@ class Engine(abc.ABC):
         self.started = False
         # every read of the engine's statistics goes through it; its warnings go into the row
         self.stat_reader = StatReader(self.label or self.name)
+
+    @classmethod
+    def preload(cls) -> None:
+        """Import ``preload_modules`` now, where they are installed; a failure is left for ``start`` to report."""
+        for name in cls.preload_modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - start() imports it again and fails with the reason
+                return
 
     @abc.abstractmethod
     def validate(self) -> None:

@@ -14,7 +14,8 @@ worker. End of stdin, once every fed shard is done, stops the engine. ``{"restar
 restarts the engine in this process with another job (an in-job tuning's next run);
 ``{"park": true}`` stops it and leaves the process waiting for the next restart (a slot an
 in-job tuning's run with fewer replicas does not use, ``harness.batch.pool``); a ``job.json`` of
-``{"park": true}`` starts the worker parked. A job's ``cores`` (a run on fewer replicas than the
+``{"park": true}`` starts the worker parked. A park that names its ``engine`` imports the engine's
+package while parked (``Engine.preload``), so the slot's first start does not wait for the import. A job's ``cores`` (a run on fewer replicas than the
 pool's workers, on the CPU) pins the engine to them before it starts; its ``generation`` (the
 pool's run number) comes back in ``started``. ``start_engine`` and
 ``feed_until_closed`` are also ``batch.scale=ray``'s engine stage (``harness.batch.ray_stages``).
@@ -121,6 +122,8 @@ def serve(job_dir: Path) -> int:
         while True:
             if job is None or job.get("park"):
                 emit("phase", phase="parked")
+                if job and job.get("engine"):   # import the engine now, not at this slot's first start
+                    _preload(job["engine"])
                 command = _while_parked(commands)
             else:
                 emit("phase", phase="start")
@@ -136,7 +139,7 @@ def serve(job_dir: Path) -> int:
                 gc.collect()
             if command is None:
                 return 0
-            job = command["restart"]["job"] if "restart" in command else None
+            job = command["restart"]["job"] if "restart" in command else command   # a park
     except BaseException as e:  # noqa: BLE001 - the driver must hear why
         emit("shard_failed", error=f"{type(e).__name__}: {e}", traceback=traceback.format_exc()[-4000:])
         return 3
@@ -162,6 +165,15 @@ def _stdin_commands() -> queue.Queue[dict[str, Any] | None]:
 
     threading.Thread(target=read, name="troughput-stdin", daemon=True).start()
     return commands
+
+
+def _preload(engine: str) -> None:
+    """Import ``engine``'s package (``Engine.preload``) and say so: ``phase: preloaded``, its modules and seconds."""
+    t0 = time.perf_counter()
+    cls = get_engine_class(engine)
+    cls.preload()
+    emit("phase", phase="preloaded", modules=[m for m in cls.preload_modules if m in sys.modules],
+         seconds=round(time.perf_counter() - t0, 3))
 
 
 def _while_parked(commands: queue.Queue[dict[str, Any] | None]) -> dict[str, Any] | None:

@@ -184,6 +184,7 @@ class HfEngine(Engine):
     """transformers on its own: the static padded loop or its continuous batching (knob ``mode``)."""
 
     name = "hf"
+    preload_modules = ("torch", "transformers")
 
     def __init__(self, model: dict[str, Any], knobs: dict[str, Any]):
         super().__init__(model, {**DEFAULTS, **knobs})

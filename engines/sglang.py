@@ -68,6 +68,7 @@ class SglangEngine(Engine):
     label = LABEL
     supports_sampling = True
     supports_constraints = True
+    preload_modules = ("sglang",)
 
     def validate(self) -> None:
         """``troughput-env sglang --check``'s checks (``preflight``), then knob names and the architecture."""

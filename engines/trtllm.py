@@ -88,6 +88,7 @@ class TrtllmEngine(Engine):
     label = LABEL
     supports_sampling = True
     supports_constraints = True
+    preload_modules = ("tensorrt_llm",)
 
     @property
     def backend(self) -> str:

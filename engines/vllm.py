@@ -33,6 +33,7 @@ class VllmEngine(Engine):
     label = "vLLM"
     supports_sampling = True
     supports_constraints = True
+    preload_modules = ("vllm.entrypoints.llm",)   # `from vllm import LLM`: torch, transformers and vLLM
 
     def validate(self) -> None:
         """``troughput-env vllm --check``'s checks (``preflight``), then knob names (``EngineArgs`` fields),

@@ -31,6 +31,7 @@ KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_
 
 class FakeEngine(Engine):
     name = "fake"
+    preload_modules = ("wave",)   # a module nothing else imports: a parked worker's preload is seen in sys.modules
 
     def validate(self) -> None:
         unknown = sorted(set(self.knobs) - KNOWN)

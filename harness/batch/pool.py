@@ -144,7 +144,7 @@ class LocalPool:
         than slots is laid out as the same config run on its own would be, not on a slot's slice (and a later
         run with more gets its slices back)."""
         if i >= self.plan.replicas:
-            return {"park": True}
+            return {"park": True, "engine": self.plan.engine}   # parked, with the engine imported
         job = {**worker_job(self.plan), "generation": self.generation}
         if self.plan.device_kind == "cpu":
             cores = device_envs(self.plan.replicas, "cpu", self.plan.env)[i].get(AFFINITY_ENV)

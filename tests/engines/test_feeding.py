@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import queue
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -176,3 +180,47 @@ def test_a_park_waits_for_the_shards_fed_before_it_and_a_parked_worker_takes_onl
     commands.put({"shard": "1", "requests": [_request("b")]})
     with pytest.raises(RuntimeError, match="a parked worker takes no shard"):
         _while_parked(commands)
+
+
+def test_a_parked_worker_imports_its_engine_while_it_waits_and_then_starts_it(tmp_path: Path) -> None:
+    """A slot parked at job start (``job.json``: a park naming the engine) imports the engine's package
+    (``Engine.preload``) before the first restart reaches it; the restart then starts the engine."""
+    from tests.conftest import ROOT
+
+    (tmp_path / "job.json").write_text(json.dumps({"park": True, "engine": "tests.fake_engine:FakeEngine"}))
+    proc = subprocess.Popen([sys.executable, "-m", "engines.batch_worker", str(tmp_path)], cwd=ROOT, text=True,
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    events = []
+    try:
+        for line in proc.stdout:  # type: ignore[union-attr]
+            events.append(json.loads(line))
+            if events[-1].get("phase") == "preloaded":
+                restart = {"engine": "tests.fake_engine:FakeEngine", "knobs": {}, "model": {}}
+                proc.stdin.write(json.dumps({"restart": {"job": restart}}) + "\n")  # type: ignore[union-attr]
+                proc.stdin.flush()  # type: ignore[union-attr]
+            if events[-1]["event"] == "started":
+                proc.stdin.close()  # type: ignore[union-attr]
+        assert proc.wait(timeout=60) == 0
+    finally:
+        proc.kill()
+    phases = [e.get("phase") for e in events if e["event"] == "phase"]
+    assert phases[:2] == ["parked", "preloaded"] and phases[-1] == "start"
+    [preloaded] = [e for e in events if e.get("phase") == "preloaded"]
+    assert preloaded["modules"] == ["wave"], "the fake engine's preload module was imported in the parked worker"
+    assert [e["event"] for e in events].count("started") == 1
+
+
+def test_preload_imports_what_an_engine_names_and_leaves_a_missing_package_to_its_start() -> None:
+    from engines.base import Engine
+
+    class Missing(Engine):  # type: ignore[abstract]
+        preload_modules = ("no_such_engine_package_here", "colorsys")
+
+    class Present(Engine):  # type: ignore[abstract]
+        preload_modules = ("colorsys",)
+
+    sys.modules.pop("colorsys", None)
+    Missing.preload()
+    assert "colorsys" not in sys.modules, "the first missing module ends the preload, without an error"
+    Present.preload()
+    assert "colorsys" in sys.modules

@@ -323,7 +323,7 @@ def test_a_run_on_fewer_replicas_than_slots_gets_its_own_cores_and_an_earlier_ru
     plan = Plan(input="in.jsonl", format="jsonl", output_dir="out", shard_size=8, engine="vllm", model={},
                 knobs={}, ordering={}, python="python", env={"OMP_NUM_THREADS": "1"}, replicas=1, device_kind="cpu")
     pool = LocalPool(plan, tmp_path / "run", tmp_path / "logs", slots=2)
-    assert pool._job(0)["cores"] == [0, 1, 2, 3] and pool._job(1) == {"park": True}
+    assert pool._job(0)["cores"] == [0, 1, 2, 3] and pool._job(1) == {"park": True, "engine": "vllm"}
     pool.plan = Plan(**{**plan.__dict__, "replicas": 2})
     assert [pool._job(i)["cores"] for i in range(2)] == [[0, 1], [2, 3]], "a later run gets its slices back"
     # a started event of generation 0 arriving after the pool moved on to run 1 is an earlier run's
