@@ -168,10 +168,15 @@ def _stdin_commands() -> queue.Queue[dict[str, Any] | None]:
 
 
 def _preload(engine: str) -> None:
-    """Import ``engine``'s package (``Engine.preload``) and say so: ``phase: preloaded``, its modules and seconds."""
+    """Import ``engine``'s package (``Engine.preload``) and say so: ``phase: preloaded``, its modules and seconds.
+    A failure is said too and is not the worker's end: the slot's first start imports again and reports it."""
     t0 = time.perf_counter()
-    cls = get_engine_class(engine)
-    cls.preload()
+    try:
+        cls = get_engine_class(engine)
+        cls.preload()
+    except Exception as e:  # noqa: BLE001 - the start reports it with the engine's own error path
+        emit("phase", phase="preloaded", modules=[], error=f"{type(e).__name__}: {e}"[:500])
+        return
     emit("phase", phase="preloaded", modules=[m for m in cls.preload_modules if m in sys.modules],
          seconds=round(time.perf_counter() - t0, 3))
 

@@ -68,7 +68,7 @@ class SglangEngine(Engine):
     label = LABEL
     supports_sampling = True
     supports_constraints = True
-    preload_modules = ("sglang",)
+    preload_modules = ("sglang.srt.entrypoints.engine",)   # `sglang.Engine` is a lazy import of it
 
     def validate(self) -> None:
         """``troughput-env sglang --check``'s checks (``preflight``), then knob names and the architecture."""
