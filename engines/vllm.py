@@ -68,6 +68,9 @@ class VllmEngine(Engine):
         # The dtype that runs, as resolved by vLLM: "auto" turns a float32 checkpoint into bf16 on CPU.
         return StartInfo(startup_s=startup_s, compile_s=compile_s or None, engine_version=_version(),
                          extra={"block_size": config.cache_config.block_size,
+                                # what it runs at once: sequences, and tokens of KV cache (in-job tuning's run fill)
+                                "max_num_seqs": config.scheduler_config.max_num_seqs,
+                                "kv_cache_tokens": _kv_cache_tokens(config.cache_config),
                                 "dtype": dtype_name(config.model_config.dtype),
                                 "grammar_backend": config.structured_outputs_config.backend})
 
@@ -257,6 +260,13 @@ def check_engine_args(kwargs: dict[str, Any], knobs: dict[str, Any], label: str 
                                     f"the knobs: {type(base).__name__}: {base}; fix the model folder (its "
                                     "config.json) or model.path") from base
         raise KnobError(f"vLLM rejects the knobs {knobs}{where}: {type(e).__name__}: {e}") from e
+
+
+def _kv_cache_tokens(cache: Any) -> int | None:
+    """Tokens the KV cache holds: vLLM's own count where it has one (``kv_cache_size_tokens``, right for hybrid
+    models too), else its blocks × block size."""
+    tokens = getattr(cache, "kv_cache_size_tokens", None) or (cache.num_gpu_blocks or 0) * cache.block_size
+    return int(tokens) or None
 
 
 def _allow_amx() -> None:

@@ -52,7 +52,8 @@ class FakeEngine(Engine):
         self.generated = 0
         cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
         return StartInfo(startup_s=0.01, engine_version="fake-1",
-                         extra={"cores": cores, "replica": os.environ.get("TROUGHPUT_REPLICA", "1/1")})
+                         extra={"cores": cores, "replica": os.environ.get("TROUGHPUT_REPLICA", "1/1"),
+                                "max_num_seqs": int(self.knobs.get("max_num_seqs", 8))})   # its seats
 
     def _cycle_sleep(self) -> float:
         cycle, path = self.knobs.get("sleep_cycle_s"), self.knobs.get("cycle_file")

@@ -57,6 +57,10 @@ class ShardsRun:
     probe_output_tokens: int = 0   # its output tokens (generated in this run's time, in no shard)
     finishes: list[tuple[float, int]] = field(default_factory=list)  # (finished_at, output tokens) per request,
     #                                  kept for an in-job tuning's runs (``tune_runs.steady_rate``)
+    engine_limits: list[dict[str, Any]] = field(default_factory=list)  # per engine started: its max_num_seqs and
+    #                                  kv_cache_tokens where it says (``tune_runs.concurrency``)
+    lengths: list[tuple[int, int]] = field(default_factory=list)  # (prompt, output tokens) per request, kept for an
+    #                                  in-job tuning's runs (``tune_runs.concurrency``)
 
     def add(self, meta: dict[str, Any]) -> None:
         """Count one shard this invocation committed (its ``meta.json``)."""
@@ -239,6 +243,8 @@ class _Runner:
         if kind == "started":
             self.started[worker] = time.monotonic()
             self.run.startup_s = max(self.run.startup_s or 0.0, event["start"].get("startup_s") or 0.0)
+            extra = event["start"].get("extra") or {}
+            self.run.engine_limits.append({k: extra.get(k) for k in ("max_num_seqs", "kv_cache_tokens")})
             if len(self.started) == pool.engines:  # every worker not parked
                 self.t_ready = time.monotonic()
                 self.bar.engines_up()
@@ -252,6 +258,9 @@ class _Runner:
             if self.plan.phase.get("phase") in TIMED_PHASES and measured.get("streams") and not measured.get("predicted"):
                 self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
                                       for c in result["completions"] if c.get("finished_at") is not None]
+            if self.plan.phase.get("phase") in TIMED_PHASES:
+                self.run.lengths += [(int(c.get("prompt_tokens") or 0), len(c["output_token_ids"]))
+                                     for c in result["completions"]]
             if index == PROBE:
                 self.run.probe = {c["id"]: c["output_token_ids"] for c in result["completions"]}
                 self.run.probe_output_tokens = sum(len(ids) for ids in self.run.probe.values())

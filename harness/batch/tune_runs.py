@@ -46,7 +46,13 @@ class RunRecord:
     side: str | None = None        # confirm runs: default | candidate
     agreement: float | None = None  # token agreement of the probe with the engine defaults' (quality guard)
     steady_tok_s: float | None = None  # the rate while the engine was still being refilled (``steady_rate``)
+    concurrency: float | None = None  # requests its engines run at once, where they say (``concurrency``)
     discarded: list[int] = field(default_factory=list)  # shards it ran whose outputs were thrown away (rejected)
+
+    @property
+    def fill(self) -> float | None:
+        """Its requests ÷ what its engines run at once (under 2: one draining batch; under ``FILLED``: reads low)."""
+        return self.requests / self.concurrency if self.concurrency else None
 
     @property
     def rate(self) -> float | None:
@@ -55,7 +61,7 @@ class RunRecord:
         return tokens / self.generation_s if self.status == "ok" and self.generation_s > 0 and tokens else None
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "output_tok_s": self.rate}
+        return {**asdict(self), "output_tok_s": self.rate, "fill": self.fill}
 
 
 class RunLog:
@@ -76,6 +82,7 @@ class RunLog:
             except json.JSONDecodeError:  # a line cut by a kill while written: that run is not finished
                 continue
             data.pop("output_tok_s", None)
+            data.pop("fill", None)
             records.append(RunRecord(**data))
         return records
 
@@ -134,6 +141,31 @@ def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
     return k
 
 
+FILLED = 8.0  # runs of fewer than this many times what their engines run at once read their config's rate low
+
+
+def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]]) -> float | None:
+    """How many of a run's requests its engines run at once: per engine, its ``max_num_seqs`` or the requests its
+    KV cache holds, whichever is fewer; summed over the engines. ``None`` where an engine does not say its
+    ``max_num_seqs`` (vLLM's adapter and the simulator do) or the run has no requests.
+
+    What a request holds: its prompt plus half its output on average while it runs, weighted by its output
+    length (a long output holds its KV for longer, so the requests running at any moment are the long ones):
+    ``Σ o × (p + o/2) ÷ Σ o`` over the run's (prompt, output) token counts ``lengths``.
+
+    A run of fewer than about 2× that many requests runs as one batch that drains: every request starts at
+    once and the engine empties as the short ones finish, so it measures the drain, below what the same config
+    does fed without end (the main phase). Up to about ``FILLED``× its steady rate still reads low
+    (``steady_rate``)."""
+    if not limits or not lengths or any(not (lim or {}).get("max_num_seqs") for lim in limits):
+        return None
+    outputs = sum(o for _, o in lengths)
+    held = (sum(o * (p + o / 2) for p, o in lengths) / outputs if outputs
+            else sum(p for p, _ in lengths) / len(lengths))
+    return float(sum(min(lim["max_num_seqs"], lim["kv_cache_tokens"] / held) if lim.get("kv_cache_tokens") and held
+                     else lim["max_num_seqs"] for lim in limits))
+
+
 def steady_rate(finishes: list[tuple[float, int]], low: float = 0.3, high: float = 0.7) -> float | None:
     """Output tok/s of a run while its engine was still being refilled, from its requests' finish times.
 
@@ -166,6 +198,11 @@ def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests
     the rest of the job is predicted as one more such run, the mean ``fixed`` (ramp-up and
     drain) plus its tokens at the geometric mean of the steady rates; otherwise as its tokens
     at the geometric mean of the runs' plain rates.
+
+    Where a run of the chosen config held fewer than ``FILLED`` times the requests its engines
+    run at once (``RunRecord.fill``), ``prediction_underfilled`` says so: such a run's steady rate
+    reads low (and under 2× it is one draining batch with no steady state at all), so the rest of
+    the job, fed without end, likely runs faster than predicted.
     """
     sampled = [r for r in records if r.kind in ("trial", "confirm") and r.requests]
     requests = sum(r.requests for r in sampled)
@@ -174,8 +211,10 @@ def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests
     runs = [r for r in mine if r.kind == "confirm"] or mine
     if not requests or not runs:
         return {"predicted_rest_s": None, "predicted_rest_output_tokens": None, "predicted_rest_tok_s": None,
-                "predicted_rest_fixed_s": None, "prediction_method": None}
+                "predicted_rest_fixed_s": None, "prediction_method": None, "prediction_underfilled": None,
+                "prediction_min_fill": None}
     rest_tokens = tokens / requests * requests_left
+    fills = [r.fill for r in runs if r.fill is not None]
     steady = [r for r in runs if r.steady_tok_s]
     method = "steady" if len(steady) == len(runs) else "plain"
     if method == "steady":
@@ -185,7 +224,9 @@ def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests
     else:
         rate, fixed = _geomean([r.rate for r in runs]), 0.0  # type: ignore[misc]
     return {"predicted_rest_s": fixed + rest_tokens / rate, "predicted_rest_output_tokens": rest_tokens,
-            "predicted_rest_tok_s": rate, "predicted_rest_fixed_s": fixed, "prediction_method": method}
+            "predicted_rest_tok_s": rate, "predicted_rest_fixed_s": fixed, "prediction_method": method,
+            "prediction_underfilled": bool(fills) and min(fills) < FILLED,
+            "prediction_min_fill": min(fills) if fills else None}
 
 
 def _geomean(values: list[float]) -> float:

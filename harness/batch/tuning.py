@@ -47,8 +47,8 @@ from harness.batch.plan import Plan
 from harness.batch.shards import Index
 from harness.batch.state import JobState
 from harness.batch.tune_config import output_changing, sampler_config
-from harness.batch.tune_runs import (RunLog, RunRecord, predicted_seconds, probe_requests, sample_order,
-                                      sample_summary, shards_per_run, steady_rate)
+from harness.batch.tune_runs import (FILLED, RunLog, RunRecord, concurrency, predicted_seconds, probe_requests,
+                                      sample_order, sample_summary, shards_per_run, steady_rate)
 from harness.core.errors import TroughputError
 from harness.quality.agreement import columns as agreement_columns
 from harness.report.verdict import INSUFFICIENT, Verdict, compare
@@ -110,6 +110,13 @@ class InJobTuning:
         left = [i for i in range(self.index.shards(self.plan.shard_size)) if i not in self.state.committed()]
         requests_left = sum(shard_records(self.index, self.plan.shard_size, i) for i in left)
         prediction = predicted_seconds(self.log.read(), chosen, requests_left)
+        if prediction.get("prediction_underfilled"):
+            log.warning("the chosen config's runs held %.2f× the requests its engines run at once (under %g×; under 2× "
+                        "a run is one draining batch): its measured rate reads low there, so the rest of the job, fed "
+                        "without end, will likely run faster than the predicted %.0f s, and the trials ranked configs "
+                        "that run many sequences at once below their full rate. Larger runs need a larger job or a "
+                        "higher batch.tune.max_share (docs/guides/batch-tune.md)", prediction["prediction_min_fill"],
+                        FILLED, prediction["predicted_rest_s"] or 0.0)
         if left:
             self._run("main", "main", chosen, set(left))
         self.outcome.columns = self._columns(chosen, verdict, prediction, tuning_s)
@@ -282,8 +289,9 @@ class InJobTuning:
         record = RunRecord(kind=kind, label=label, values=values, shards=committed, requests=run.requests_ok,
                            output_tokens=run.output_tokens, probe_output_tokens=run.probe_output_tokens,
                            generation_s=run.generation_s, startup_s=run.startup_s, wall_s=wall, trial=trial,
-                           side=side, steady_tok_s=steady_rate(run.finishes))
-        run.finishes = []  # measured; not carried into the job's totals
+                           side=side, steady_tok_s=steady_rate(run.finishes),
+                           concurrency=concurrency(run.engine_limits, run.lengths))
+        run.finishes, run.engine_limits, run.lengths = [], [], []  # measured; not carried into the job's totals
         failed = [f"shard {i}: {why}" for i, why in sorted(run.shards_failed.items())] + run.errors
         if failed:
             record.status, record.reason = "failed", "; ".join(failed)[:1000]
@@ -432,6 +440,8 @@ class InJobTuning:
 def _describe(record: RunRecord) -> str:
     rate = f"{record.rate:,.1f} output tok/s" if record.rate else "no rate"
     text = f"{record.status}, {rate}, {record.requests} requests, {len(record.shards)} shards committed"
+    if record.fill is not None:   # under 2: one draining batch
+        text += f", {record.fill:.2f}× the {record.concurrency:.0f} requests its engines run at once"
     if record.agreement is not None:
         text += f", agreement {record.agreement:.4f}"
     return text + (f" ({record.reason[:200]})" if record.reason else "")

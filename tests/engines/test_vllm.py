@@ -57,6 +57,8 @@ def test_prefix_cache_serves_all_but_the_first_prompt_of_each_group(roomy):
 def test_prefix_caching_off_reports_zero(tight):
     row = tight
     assert row["status"] == "ok", row["error"]
+    # what the engine runs at once, from its start: the knob's sequences, and 1 MiB of KV as 32 blocks of 32 tokens
+    assert (row["engine_info.max_num_seqs"], row["engine_info.kv_cache_tokens"]) == (16, 32 * 32)
     assert row["workload_info.ideal_prefix_hit_tokens"] > 0, "the prompts share prefixes a cache would serve"
     assert row["prefix_cache_hits"] == 0 and row["prefix_cache_hit_rate"] == 0.0
 

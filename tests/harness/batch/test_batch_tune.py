@@ -78,6 +78,13 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp
     main = [m for m in metas.values() if m["phase"] == "main"]
     assert len(main) == 18 and all(m["config"] == row["tune.chosen"] for m in main)
     assert row["tune.restarts"] == 9 and row["tune.restart_s"] > 0 and row["tune.overhead_share"] is not None
+    # what each run's engine ran at once (its seats, from its start) and the fill: the job's 2 seats hold a queue of
+    # 16-request runs (fill 8); the candidate's 12 or 64 do not (fill under 2), so its prediction is under-filled
+    assert all(r["concurrency"] == r["values"].get("engine.knobs.max_num_seqs", 2) for r in runs[:-1])
+    assert runs[-1]["concurrency"] is None, "the main run keeps no per-request lengths (a job of millions)"
+    assert [r["fill"] for r in runs if r["side"] == "default"] == [8.0] * 3
+    assert row["tune.prediction_underfilled"] is True and row["tune.prediction_min_fill"] < 2
+    assert "the chosen config's runs held" in proc.stdout + proc.stderr, "the log says the prediction runs long"
     assert row["tune.predicted_rest_s"] > 0 and row["tune.measured_rest_s"] > 0
     assert row["tune.predicted_rest_output_tokens"] == 18 * 8 * 30, "sampled tokens per request × requests left"
     assert "tuning" in proc.stdout and "predicted" in proc.stdout

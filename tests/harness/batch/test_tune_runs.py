@@ -65,3 +65,46 @@ def test_finish_times_that_do_not_spread_give_no_steady_rate() -> None:
                          generation_s=2.0, steady_tok_s=None)]
     got = predicted_seconds(records, {}, 400)
     assert got["prediction_method"] == "plain" and abs(got["predicted_rest_s"] - 20.0) < 1e-9
+
+
+def test_runs_smaller_than_what_the_engine_runs_at_once_are_flagged_and_their_prediction_runs_long() -> None:
+    """192-request runs on an engine of 512 seats (two replicas of 256, as the CPU default's batch recipe):
+    every request starts at once and the run drains. The prediction says the runs were under-filled, and it
+    is indeed long: fed without end, the seats stay full."""
+    from harness.batch.tune_runs import FILLED, concurrency
+
+    limits = [{"max_num_seqs": 256, "kv_cache_tokens": 1 << 20}] * 2
+    records = []
+    for seed in range(3):
+        lengths = _lengths(192, seed)
+        finishes, t = _run(lengths, seats=512)
+        tokens = sum(n for _, n in finishes)
+        records.append(RunRecord(kind="confirm", label=f"c{seed}", values={}, shards=[], requests=192,
+                                 output_tokens=tokens, generation_s=t, steady_tok_s=steady_rate(finishes),
+                                 concurrency=concurrency(limits, [(150, n) for n in lengths])))
+    assert records[0].concurrency == 512 and records[0].fill == 192 / 512 < FILLED
+    rest = _lengths(20_000, 99)
+    _, measured = _run(rest, seats=512)
+    got = predicted_seconds(records, {}, len(rest))
+    assert got["prediction_underfilled"] is True and got["prediction_min_fill"] == 0.375
+    assert got["predicted_rest_s"] > 1.5 * measured, "a draining run's rate is far below the full engine's"
+    filled = [RunRecord(**{**r.__dict__, "concurrency": 16.0}) for r in records]   # 12× its 16 seats
+    assert predicted_seconds(filled, {}, len(rest))["prediction_underfilled"] is False
+
+
+def test_what_an_engine_runs_at_once_is_its_sequences_or_what_its_kv_cache_holds() -> None:
+    from harness.batch.tune_runs import concurrency
+
+    # 128 prompt and 64 output tokens each: a request holds 160 tokens on average while it runs
+    same = [(128, 64)] * 100
+    assert concurrency([{"max_num_seqs": 256, "kv_cache_tokens": 16_000}], same) == 100.0
+    assert concurrency([{"max_num_seqs": 32, "kv_cache_tokens": 16_000}] * 2, same) == 64.0
+    assert concurrency([{"max_num_seqs": 32, "kv_cache_tokens": None}], same) == 32.0
+    # skewed outputs: the long ones run longest, so what a running request holds is output-weighted
+    skewed = [(128, 8)] * 90 + [(128, 512)] * 10   # unweighted 128 + 58.4 / 2 = 157 tokens; weighted 353
+    assert round(concurrency([{"max_num_seqs": 256, "kv_cache_tokens": 35_293}], skewed)) == 100
+    assert concurrency([{"max_num_seqs": None, "kv_cache_tokens": None}], same) is None, \
+        "an engine that does not say: unknown, and no fill"
+    assert concurrency([], same) is None and concurrency([{"max_num_seqs": 8}], []) is None
+    kept = RunRecord(kind="confirm", label="c", values={}, shards=[], requests=400, concurrency=100.0)
+    assert kept.fill == 4.0 and RunRecord(**{**kept.__dict__, "concurrency": None}).fill is None
