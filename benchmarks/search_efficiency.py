@@ -249,6 +249,8 @@ def main() -> None:
                         "(e.g. with run.repeats=3) instead of resuming the stored one")
     parser.add_argument("overrides", nargs="*", help="extra overrides for the cell, e.g. run.repeats=3")
     args = parser.parse_args()
+    if args.budget is not None and args.budget < 1:
+        parser.error("--budget: at least 1 trial")
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     import logging
     import warnings
@@ -263,7 +265,7 @@ def main() -> None:
     out = ROOT / "results" / "search_efficiency" / f"{args.cell}-{cell.grid_points}pt{'-' + args.tag if args.tag else ''}"
     grid = run_grid(cell, out, args.overrides)
     best = grid.best
-    budget = args.budget or max(1, round(BUDGET_SHARE * grid.valid()))
+    budget = args.budget if args.budget is not None else max(1, round(BUDGET_SHARE * grid.valid()))
     print(f"\ncell {args.cell}: {' '.join(cell.overrides)}")
     print(f"grid: {len(grid.cells)} cells ({grid.valid()} valid), {sum(grid.seconds.values()):,.0f} run seconds "
           f"({grid.wall_s:,.0f} s in this invocation, which resumes a stored grid); best {best:,.1f} "
@@ -273,7 +275,7 @@ def main() -> None:
         print(f"  {name:28s} {share:>28s}  {params or 'engine defaults'}")
     mode = "live runs" if args.live else "replayed on the grid's measured points"
     print(f"\nsamplers ({mode}; {args.seeds} seeds; budget for 'best found' = "
-          f"{'--budget' if args.budget else '20% of valid cells'} = {budget} trials)")
+          f"{'--budget' if args.budget is not None else '20% of valid cells'} = {budget} trials)")
     print(f"| sampler | seed trials | trials to 2% | trials to 5% | within 2% by trial {budget} "
           f"| best in {budget} trials | run s to 2% |")
     print("|---|---|---|---|---|---|---|")
