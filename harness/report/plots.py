@@ -9,6 +9,7 @@ import io
 import json
 import math
 import re
+import textwrap
 from dataclasses import dataclass
 
 import matplotlib
@@ -43,6 +44,12 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
+def _wrapped(label: str, width: int = 26) -> str:
+    """A config's label over lines of about ``width`` characters (a tuned config's runs to a hundred and more:
+    rotated, it outgrew the figure and matplotlib dropped the layout)."""
+    return textwrap.fill(label, width, break_long_words=False, break_on_hyphens=False)
+
+
 def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower() or "x"
 
@@ -67,8 +74,8 @@ def throughput(configs: pd.DataFrame) -> list[Plot]:
         axes.errorbar(x, values, yerr=errors, fmt="none", capsize=4, ecolor="black")
         for xi, (value, label) in enumerate(zip(rows[METRIC], rows["label"])):
             if not math.isnan(value):
-                axes.annotate(str(label), (x[xi], value), xytext=(0, 3), textcoords="offset points",
-                              ha="center", va="bottom", fontsize=7, rotation=90 if len(str(label)) > 18 else 0)
+                axes.annotate(_wrapped(str(label)), (x[xi], value), xytext=(0, 3), textcoords="offset points",
+                              ha="center", va="bottom", fontsize=7)
     axes.set_xticks(np.arange(len(cells_)), cells_)
     axes.set_ylabel("output tok/s (best config)")
     axes.set_title("Throughput per engine and workload")

@@ -187,3 +187,19 @@ def test_a_faster_config_below_the_agreement_floor_is_passed_over_and_named(resu
     report = build_report(directory, "q", options=ReportOptions(record=False))
     text = str([getattr(block, "rows", None) for section in report.sections for block in section.blocks])
     assert "rejected: token agreement with the default config 0.820 < 0.99" in text
+
+
+def test_the_throughput_plot_lays_out_a_config_label_as_long_as_a_tuned_config_s(results, row):
+    """A tuned config's label (four knobs with their values) once collapsed the plot's axes: matplotlib
+    warned and dropped the layout. It is wrapped instead, and drawn in full."""
+    import warnings
+
+    knobs = {"enable_chunked_prefill": False, "kv_cache_memory_bytes": 268435456, "max_num_batched_tokens": 7172,
+             "max_num_seqs": 512, "replicas": "default"}
+    directory = results(*runs(row, knobs, 700, 705, 710), *runs(row, {"max_num_seqs": 8}, 100, 105, 110))
+    from harness.report import ReportOptions, build_report, plots
+    report = build_report(directory, "long", options=ReportOptions(record=False))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # matplotlib's "constrained_layout not applied" is a UserWarning
+        [plot] = plots.throughput(report.configs)
+    assert plot.png.startswith(b"\x89PNG")
