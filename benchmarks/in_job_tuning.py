@@ -121,7 +121,7 @@ def load_grid(args: argparse.Namespace) -> Any:
             not in cell.overrides or args.shape:
         raise SystemExit(f"--grid is search_efficiency.py's {args.grid_cell} cell ({' '.join(cell.overrides)}): "
                          f"give the in-job arm the same space and KV bytes (--space, --kv-bytes), no --shape")
-    return run_grid(cell, args.grid, [])
+    return run_grid(cell, args.grid, args.grid_override)
 
 
 def grid_best_overrides(grid: Any) -> list[str]:
@@ -182,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a search_efficiency.py grid folder (results/search_efficiency/<cell>-<n>pt); its best "
                              "cell is the grid-best arm unless --grid-best is given")
     parser.add_argument("--grid-cell", default="cpu", help="search_efficiency.py's cell that --grid holds")
+    parser.add_argument("--grid-override", action="append", default=[], metavar="K=V",
+                        help="an override the grid was run with (repeatable; e.g. run.repeats=3 for a grid made by "
+                        "search_efficiency.py ... run.repeats=3), so it resumes as it was made")
     parser.add_argument("--grid-best", nargs="*", default=[], help="the grid's best config as K=V overrides")
     parser.add_argument("--arms", default="in-job,default,grid-best")
     parser.add_argument("--kv-bytes", type=int, default=KV_BYTES, help="the cell's KV cache bytes")
