@@ -79,6 +79,8 @@ def main() -> int:
     parser.add_argument("--kv-bytes", type=int, default=1 << 30)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.runs < 2:
+        parser.error("--runs must be at least 2: the step model fits two coefficients")
     import json
 
     from engines.vllm import VllmEngine

@@ -13,14 +13,18 @@ mapfile -t commands < <(awk '/^## The workflow in four commands/{on=1; next} /^#
     on && /^```/{block=!block; next} on && block && NF' README.md)
 [ "${#commands[@]}" -ge 4 ] || { echo "found ${#commands[@]} commands in README.md" >&2; exit 2; }
 echo "host: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs); commit $(git rev-parse --short HEAD); $(uptime)"
+logs=$(mktemp -d /tmp/readme_workflow.XXXXXX)
+echo "each command's output: $logs/<n>.log"
 failed=0
+n=0
 for command in "${commands[@]}"; do
+    n=$((n + 1))
     t0=$(date +%s)
     echo "=== $(date -u +%T) $command"
-    bash -c "$command" > /tmp/readme_workflow.log 2>&1
+    bash -c "$command" > "$logs/$n.log" 2>&1
     rc=$?
     echo "=== exit $rc after $(( $(date +%s) - t0 )) s"
-    tail -n 4 /tmp/readme_workflow.log
+    tr '\r' '\n' < "$logs/$n.log" | tail -n 4
     [ $rc -eq 0 ] || failed=1
 done
 echo "rows: $(ls results/runs | wc -l); engine files: $(ls results/tuned/engine 2>/dev/null | wc -l);" \

@@ -69,8 +69,8 @@ class VllmEngine(Engine):
         return StartInfo(startup_s=startup_s, compile_s=compile_s or None, engine_version=_version(),
                          extra={"block_size": config.cache_config.block_size,
                                 # what it runs at once: sequences, and tokens of KV cache (in-job tuning's run fill)
-                                "max_num_seqs": config.scheduler_config.max_num_seqs,
-                                "kv_cache_tokens": _kv_cache_tokens(config.cache_config),
+                                "max_num_seqs": config.scheduler_config.max_num_seqs * _dp(config),
+                                "kv_cache_tokens": _kv_cache_tokens(config.cache_config) if _dp(config) == 1 else None,
                                 "dtype": dtype_name(config.model_config.dtype),
                                 "grammar_backend": config.structured_outputs_config.backend})
 
@@ -262,9 +262,15 @@ def check_engine_args(kwargs: dict[str, Any], knobs: dict[str, Any], label: str 
         raise KnobError(f"vLLM rejects the knobs {knobs}{where}: {type(e).__name__}: {e}") from e
 
 
+def _dp(config: Any) -> int:
+    """vLLM's own data-parallel ranks in this engine (its ``max_num_seqs`` is per rank)."""
+    return int(getattr(config.parallel_config, "data_parallel_size", 1) or 1)
+
+
 def _kv_cache_tokens(cache: Any) -> int | None:
-    """Tokens the KV cache holds: vLLM's own count where it has one (``kv_cache_size_tokens``, right for hybrid
-    models too), else its blocks × block size."""
+    """Tokens the KV cache holds (one data-parallel rank): vLLM's own count where it has one
+    (``kv_cache_size_tokens``), else its blocks × block size. On sliding-window or hybrid models it is an
+    estimate: vLLM derives it for requests of the model's full length."""
     tokens = getattr(cache, "kv_cache_size_tokens", None) or (cache.num_gpu_blocks or 0) * cache.block_size
     return int(tokens) or None
 

@@ -61,6 +61,7 @@ class ShardsRun:
     #                                  kv_cache_tokens where it says (``tune_runs.concurrency``)
     lengths: list[tuple[int, int]] = field(default_factory=list)  # (prompt, output tokens) per request, kept for an
     #                                  in-job tuning's runs (``tune_runs.concurrency``)
+    serial: bool = False           # an engine ran a shard at a time (no ``feeder()``): at most a shard at once
 
     def add(self, meta: dict[str, Any]) -> None:
         """Count one shard this invocation committed (its ``meta.json``)."""
@@ -250,6 +251,12 @@ class _Runner:
                 self.bar.engines_up()
         elif kind == "progress":
             self.bar.worker_progress(worker, int(event.get("done", 0)))
+        elif kind == "phase" and event.get("phase") == "preloaded":
+            if event.get("error"):  # not fatal: the slot's first start imports again and fails with its reason
+                log.warning("parked worker %d could not import its engine ahead: %s", worker + 1, event["error"])
+            else:
+                log.info("parked worker %d imported %s in %.1f s", worker + 1, ", ".join(event.get("modules") or [])
+                         or "nothing", float(event.get("seconds") or 0.0))
         elif kind == "shard_done":
             index, items, _ = self.in_flight.pop(event["shard"])
             result = json.loads((Path(event["shard"]) / "result.json").read_text())
@@ -258,9 +265,10 @@ class _Runner:
             if self.plan.phase.get("phase") in TIMED_PHASES and measured.get("streams") and not measured.get("predicted"):
                 self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
                                       for c in result["completions"] if c.get("finished_at") is not None]
-            if self.plan.phase.get("phase") in TIMED_PHASES:
+            if self.plan.phase.get("phase") in TIMED_PHASES and index != PROBE:  # the probe is in no request count
                 self.run.lengths += [(int(c.get("prompt_tokens") or 0), len(c["output_token_ids"]))
                                      for c in result["completions"]]
+                self.run.serial = self.run.serial or not measured.get("streams")
             if index == PROBE:
                 self.run.probe = {c["id"]: c["output_token_ids"] for c in result["completions"]}
                 self.run.probe_output_tokens = sum(len(ids) for ids in self.run.probe.values())

@@ -144,10 +144,12 @@ def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
 FILLED = 8.0  # runs of fewer than this many times what their engines run at once read their config's rate low
 
 
-def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]]) -> float | None:
+def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]],
+                per_engine_cap: int | None = None) -> float | None:
     """How many of a run's requests its engines run at once: per engine, its ``max_num_seqs`` or the requests its
-    KV cache holds, whichever is fewer; summed over the engines. ``None`` where an engine does not say its
-    ``max_num_seqs`` (vLLM's adapter and the simulator do) or the run has no requests.
+    KV cache holds, whichever is fewer (and at most ``per_engine_cap``: an engine fed one shard at a time runs
+    at most a shard); summed over the engines. ``None`` where an engine does not say its ``max_num_seqs``
+    (vLLM's adapter and the simulator do) or the run has no requests.
 
     What a request holds: its prompt plus half its output on average while it runs, weighted by its output
     length (a long output holds its KV for longer, so the requests running at any moment are the long ones):
@@ -162,8 +164,9 @@ def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]]) ->
     outputs = sum(o for _, o in lengths)
     held = (sum(o * (p + o / 2) for p, o in lengths) / outputs if outputs
             else sum(p for p, _ in lengths) / len(lengths))
-    return float(sum(min(lim["max_num_seqs"], lim["kv_cache_tokens"] / held) if lim.get("kv_cache_tokens") and held
-                     else lim["max_num_seqs"] for lim in limits))
+    cap = per_engine_cap or math.inf
+    return float(sum(min(lim["max_num_seqs"], cap, lim["kv_cache_tokens"] / held if lim.get("kv_cache_tokens") and held
+                         else math.inf) for lim in limits))
 
 
 def steady_rate(finishes: list[tuple[float, int]], low: float = 0.3, high: float = 0.7) -> float | None:
@@ -225,7 +228,7 @@ def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests
         rate, fixed = _geomean([r.rate for r in runs]), 0.0  # type: ignore[misc]
     return {"predicted_rest_s": fixed + rest_tokens / rate, "predicted_rest_output_tokens": rest_tokens,
             "predicted_rest_tok_s": rate, "predicted_rest_fixed_s": fixed, "prediction_method": method,
-            "prediction_underfilled": bool(fills) and min(fills) < FILLED,
+            "prediction_underfilled": min(fills) < FILLED if fills else None,  # None: no run's fill is known
             "prediction_min_fill": min(fills) if fills else None}
 
 

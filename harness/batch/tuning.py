@@ -114,8 +114,9 @@ class InJobTuning:
             log.warning("the chosen config's runs held %.2f× the requests its engines run at once (under %g×; under 2× "
                         "a run is one draining batch): its measured rate reads low there, so the rest of the job, fed "
                         "without end, will likely run faster than the predicted %.0f s, and the trials ranked configs "
-                        "that run many sequences at once below their full rate. Larger runs need a larger job or a "
-                        "higher batch.tune.max_share (docs/guides/batch-tune.md)", prediction["prediction_min_fill"],
+                        "that run many sequences at once below their full rate. Larger runs need a larger job, a "
+                        "higher batch.tune.max_share, or fewer runs (batch.tune.trials, batch.tune.max_confirm_rounds; "
+                        "docs/guides/batch-tune.md)", prediction["prediction_min_fill"],
                         FILLED, prediction["predicted_rest_s"] or 0.0)
         if left:
             self._run("main", "main", chosen, set(left))
@@ -290,7 +291,8 @@ class InJobTuning:
                            output_tokens=run.output_tokens, probe_output_tokens=run.probe_output_tokens,
                            generation_s=run.generation_s, startup_s=run.startup_s, wall_s=wall, trial=trial,
                            side=side, steady_tok_s=steady_rate(run.finishes),
-                           concurrency=concurrency(run.engine_limits, run.lengths))
+                           concurrency=concurrency(run.engine_limits, run.lengths,
+                                                   self.plan.shard_size if run.serial else None))
         run.finishes, run.engine_limits, run.lengths = [], [], []  # measured; not carried into the job's totals
         failed = [f"shard {i}: {why}" for i, why in sorted(run.shards_failed.items())] + run.errors
         if failed:

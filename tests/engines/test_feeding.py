@@ -182,16 +182,17 @@ def test_a_park_waits_for_the_shards_fed_before_it_and_a_parked_worker_takes_onl
         _while_parked(commands)
 
 
-def test_a_parked_worker_imports_its_engine_while_it_waits_and_then_starts_it(tmp_path: Path) -> None:
-    """A slot parked at job start (``job.json``: a park naming the engine) imports the engine's package
-    (``Engine.preload``) before the first restart reaches it; the restart then starts the engine."""
+def _parked_worker(tmp_path: Path, engine: str) -> tuple[list[dict], int]:
+    """A batch worker parked at job start for ``engine``: once it says ``preloaded``, restart it with the fake
+    engine and close its input; its events (up to its start, 30 s at most) and exit code."""
     import threading
 
     from tests.conftest import ROOT
 
-    (tmp_path / "job.json").write_text(json.dumps({"park": True, "engine": "tests.fake_engine:FakeEngine"}))
-    proc = subprocess.Popen([sys.executable, "-m", "engines.batch_worker", str(tmp_path)], cwd=ROOT, text=True,
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    (tmp_path / "job.json").write_text(json.dumps({"park": True, "engine": engine}))
+    with open(tmp_path / "stderr.log", "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "engines.batch_worker", str(tmp_path)], cwd=ROOT, text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout], daemon=True).start()  # type: ignore
     events: list[dict] = []
@@ -202,19 +203,36 @@ def test_a_parked_worker_imports_its_engine_while_it_waits_and_then_starts_it(tm
                 events.append(json.loads(lines.get(timeout=max(0.1, deadline - time.monotonic()))))
             except queue.Empty:
                 proc.kill()
-                pytest.fail(f"no 'started' within 30 s; events {events}; stderr {proc.stderr.read()[-2000:]}")  # type: ignore
+                pytest.fail(f"no 'started' within 30 s; events {events}; "
+                            f"stderr {(tmp_path / 'stderr.log').read_text()[-2000:]}")
             if events[-1].get("phase") == "preloaded":
                 restart = {"engine": "tests.fake_engine:FakeEngine", "knobs": {}, "model": {}}
                 proc.stdin.write(json.dumps({"restart": {"job": restart}}) + "\n")  # type: ignore[union-attr]
                 proc.stdin.flush()  # type: ignore[union-attr]
         proc.stdin.close()  # type: ignore[union-attr]
-        assert proc.wait(timeout=60) == 0
+        return events, proc.wait(timeout=60)
     finally:
         proc.kill()
+
+
+def test_a_parked_worker_imports_its_engine_while_it_waits_and_then_starts_it(tmp_path: Path) -> None:
+    """A slot parked at job start (``job.json``: a park naming the engine) imports the engine's package
+    (``Engine.preload``) before the first restart reaches it; the restart then starts the engine."""
+    events, code = _parked_worker(tmp_path, "tests.fake_engine:FakeEngine")
+    assert code == 0
     phases = [e.get("phase") for e in events if e["event"] == "phase"]
     assert phases == ["parked", "preloaded", "start"]
     [preloaded] = [e for e in events if e.get("phase") == "preloaded"]
     assert preloaded["modules"] == ["wave"], "the fake engine's preload module was imported in the parked worker"
+
+
+def test_a_parked_worker_whose_engine_cannot_be_imported_says_so_and_still_takes_its_restart(tmp_path: Path) -> None:
+    """A preload that fails (here: no such engine class) is said, with its reason, and is not the worker's end."""
+    events, code = _parked_worker(tmp_path, "no_such_engine_module_here:Nothing")
+    assert code == 0
+    [preloaded] = [e for e in events if e.get("phase") == "preloaded"]
+    assert preloaded["modules"] == [] and "no_such_engine_module_here" in preloaded["error"]
+    assert events[-1]["event"] == "started", "the restart that followed started its engine"
 
 
 def test_preload_imports_what_an_engine_names_and_leaves_a_missing_package_to_its_start() -> None:

@@ -278,6 +278,7 @@ def test_a_replica_switch_keeps_the_workers_and_a_1_replica_run_leaves_the_secon
     if threads:
         assert len(logs) == 2, "one worker per slot for the whole job"
         assert "trial 2 (one): workers kept, engines restarted in 1 of 2 slots, 1 parked" in proc.stdout
+        assert "parked worker 2 imported wave in" in proc.stdout, "the slot parked at start imported its engine"
     else:
         assert len(logs) >= 4, "a worker per replica per switch: 1, then 2, then 1 again"
         assert "trial 2 (one): new workers (slots 1, replicas 1): a slot has" in proc.stdout

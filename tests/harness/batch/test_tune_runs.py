@@ -90,6 +90,8 @@ def test_runs_smaller_than_what_the_engine_runs_at_once_are_flagged_and_their_pr
     assert got["predicted_rest_s"] > 1.5 * measured, "a draining run's rate is far below the full engine's"
     filled = [RunRecord(**{**r.__dict__, "concurrency": 16.0}) for r in records]   # 12× its 16 seats
     assert predicted_seconds(filled, {}, len(rest))["prediction_underfilled"] is False
+    unknown = [RunRecord(**{**r.__dict__, "concurrency": None}) for r in records]   # Ray, SGLang, an old record
+    assert predicted_seconds(unknown, {}, len(rest))["prediction_underfilled"] is None, "unknown, not 'filled'"
 
 
 def test_what_an_engine_runs_at_once_is_its_sequences_or_what_its_kv_cache_holds() -> None:
@@ -106,5 +108,8 @@ def test_what_an_engine_runs_at_once_is_its_sequences_or_what_its_kv_cache_holds
     assert concurrency([{"max_num_seqs": None, "kv_cache_tokens": None}], same) is None, \
         "an engine that does not say: unknown, and no fill"
     assert concurrency([], same) is None and concurrency([{"max_num_seqs": 8}], []) is None
+    # fed a shard at a time (an engine without feeder()), an engine runs at most a shard's requests at once
+    assert concurrency([{"max_num_seqs": 256, "kv_cache_tokens": 16_000}] * 2, same, per_engine_cap=64) == 128.0
+    assert concurrency([{"max_num_seqs": 32, "kv_cache_tokens": None}], same, per_engine_cap=64) == 32.0
     kept = RunRecord(kind="confirm", label="c", values={}, shards=[], requests=400, concurrency=100.0)
     assert kept.fill == 4.0 and RunRecord(**{**kept.__dict__, "concurrency": None}).fill is None
