@@ -54,7 +54,7 @@ class JobState:
                     f"this one to start over")
         self.shards_dir.mkdir(parents=True, exist_ok=True)
         self.work_dir.mkdir(parents=True, exist_ok=True)
-        _write_whole(path, plan.to_json())  # this invocation's settings (replicas, scale) for its tasks
+        write_whole(path, plan.to_json())  # this invocation's settings (replicas, scale) for its tasks
 
     def committed(self) -> set[int]:
         """Indices of the committed shards."""
@@ -134,7 +134,7 @@ def _write_lines(path: Path, lines: list[dict]) -> None:
         os.fsync(f.fileno())
 
 
-def _write_whole(path: Path, text: str) -> None:
+def write_whole(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)

@@ -144,6 +144,36 @@ def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
 FILLED = 8.0  # runs of fewer than this many times what their engines run at once read their config's rate low
 
 
+def confirm_shards(k: int, shard_size: int, room: int, rounds: int, concurrencies: dict[str, float | None],
+                   target: float) -> dict[str, int]:
+    """Shards per confirmation run, for each side (``default``, ``candidate``).
+
+    Both sides at one fill (a run's requests ÷ what its engines run at once, ``concurrencies``,
+    known from the trial each side's config ran), up to ``target``: as high as ``rounds`` rounds of
+    both fit in ``room`` shards, never fewer than ``k`` shards a run (the trials' run size, for
+    which the trials kept room). A side whose concurrency is unknown (Ray; an engine that does not
+    say its ``max_num_seqs``), or ``target`` 0, runs ``k``.
+
+    Why: a confirmation run that holds less than about 2× what its engines run at once is one
+    draining batch (``concurrency``), so a candidate that runs many sequences at once reads low
+    against the defaults and is not called a winner, and the rest of the job's prediction, which
+    rests on these runs, reads long. Equal fill makes both sides pay the same ramp-up and drain.
+    """
+    def sizes(fill: float) -> dict[str, int]:
+        return {side: max(k, math.ceil(fill * c / shard_size - 1e-9)) if c else k for side, c in concurrencies.items()}
+
+    def fits(fill: float) -> bool:
+        return sum(sizes(fill).values()) * rounds <= room
+
+    if target <= 0 or fits(target):
+        return sizes(max(target, 0.0))
+    low, high = 0.0, target   # the largest fill that fits, to 0.01 (0 always "fits" at k: the trials kept that room)
+    while high - low > 0.01:
+        mid = (low + high) / 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return sizes(low)
+
+
 def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]],
                 per_engine_cap: int | None = None) -> float | None:
     """How many of a run's requests its engines run at once: per engine, its ``max_num_seqs`` or the requests its

@@ -9,7 +9,9 @@ with the phase's knobs):
    (``tune_runs.shards_per_run`` says how many). A trial's shards are committed as the job's
    output; its value is output tokens ÷ generation seconds (engines up to its last commit).
 2. **confirmation**: the best feasible trial's config against the engine defaults, alternating,
-   ``confirm_rounds`` runs a side on further sampled shards, then more rounds while the rule is
+   ``confirm_rounds`` runs a side on further sampled shards (each side's runs sized to hold
+   ``confirm_fill``× what its engines run at once, as far as the budget holds, ``tune_runs.confirm_shards``;
+   the sizes are kept in ``tune/confirm.json``), then more rounds while the rule is
    undecided, up to ``max_confirm_rounds`` and within the budget; the verdict rule
    (``harness.report.verdict``, docs/verdicts.md) must call the candidate a clear winner by
    ``min_effect``, else the defaults are kept.
@@ -45,10 +47,10 @@ from engines.worker import classify_failure
 from harness.batch.job import ShardsRun, shard_records
 from harness.batch.plan import Plan
 from harness.batch.shards import Index
-from harness.batch.state import JobState
+from harness.batch.state import JobState, write_whole
 from harness.batch.tune_config import output_changing, sampler_config
-from harness.batch.tune_runs import (FILLED, RunLog, RunRecord, concurrency, predicted_seconds, probe_requests,
-                                      sample_order, sample_summary, shards_per_run, steady_rate)
+from harness.batch.tune_runs import (FILLED, RunLog, RunRecord, concurrency, confirm_shards, predicted_seconds,
+                                      probe_requests, sample_order, sample_summary, shards_per_run, steady_rate)
 from harness.core.errors import TroughputError
 from harness.quality.agreement import columns as agreement_columns
 from harness.report.verdict import INSUFFICIENT, Verdict, compare
@@ -87,6 +89,7 @@ class InJobTuning:
         self.space = SearchSpace(self.tune["space"])
         self.outcome = Outcome()
         self.reference: dict[str, list[int]] | None = None
+        self.sizes: dict[str, int] | None = None   # shards per confirmation run, a side (``_confirm_sizes``)
 
     def _adopt_folder(self) -> None:
         """``tune/`` for this job's tuning settings; one left by other settings (nothing committed) starts over."""
@@ -213,6 +216,7 @@ class InJobTuning:
             log.warning("the job's own config failed (%s): trial %d's config goes on unconfirmed", why, candidate.number)
             return values, (candidate.number, None, f"the job's own config failed ({why}): the best trial, unconfirmed")
         rounds, cap = int(self.tune["confirm_rounds"]), int(self.tune.get("max_confirm_rounds") or 0)
+        self.sizes = self._confirm_sizes(candidate.number, values)
         r = 0
         while True:
             started = len(self._confirm_records(candidate.number)) > 2 * r   # round r begun (a kill cut it)
@@ -228,7 +232,7 @@ class InJobTuning:
                 if len(done) > r:
                     continue
                 self._run("confirm", f"confirm {side} {r + 1}", {} if side == "default" else values,
-                          self._next_shards(), trial=candidate.number, side=side)
+                          self._next_shards(self.sizes[side]), trial=candidate.number, side=side)
             r += 1
         log.info("confirmation: trial %d ÷ engine defaults: %s, %s (%d rounds)", candidate.number,
                  verdict.interval_text(), verdict.verdict, r)
@@ -262,7 +266,7 @@ class InJobTuning:
             return None
         else:
             why = f"about {verdict.rounds_needed} rounds a side would likely decide it"
-        if not self._room_for(2):
+        if not self._room_for(sum(self.sizes.values()) if self.sizes else 2 * self.k):
             log.info("confirmation: %s, but the tuning budget (batch.tune.max_share) holds no further round",
                      verdict.verdict)
             return None
@@ -355,21 +359,48 @@ class InJobTuning:
 
     # ---- helpers ----------------------------------------------------------------------------------
 
-    def _next_shards(self) -> set[int]:
-        """The next ``k`` shards of the sample order that are not committed yet."""
+    def _next_shards(self, k: int | None = None) -> set[int]:
+        """The next ``k`` (default: the run size ``self.k``) shards of the sample order that are not committed yet."""
         committed = self.state.committed()
-        return set([i for i in self.order if i not in committed][:self.k])
+        return set([i for i in self.order if i not in committed][:k or self.k])
 
     def _room_for_a_trial(self) -> bool:
-        """Whether one more trial and the whole confirmation fit in ``max_share`` of the job's shards."""
-        return self._room_for(1 + 2 * int(self.tune["confirm_rounds"]))
+        """Whether one more trial and the whole confirmation (at the trials' run size) fit in ``max_share``."""
+        return self._room_for(self.k * (1 + 2 * int(self.tune["confirm_rounds"])))
 
-    def _room_for(self, runs: int) -> bool:
-        """Whether ``runs`` more runs fit in ``max_share`` of the job's shards, counting every shard the tuning
+    def _room_for(self, shards: int) -> bool:
+        """Whether ``shards`` more shards of runs fit in ``max_share`` of the job's shards (``_room_left``)."""
+        return shards <= self._room_left()
+
+    def _room_left(self) -> int:
+        """Shards of the tuning budget (``max_share`` of the job's) not taken yet, counting every shard the tuning
         runs so far took (runs cut by a kill took theirs too)."""
         budget = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size))
         taken = self.state.committed() | {i for r in self.log.read() for i in r.discarded}  # no main phase yet
-        return len(taken) + self.k * runs <= budget
+        return budget - len(taken)
+
+    def _confirm_sizes(self, trial: int, values: dict[str, Any]) -> dict[str, int]:
+        """Shards per confirmation run for each side (``tune_runs.confirm_shards``), from what each side's config
+        ran at once in the trials and the budget left; fixed in ``tune/confirm.json`` at the first round, so a
+        resumed job confirms with the sizes it began with."""
+        path = self.root / "confirm.json"
+        if path.exists():
+            saved = json.loads(path.read_text())
+            if saved.get("trial") == trial:
+                return saved["shards"]
+        records = [r for r in self.log.read() if r.kind in ("trial", "reference") and r.status == "ok"]
+        seats = {side: max((r.concurrency for r in records if r.values == config and r.concurrency), default=None)
+                 for side, config in (("default", {}), ("candidate", values))}
+        target = float(self.tune.get("confirm_fill") or 0)
+        shards = confirm_shards(self.k, self.plan.shard_size, self._room_left(), int(self.tune["confirm_rounds"]),
+                                seats, target)
+        fills = {side: shards[side] * self.plan.shard_size / c for side, c in seats.items() if c}
+        log.info("confirmation: runs of %d shards (the defaults) and %d (trial %d)%s", shards["default"],
+                 shards["candidate"], trial,
+                 f"; {', '.join(f'{fills[s]:.1f}×' for s in fills)} what their engines ran at once in the trials "
+                 f"(batch.tune.confirm_fill={target:g}, within batch.tune.max_share)" if fills else "")
+        write_whole(path, json.dumps({"trial": trial, "shards": shards, "concurrency": seats, "fill_target": target}))
+        return shards
 
     @staticmethod
     def _cut(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
@@ -416,7 +447,7 @@ class InJobTuning:
         job_s = sum(r.wall_s for r in records)
         trial_no, v, said = verdict if verdict else (None, None, "no trial config beat the job's own in the trials")
         return {
-            "tune.space": self.tune.get("space_name"), "tune.shards_per_run": self.k,
+            "tune.space": self.tune.get("space_name"), "tune.shards_per_run": self.k, "tune.confirm_shards": self.sizes,
             "tune.runs": [r.to_dict() for r in records],
             "tune.trials": sum(r.kind == "trial" for r in records),
             "tune.confirm_runs": sum(r.kind == "confirm" for r in records),

@@ -53,19 +53,26 @@ def _metas(out: Path) -> dict[int, dict]:
 def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp_path: Path) -> None:
     # 30-token outputs: a run's time is the scripted engine's token time (0.3 s a request), not the driver's
     # overhead, which on a loaded host (three pytest workers on 2 cores) spread 10-token runs too close to call
-    path, args = _job(tmp_path, 288, max_tokens=30)
+    path, args = _job(tmp_path, 576, max_tokens=30)
     proc = batch_app(tmp_path, *args, "batch.tune.trials=3", "+engine.knobs.token_s=0.01",
                      "+engine.knobs.max_num_seqs=2")  # the job's own config: 2 sequences at once
     assert proc.returncode == 0, proc.stderr[-3000:]
     ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
-    assert ids == [f"r{i}" for i in range(288)], "every request once, in file order, trial shards included"
+    assert ids == [f"r{i}" for i in range(576)], "every request once, in file order, trial shards included"
     [row] = read_rows(tmp_path / "results", "batch")
     runs = row["tune.runs"]
     assert [r["kind"] for r in runs] == ["trial"] * 3 + ["confirm"] * 6 + ["main"]
-    assert row["tune.shards_per_run"] == 2 and all(len(r["shards"]) == 2 for r in runs[:-1])
+    # 72 shards, a budget of 36: runs of 2 for the trials (room for 6 more rounds); the confirmation then sizes
+    # each side's runs to one fill, as far as 30 shards hold 3 rounds: the defaults' 2 seats fill with 2 shards,
+    # the candidate's 12 or 64 get 8 (batch.tune.confirm_fill; at most 10 shards a round)
+    assert row["tune.shards_per_run"] == 2 and all(len(r["shards"]) == 2 for r in runs[:-1] if r["side"] != "candidate")
+    assert row["tune.confirm_shards"] == {"default": 2, "candidate": 8}
+    assert [len(r["shards"]) for r in runs if r["side"] == "candidate"] == [8] * 3
+    saved = json.loads((tmp_path / "out" / "tune" / "confirm.json").read_text())
+    assert saved["shards"] == row["tune.confirm_shards"] and saved["trial"] == row["tune.candidate_trial"]
     sampled = sorted(i for r in runs[:-1] for i in r["shards"])
-    assert sampled != list(range(18)) and max(sampled) >= 18, "trial shards are drawn from the whole file"
-    assert row["tune.phase_requests"] == 9 * 16 and row["tune.phase_requests"] <= 0.5 * 288
+    assert sampled != list(range(36)) and max(sampled) >= 36, "trial shards are drawn from the whole file"
+    assert row["tune.phase_requests"] == 36 * 8 and row["tune.phase_requests"] <= 0.5 * 576
     # 64 sequences at once against the job's 2: every request takes 0.3 s, so about 8x the rate
     assert row["tune.verdict"] == "clear winner" and row["tune.margin"] > 2
     # trial 2 (seed 0) samples 12 sequences: on 16-request runs it takes 2 waves to the recipe's 1 and the job's
@@ -74,19 +81,22 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp
     sides = [r["side"] for r in runs if r["kind"] == "confirm"]
     assert sides == ["default", "candidate", "candidate", "default", "default", "candidate"], "alternating rounds"
     metas = _metas(tmp_path / "out")
-    assert len(metas) == 36 and {m["phase"] for m in metas.values()} == {"trial", "confirm", "main"}
+    assert len(metas) == 72 and {m["phase"] for m in metas.values()} == {"trial", "confirm", "main"}
     main = [m for m in metas.values() if m["phase"] == "main"]
-    assert len(main) == 18 and all(m["config"] == row["tune.chosen"] for m in main)
+    assert len(main) == 36 and all(m["config"] == row["tune.chosen"] for m in main)
     assert row["tune.restarts"] == 9 and row["tune.restart_s"] > 0 and row["tune.overhead_share"] is not None
     # what each run's engine ran at once (its seats, from its start) and the fill: the job's 2 seats hold a queue of
-    # 16-request runs (fill 8); the candidate's 12 or 64 do not (fill under 2), so its prediction is under-filled
+    # 16-request runs (fill 8); the candidate's 12 or 64 do not in its trial (fill under 2), and its 64-request
+    # confirmation runs fill 12 seats 5.3× and 64 seats 1×: under 8, so its prediction is under-filled
     assert all(r["concurrency"] == r["values"].get("engine.knobs.max_num_seqs", 2) for r in runs[:-1])
     assert runs[-1]["concurrency"] is None, "the main run keeps no per-request lengths (a job of millions)"
     assert [r["fill"] for r in runs if r["side"] == "default"] == [8.0] * 3
-    assert row["tune.prediction_underfilled"] is True and row["tune.prediction_min_fill"] < 2
+    candidate = [r for r in runs if r["side"] == "candidate"]
+    assert all(r["fill"] == 64 / r["concurrency"] for r in candidate), "the confirmation's fill, not the trial's"
+    assert row["tune.prediction_underfilled"] is True and row["tune.prediction_min_fill"] == candidate[0]["fill"]
     assert "the chosen config's runs held" in proc.stdout + proc.stderr, "the log says the prediction runs long"
     assert row["tune.predicted_rest_s"] > 0 and row["tune.measured_rest_s"] > 0
-    assert row["tune.predicted_rest_output_tokens"] == 18 * 8 * 30, "sampled tokens per request × requests left"
+    assert row["tune.predicted_rest_output_tokens"] == 36 * 8 * 30, "sampled tokens per request × requests left"
     assert "tuning" in proc.stdout and "predicted" in proc.stdout
     logs = list((tmp_path / "results" / "logs").glob("*.worker*.log"))
     assert len(logs) == 1, "one worker for the whole job: each run restarts the engine in it (batch.tune.restart)"

@@ -29,11 +29,14 @@ class Scripted(InJobTuning):
                                       status="ok" if rate else "failed"))
         return self.records[-1]
 
-    def _next_shards(self):
+    def _next_shards(self, k=None):
         return set()
 
-    def _room_for(self, runs: int) -> bool:
-        return sum(r.kind == "confirm" for r in self.records) + runs <= self.room_runs
+    def _confirm_sizes(self, trial, values):
+        return {"default": 1, "candidate": 1}   # a shard a run: the budget below counts runs
+
+    def _room_for(self, shards: int) -> bool:
+        return sum(r.kind == "confirm" for r in self.records) + shards <= self.room_runs
 
 
 def _study() -> optuna.Study:
