@@ -89,11 +89,16 @@ def summary(row: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _confirm_sizes(row: dict[str, Any]) -> str:
+    sizes = row.get("tune.confirm_shards")
+    return f"; a confirmation run {sizes['default']} (the job's config) and {sizes['candidate']}" if sizes else ""
+
+
 def tuning_summary(row: dict[str, Any]) -> list[str]:
     """The in-job tuning's lines: its runs and cost, the config it chose and why, the prediction beside the rest."""
     share = row.get("tune.phase_share")
     lines = [f"  tuning: {row['tune.trials']} trials and {row['tune.confirm_runs']} confirmation runs on "
-             f"{row['tune.phase_requests']:,} requests ({row['tune.shards_per_run']} shards each), "
+             f"{row['tune.phase_requests']:,} requests ({row['tune.shards_per_run']} shards a trial{_confirm_sizes(row)}), "
              f"{row['tune.phase_s']:,.1f} s{f' ({share:.1%} of the job)' if share is not None else ''}; overhead "
              f"{row['tune.overhead_s']:,.1f} s ({row['tune.restarts']} restarts {row['tune.restart_s']:,.1f} s, of which "
              f"engine start {row['tune.engine_start_s']:,.1f} s; "

@@ -135,9 +135,14 @@ def _write_lines(path: Path, lines: list[dict]) -> None:
 
 
 def write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` whole or not at all: a temporary file, fsynced, renamed over it, the folder fsynced."""
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    tmp.write_text(text)
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, path)
+    _fsync_dir(path.parent)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -9,6 +9,7 @@ fails first.
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any, Callable
 
@@ -53,7 +54,7 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
         raise TroughputError(f"batch.tune.confirm_rounds={rounds}: the verdict rule (docs/verdicts.md) needs 3 "
                              "runs a side")
     fill = tune.get("confirm_fill") or 0
-    if isinstance(fill, bool) or not isinstance(fill, (int, float)) or fill < 0:
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill) or fill < 0:
         raise TroughputError(f"batch.tune.confirm_fill={fill!r}: must be a number >= 0 (0: confirmation runs as "
                              "large as a trial's)")
     cap = int(tune.get("max_confirm_rounds") or rounds)

@@ -106,7 +106,7 @@ def sample_order(shards: int, seed: int) -> list[int]:
 
 
 def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
-    """How many shards each trial and confirmation run takes.
+    """How many shards each trial takes (and each confirmation run at least: ``confirm_shards``).
 
     The tuning budget (``max_share`` of the job's shards) is split evenly over the trials and
     ``2 × max_confirm_rounds`` confirmation runs (the rounds asked for and those the confirmation
@@ -151,24 +151,32 @@ def confirm_shards(k: int, shard_size: int, room: int, rounds: int, concurrencie
     Both sides at one fill (a run's requests ÷ what its engines run at once, ``concurrencies``,
     known from the trial each side's config ran), up to ``target``: as high as ``rounds`` rounds of
     both fit in ``room`` shards, never fewer than ``k`` shards a run (the trials' run size, for
-    which the trials kept room). A side whose concurrency is unknown (Ray; an engine that does not
-    say its ``max_num_seqs``), or ``target`` 0, runs ``k``.
+    which the trials kept room), so where the budget holds less than the target, the side that
+    runs fewer at once may run fuller than the other (at ``k``). Where either side's concurrency
+    is unknown (Ray; an engine that does not say its ``max_num_seqs``), or ``target`` is 0, both run
+    ``k``: runs sized for one side only would compare two fills. Where ``room`` holds not even
+    ``k`` a run, also ``k`` (over the budget; the caller warns).
 
     Why: a confirmation run that holds less than about 2× what its engines run at once is one
     draining batch (``concurrency``), so a candidate that runs many sequences at once reads low
     against the defaults and is not called a winner, and the rest of the job's prediction, which
-    rests on these runs, reads long. Equal fill makes both sides pay the same ramp-up and drain.
+    rests on these runs, reads long.
     """
+    seats = list(concurrencies.values())
+    if target <= 0 or any(not c or c <= 0 for c in seats):
+        return {side: k for side in concurrencies}
+
     def sizes(fill: float) -> dict[str, int]:
-        return {side: max(k, math.ceil(fill * c / shard_size - 1e-9)) if c else k for side, c in concurrencies.items()}
+        return {side: max(k, math.ceil(fill * c / shard_size - 1e-9)) for side, c in concurrencies.items()}
 
     def fits(fill: float) -> bool:
         return sum(sizes(fill).values()) * rounds <= room
 
-    if target <= 0 or fits(target):
-        return sizes(max(target, 0.0))
-    low, high = 0.0, target   # the largest fill that fits, to 0.01 (0 always "fits" at k: the trials kept that room)
-    while high - low > 0.01:
+    if fits(target):
+        return sizes(target)
+    # the largest fill that fits, to a quarter of the smallest step one shard makes on either side
+    low, high, step = 0.0, float(target), min(shard_size / c for c in seats) / 4  # type: ignore[operator]
+    while high - low > step:
         mid = (low + high) / 2
         low, high = (mid, high) if fits(mid) else (low, mid)
     return sizes(low)

@@ -391,14 +391,21 @@ class InJobTuning:
         records = [r for r in self.log.read() if r.kind in ("trial", "reference") and r.status == "ok"]
         seats = {side: max((r.concurrency for r in records if r.values == config and r.concurrency), default=None)
                  for side, config in (("default", {}), ("candidate", values))}
-        target = float(self.tune.get("confirm_fill") or 0)
-        shards = confirm_shards(self.k, self.plan.shard_size, self._room_left(), int(self.tune["confirm_rounds"]),
-                                seats, target)
-        fills = {side: shards[side] * self.plan.shard_size / c for side, c in seats.items() if c}
-        log.info("confirmation: runs of %d shards (the defaults) and %d (trial %d)%s", shards["default"],
-                 shards["candidate"], trial,
-                 f"; {', '.join(f'{fills[s]:.1f}×' for s in fills)} what their engines ran at once in the trials "
-                 f"(batch.tune.confirm_fill={target:g}, within batch.tune.max_share)" if fills else "")
+        target, rounds, room = float(self.tune.get("confirm_fill") or 0), int(self.tune["confirm_rounds"]), \
+            self._room_left()
+        shards = confirm_shards(self.k, self.plan.shard_size, room, rounds, seats, target)
+        per_round = sum(shards.values())
+        names = {"default": "the job's config", "candidate": f"trial {trial}"}
+        fills = [f"{names[side]} {shards[side] * self.plan.shard_size / c:.1f}×" for side, c in seats.items() if c]
+        log.info("confirmation: runs of %d shards (the job's config) and %d (trial %d)%s; room for %d added rounds",
+                 shards["default"], shards["candidate"], trial,
+                 f": {', '.join(fills)} what its engines ran at once in the trials (batch.tune.confirm_fill={target:g})"
+                 if len(fills) == 2 and target > 0 else " (batch.tune.confirm_fill: no fill known for both sides, or 0)",
+                 max(0, room - rounds * per_round) // per_round)
+        if rounds * per_round > room:
+            log.warning("confirmation: %d rounds of %d shards go %d shards over the budget left (%d; a reference run "
+                        "or runs cut by a kill took shards beyond the trials' own)", rounds, per_round,
+                        rounds * per_round - room, room)
         write_whole(path, json.dumps({"trial": trial, "shards": shards, "concurrency": seats, "fill_target": target}))
         return shards
 

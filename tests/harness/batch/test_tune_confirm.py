@@ -7,6 +7,10 @@ from __future__ import annotations
 import optuna
 from optuna.distributions import IntDistribution
 
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
 from harness.batch.tune_runs import RunRecord
 from harness.batch.tuning import InJobTuning
 
@@ -128,3 +132,37 @@ def test_runs_are_sized_to_leave_room_for_the_added_rounds_where_the_job_is_big_
     assert shards_per_run(tune, Index(1_000_000), 100) == 1000 // (4 + 12), "room for 3 added rounds"
     assert shards_per_run(tune, Index(30_000), 100) == 30 // (4 + 6), "too small for the room: the rounds asked for"
     assert shards_per_run({**tune, "max_confirm_rounds": None}, Index(1_000_000), 100) == 1000 // (4 + 6)
+
+
+class Sizing(InJobTuning):
+    """``InJobTuning._confirm_sizes`` over a run log of trials with known seats and ``room`` shards of budget left."""
+
+    def __init__(self, root: Path, room: int, seats: dict[str, float | None]):
+        self.root, self.room, self.k = root, room, 3
+        self.tune = {"confirm_rounds": 3, "confirm_fill": 8}
+        self.plan = SimpleNamespace(shard_size=64)
+        records = [RunRecord(kind="trial", label="trial 0", values={}, shards=[], concurrency=seats["default"]),
+                   RunRecord(kind="trial", label="trial 2", values={"engine.replicas": 2}, shards=[],
+                             concurrency=seats["candidate"]),
+                   RunRecord(kind="trial", label="trial 3", values={"engine.replicas": 1}, shards=[], concurrency=999.0,
+                             status="failed")]
+
+        class Log:
+            read = staticmethod(lambda: records)
+        self.log = Log()
+
+    def _room_left(self) -> int:
+        return self.room
+
+
+def test_the_confirmation_s_sizes_are_kept_for_a_resumed_job_and_made_again_for_another_candidate(tmp_path) -> None:
+    seats = {"default": 60.0, "candidate": 512.0}
+    first = Sizing(tmp_path, 100, seats)._confirm_sizes(2, {"engine.replicas": 2})
+    assert first["candidate"] > 3 * first["default"] >= 9, "each side's seats come from its own ok trial"
+    saved = json.loads((tmp_path / "confirm.json").read_text())
+    assert saved["trial"] == 2 and saved["shards"] == first and saved["concurrency"] == seats
+    # resumed after a kill in the confirmation: less room is left, the sizes are the ones it began with
+    assert Sizing(tmp_path, 40, seats)._confirm_sizes(2, {"engine.replicas": 2}) == first
+    # another candidate (other settings would have cleared tune/): sized again, and saved
+    other = Sizing(tmp_path, 1000, seats)._confirm_sizes(3, {"engine.replicas": 2})
+    assert other == {"default": 8, "candidate": 64} and json.loads((tmp_path / "confirm.json").read_text())["trial"] == 3

@@ -125,7 +125,12 @@ def test_confirmation_runs_are_sized_to_one_fill_as_far_as_the_budget_holds() ->
     fills = {side: sizes[side] * 64 / seats[side] for side in seats}
     assert abs(fills["candidate"] - fills["default"]) < 1.2 and 1.5 < fills["candidate"] < 8
     assert 3 * sum(confirm_shards(3, 64, 100 + 3 * 8, 3, seats, 8.0).values()) > 3 * sum(sizes.values())
-    # no room beyond the trials' size, a side whose seats are unknown, or no target: runs as large as a trial's
+    # no room beyond the trials' size (or not even that), a side whose seats are unknown (sizing one side only would
+    # compare two fills), or no target: runs as large as a trial's
     assert confirm_shards(3, 64, 18, 3, seats, 8.0) == {"default": 3, "candidate": 3}
-    assert confirm_shards(3, 64, 1000, 3, {"default": None, "candidate": 512.0}, 8.0) == {"default": 3, "candidate": 64}
+    assert confirm_shards(3, 64, 10, 3, seats, 8.0) == {"default": 3, "candidate": 3}
+    assert confirm_shards(3, 64, 1000, 3, {"default": None, "candidate": 512.0}, 8.0) == {"default": 3, "candidate": 3}
     assert confirm_shards(3, 64, 1000, 3, seats, 0.0) == {"default": 3, "candidate": 3}
+    # the search steps by less than one shard of the side that runs most at once: every shard that fits is used
+    big = confirm_shards(1, 1, 3000, 3, {"default": 1.0, "candidate": 100_000.0}, 8.0)
+    assert big["default"] == 1 and big["candidate"] == 999
