@@ -61,9 +61,10 @@ class Plan:
 
 
     def identity(self) -> dict[str, Any]:
-        """What must match on resume. Of the in-job tuning settings, how engines restart between runs and how many
-        confirmation rounds may be added do not shape an answer; a job without tuning has none (so its id is the
-        one it had before tuning existed)."""
+        """What must match on resume. Of the in-job tuning settings, how engines restart between runs, how many
+        confirmation rounds may be added and how large confirmation runs are (kept in ``tune/confirm.json`` once
+        set) do not shape an answer, so a job folder made before such a setting existed resumes; a job without
+        tuning has none (so its id is the one it had before tuning existed)."""
         identity = {key: getattr(self, key) for key in IDENTITY}
         identity["tune"] = {k: v for k, v in self.tune.items() if k not in EXECUTION_ONLY}
         if not identity["tune"]:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+from harness.batch.plan import Plan
 from harness.batch.tune_runs import RunRecord
 from harness.batch.tuning import InJobTuning
 
@@ -166,3 +167,12 @@ def test_the_confirmation_s_sizes_are_kept_for_a_resumed_job_and_made_again_for_
     # another candidate (other settings would have cleared tune/): sized again, and saved
     other = Sizing(tmp_path, 1000, seats)._confirm_sizes(3, {"engine.replicas": 2})
     assert other == {"default": 8, "candidate": 64} and json.loads((tmp_path / "confirm.json").read_text())["trial"] == 3
+
+
+def test_a_job_folder_made_before_confirm_fill_existed_has_the_same_identity() -> None:
+    tune = {"trials": 4, "confirm_rounds": 3, "max_share": 0.1, "seed": 0}
+    older = Plan(input="in.jsonl", format="jsonl", output_dir="out", shard_size=8, engine="vllm", model={},
+                 knobs={}, ordering={}, python="python", tune=tune)
+    newer = Plan(**{**older.__dict__, "tune": {**tune, "confirm_fill": 8, "max_confirm_rounds": 6}})
+    assert older.identity() == newer.identity()
+    assert Plan(**{**older.__dict__, "tune": {**tune, "seed": 1}}).identity() != older.identity()
