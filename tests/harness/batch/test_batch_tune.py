@@ -110,6 +110,14 @@ def test_a_job_too_small_for_the_trials_is_refused_before_any_engine_starts(tmp_
     assert not (tmp_path / "out" / "shards").exists() or not list((tmp_path / "out" / "shards").iterdir())
 
 
+def test_a_confirm_fill_that_is_not_a_number_of_at_least_0_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
+    path, args = _job(tmp_path, 200)
+    for bad in ("-1", "nan", "lots"):
+        proc = batch_app(tmp_path, *args, "batch.tune.trials=3", f"batch.tune.confirm_fill={bad}")
+        assert proc.returncode == 2 and "batch.tune.confirm_fill" in proc.stderr, (bad, proc.stderr[-2000:])
+    assert not (tmp_path / "out" / "shards").exists() or not list((tmp_path / "out" / "shards").iterdir())
+
+
 def test_an_output_changing_knob_needs_the_quality_guard(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 200, LOSSY_SPACE)
     proc = batch_app(tmp_path, *args, "batch.tune.trials=3")
