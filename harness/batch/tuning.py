@@ -89,7 +89,7 @@ class InJobTuning:
         self.space = SearchSpace(self.tune["space"])
         self.outcome = Outcome()
         self.reference: dict[str, list[int]] | None = None
-        self.sizes: dict[str, int] | None = None   # shards per confirmation run, a side (``_confirm_sizes``)
+        self.sizes: dict[str, int] = {}   # shards per confirmation run, a side (``_confirm_sizes``); {}: no confirmation
 
     def _adopt_folder(self) -> None:
         """``tune/`` for this job's tuning settings; one left by other settings (nothing committed) starts over."""
@@ -266,7 +266,7 @@ class InJobTuning:
             return None
         else:
             why = f"about {verdict.rounds_needed} rounds a side would likely decide it"
-        if not self._room_for(sum(self.sizes.values()) if self.sizes else 2 * self.k):
+        if not self._room_for(sum(self.sizes.values())):   # _confirm set the sizes before the first round
             log.info("confirmation: %s, but the tuning budget (batch.tune.max_share) holds no further round",
                      verdict.verdict)
             return None
@@ -454,7 +454,7 @@ class InJobTuning:
         job_s = sum(r.wall_s for r in records)
         trial_no, v, said = verdict if verdict else (None, None, "no trial config beat the job's own in the trials")
         return {
-            "tune.space": self.tune.get("space_name"), "tune.shards_per_run": self.k, "tune.confirm_shards": self.sizes,
+            "tune.space": self.tune.get("space_name"), "tune.shards_per_run": self.k, "tune.confirm_shards": self.sizes or None,
             "tune.runs": [r.to_dict() for r in records],
             "tune.trials": sum(r.kind == "trial" for r in records),
             "tune.confirm_runs": sum(r.kind == "confirm" for r in records),
