@@ -62,6 +62,7 @@ class ShardsRun:
     lengths: list[tuple[int, int]] = field(default_factory=list)  # (prompt, output tokens) per request, kept for an
     #                                  in-job tuning's runs (``tune_runs.concurrency``)
     serial: bool = False           # an engine ran a shard at a time (no ``feeder()``): at most a shard at once
+    engines_kept: bool = False     # it went on with the previous run's engines (no start: no ``startup_s``)
 
     def add(self, meta: dict[str, Any]) -> None:
         """Count one shard this invocation committed (its ``meta.json``)."""
@@ -121,17 +122,21 @@ def shard_records(index: Index, size: int, shard: int) -> int:
 
 
 def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int], bool], pool: Any,
-               progress: bool = True, probe: list[Request] | None = None, keep_open: bool = False) -> ShardsRun:
+               progress: bool = True, probe: list[Request] | None = None, keep_open: bool = False,
+               engines_kept: bool = False) -> ShardsRun:
     """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool``; started here unless it is).
 
     ``probe``: requests fed first, beside the shards, whose outputs are kept in ``ShardsRun.probe``
     and committed nowhere (the in-job quality guard's sample, ``harness.batch.tuning``).
     ``keep_open``: leave the pool's workers up afterwards (unless a shard failed), for the next run.
+    ``engines_kept``: the pool's engines are up already (``LocalPool.keep``): no ``started`` comes, generation
+    starts when the first shard is handed over, and each engine's idle time before its first shard counts
+    from then (not from the previous run's end).
     """
     size = plan.shard_size
     committed = state.committed()
     todo = {i for i in range(index.shards(size)) if wanted(i) and i not in committed}
-    run = ShardsRun()
+    run = ShardsRun(engines_kept=engines_kept)
     if not todo:
         return run
     total = sum(shard_records(index, size, i) for i in range(index.shards(size)) if wanted(i))
@@ -169,6 +174,8 @@ class _Runner:
         self.inside_startup: dict[int, float] = {}  # worker -> replica start-up inside its shards (engine=ray)
         self.steps: dict[int, int] = {}  # worker -> its engine's steps since start, as of its latest shard
         self.sign_of_life: dict[int, float] = {}  # worker -> when it last said anything (while its engine starts)
+        self.first_fed: dict[str, tuple[int, float]] = {}  # on engines kept from the last run: each worker's first
+        #                                                   shard -> (worker, when it was handed over)
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
@@ -195,9 +202,16 @@ class _Runner:
             self.run.startup_s = (self.run.startup_s or 0.0) + inside
 
     def _hand_over(self, shard_dir: str, index: int, items: list[Item], worker: int) -> None:
-        """A shard is now in flight on ``worker``; an idle worker's stall clock starts now."""
+        """A shard is now in flight on ``worker``; an idle worker's stall clock starts now. On engines kept from
+        the previous run (no ``started``), the first hand-over starts generation."""
+        now = time.monotonic()
+        if self.run.engines_kept and self.t_ready is None:
+            self.t_ready = now
+            self.bar.engines_up()
+        if self.run.engines_kept and all(w != worker for w, _ in self.first_fed.values()):
+            self.first_fed[shard_dir] = (worker, now)
         if all(owner != worker for _, _, owner in self.in_flight.values()):
-            self.sign_of_life[worker] = time.monotonic()
+            self.sign_of_life[worker] = now
         self.in_flight[shard_dir] = (index, items, worker)
 
     def _kill_stalled(self, pool: Any) -> None:
@@ -262,6 +276,9 @@ class _Runner:
             result = json.loads((Path(event["shard"]) / "result.json").read_text())
             self.run.peak_worker_rss_bytes = max(self.run.peak_worker_rss_bytes, result.get("peak_rss_bytes") or 0)
             measured = result["measured"]
+            if event["shard"] in self.first_fed and self.t_ready is not None:  # a kept engine's idle before this
+                fed_at = self.first_fed[event["shard"]][1]   # run's first shard began at the last run's end: from here
+                measured["idle_before_s"] = min(float(measured.get("idle_before_s") or 0.0), fed_at - self.t_ready)
             if self.plan.phase.get("phase") in TIMED_PHASES and measured.get("streams") and not measured.get("predicted"):
                 self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
                                       for c in result["completions"] if c.get("finished_at") is not None]

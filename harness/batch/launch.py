@@ -73,11 +73,15 @@ def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan]
 
 
 def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool) -> tuple[ShardsRun, dict[str, Any]]:
-    """The tuning phase, then the main phase, each run one engine start on this node or one Ray Data pipeline.
+    """The tuning phase, then the main phase, each run one engine start on this node (but a main phase on kept
+    engines, below) or one Ray Data pipeline.
 
     On this node, with ``batch.tune.restart=in_process``, the workers are started for the most replicas
     a run can ask for (``replica_slots``) where the run's layout allows (``pool.slot_misfit``), and kept:
     a run with fewer replicas leaves the other slots parked. A run they cannot take gets a new pool.
+    The main phase goes on with the last run's engines, no restart, where they run its config already
+    (``LocalPool.runs_as``: the confirmation's last run was the chosen config's); every other run starts
+    its engines. On Ray each phase is one pipeline whose actors start with the phase's knobs.
     """
     from harness.batch.pool import slot_misfit
     from harness.batch.tune_config import replica_slots
@@ -102,6 +106,13 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
             why = "the first run"
         else:
             why = pool.unfit(phase) if in_process else "batch.tune.restart=new_worker"
+        if pool is not None and phase.phase.get("phase") == "main" and pool.runs_as(phase):
+            # the last run's engines already run the chosen config (a confirmation run never goes on with the
+            # last one's engines: each is its own start, so the verdict rests on independent runs)
+            log.info("%s: the engines of the last run kept: they run this config already (no restart)", label)
+            pool.keep(phase)
+            return run_shards(phase, target, index, shards.__contains__, pool, progress, probe, keep_open=True,
+                              engines_kept=True)
         if why is None:
             log.info("%s: workers kept, engines restarted in %d of %d slots, %d parked", label, phase.replicas,
                      pool.slots, pool.slots - phase.replicas)

@@ -17,7 +17,9 @@ engine, where ``slot_misfit`` allows the run on the slots; otherwise the caller
 (``harness.batch.launch``) starts a new pool. On the CPU each run's engines are pinned to that run's
 own layout (``_job``: a 1-replica run on 2 slots gets all the pool's cores), not to a slot's slice.
 Each engine start carries the run's number (``generation``), which ``started`` echoes, so a word
-from an engine started for an earlier run is not taken for this run's.
+from an engine started for an earlier run is not taken for this run's. A run whose config the
+engines up now already run (``runs_as``; an in-job tuning's main phase after a run of the chosen
+config) can go on with them (``keep``): no restart.
 """
 
 from __future__ import annotations
@@ -137,17 +139,36 @@ class LocalPool:
                     proc.stdin.write(json.dumps(command) + "\n")  # type: ignore[union-attr]
                     proc.stdin.flush()  # type: ignore[union-attr]
 
-    def _job(self, i: int) -> dict[str, Any]:
+    def ready(self) -> bool:
+        """Every engine of this run is up (said ``started`` since the last restart), none still restarting."""
+        running = self._running()
+        return self.started and bool(running) and all(self.up[i] and not self.restarting[i] for i in running)
+
+    def runs_as(self, plan: Plan) -> bool:
+        """Whether the engines up now already run ``plan``'s config: the same workers' jobs (engine, knobs, model
+        limits, cores) and replicas, so ``plan`` can go on with them, no restart (``keep``)."""
+        if not self.ready() or plan.replicas != self.plan.replicas or self.unfit(plan):
+            return False
+        return all(_same_job(self._job(i), self._job(i, plan)) for i in range(len(self.procs)))
+
+    def keep(self, plan: Plan) -> None:
+        """Go on with the engines up now for ``plan`` (``runs_as``): no restart, no new ``started``."""
+        if not self.runs_as(plan):
+            raise ValueError("these engines do not run this plan's config; restart them")
+        self.plan = plan
+
+    def _job(self, i: int, plan: Plan | None = None) -> dict[str, Any]:
         """Worker ``i``'s job for this run: ``{"park": true}`` past the plan's replicas; else the engine's job, with
         this run's number and, on the CPU, the cores this run's own layout gives replica ``i``
         (``device_envs(replicas)``: all of the pool's cores for one replica), so that a run with fewer replicas
         than slots is laid out as the same config run on its own would be, not on a slot's slice (and a later
-        run with more gets its slices back)."""
-        if i >= self.plan.replicas:
-            return {"park": True, "engine": self.plan.engine}   # parked, with the engine imported
-        job = {**worker_job(self.plan), "generation": self.generation}
-        if self.plan.device_kind == "cpu":
-            cores = device_envs(self.plan.replicas, "cpu", self.plan.env)[i].get(AFFINITY_ENV)
+        run with more gets its slices back). ``plan``: another plan's job for that worker (``runs_as``)."""
+        plan = plan or self.plan
+        if i >= plan.replicas:
+            return {"park": True, "engine": plan.engine}   # parked, with the engine imported
+        job = {**worker_job(plan), "generation": self.generation}
+        if plan.device_kind == "cpu":
+            cores = device_envs(plan.replicas, "cpu", plan.env)[i].get(AFFINITY_ENV)
             job["cores"] = ([int(c) for c in cores.split(",")] if cores else sorted(os.sched_getaffinity(0)))
         return job
 
@@ -241,6 +262,11 @@ class LocalPool:
                     proc.wait(timeout=60)
             if proc.poll() is None:
                 _kill_group(proc)
+
+
+def _same_job(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Two workers' jobs alike but for the run number they carry."""
+    return {k: v for k, v in a.items() if k != "generation"} == {k: v for k, v in b.items() if k != "generation"}
 
 
 def slot_misfit(plan: Plan, slots: int) -> str | None:

@@ -13,7 +13,7 @@ import math
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ class RunRecord:
     output_tokens: int = 0
     probe_output_tokens: int = 0   # the quality probe's tokens (generated in this run's time, committed nowhere)
     generation_s: float = 0.0      # engines up to last commit (engine start excluded)
-    startup_s: float | None = None  # the engines' start (each run is one start)
+    startup_s: float | None = None  # the engines' start (each run is one start, but a main phase on kept engines)
     wall_s: float = 0.0            # the run's whole time, start included
     status: str = "ok"             # ok | failed | rejected (quality guard)
     reason: str = ""
@@ -48,6 +48,7 @@ class RunRecord:
     steady_tok_s: float | None = None  # the rate while the engine was still being refilled (``steady_rate``)
     concurrency: float | None = None  # requests its engines run at once, where they say (``concurrency``)
     discarded: list[int] = field(default_factory=list)  # shards it ran whose outputs were thrown away (rejected)
+    engines_kept: bool = False     # it went on with the last run's engines, no start (the main phase, same config)
 
     @property
     def fill(self) -> float | None:
@@ -62,6 +63,9 @@ class RunRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "output_tok_s": self.rate, "fill": self.fill}
+
+
+FIELDS = frozenset(f.name for f in fields(RunRecord))
 
 
 class RunLog:
@@ -81,9 +85,7 @@ class RunLog:
                 data = json.loads(line)
             except json.JSONDecodeError:  # a line cut by a kill while written: that run is not finished
                 continue
-            data.pop("output_tok_s", None)
-            data.pop("fill", None)
-            records.append(RunRecord(**data))
+            records.append(RunRecord(**{k: v for k, v in data.items() if k in FIELDS}))  # derived or newer keys
         return records
 
     def append(self, record: RunRecord) -> None:

@@ -1,7 +1,7 @@
 """In-job tuning (``batch.tune.trials``): the job's first shards are the trials, and their outputs count.
 
-Phases, each one engine start (a local pool, or one Ray Data pipeline whose actors start
-with the phase's knobs):
+Phases, each run one engine start (a local pool, or one Ray Data pipeline whose actors start
+with the run's knobs; a main phase whose config the last run's local engines run goes on with them):
 
 1. **trials**: ``trials`` configs from ``sweeps``' tuner (the space ``troughput-tune`` takes
    for this engine and hardware, its seed trials and sizing heuristic, constraints, memory
@@ -15,7 +15,8 @@ with the phase's knobs):
    undecided, up to ``max_confirm_rounds`` and within the budget; the verdict rule
    (``harness.report.verdict``, docs/verdicts.md) must call the candidate a clear winner by
    ``min_effect``, else the defaults are kept.
-3. **main**: every shard left, with the confirmed config.
+3. **main**: every shard left, with the confirmed config; where the last run's engines run it already
+   (the confirmation's last run was that config's), they go on with no restart (``harness.batch.launch``).
 
 Quality guard: a config that changes an output-changing knob (``tune_config.OUTPUT_CHANGING``)
 runs its shards into ``tune/provisional/`` beside a probe (``probe_requests`` sampled requests,
@@ -294,7 +295,7 @@ class InJobTuning:
         record = RunRecord(kind=kind, label=label, values=values, shards=committed, requests=run.requests_ok,
                            output_tokens=run.output_tokens, probe_output_tokens=run.probe_output_tokens,
                            generation_s=run.generation_s, startup_s=run.startup_s, wall_s=wall, trial=trial,
-                           side=side, steady_tok_s=steady_rate(run.finishes),
+                           side=side, steady_tok_s=steady_rate(run.finishes), engines_kept=run.engines_kept,
                            concurrency=concurrency(run.engine_limits, run.lengths,
                                                    self.plan.shard_size if run.serial else None))
         run.finishes, run.engine_limits, run.lengths = [], [], []  # measured; not carried into the job's totals
@@ -461,7 +462,7 @@ class InJobTuning:
             "tune.chosen": chosen or "engine defaults", "tune.candidate_trial": trial_no,
             "tune.verdict": said,
             "tune.margin": v.ratio if v else None, "tune.margin_interval": v.interval_text() if v else None,
-            "tune.restarts": max(0, len(records) - 1), "tune.restart_s": restarts_s,
+            "tune.restarts": sum(not r.engines_kept for r in records[1:]), "tune.restart_s": restarts_s,
             "tune.engine_start_s": sum(r.startup_s or 0.0 for r in tuning),
             "tune.discarded_shards": len(discarded), "tune.discarded_s": discarded_s,
             "tune.shortfall_s": shortfall_s,
@@ -484,4 +485,6 @@ def _describe(record: RunRecord) -> str:
         text += f", {record.fill:.2f}× the {record.concurrency:.0f} requests its engines run at once"
     if record.agreement is not None:
         text += f", agreement {record.agreement:.4f}"
+    if record.engines_kept:
+        text += ", on the last run's engines (no restart)"
     return text + (f" ({record.reason[:200]})" if record.reason else "")

@@ -84,7 +84,11 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp
     assert len(metas) == 72 and {m["phase"] for m in metas.values()} == {"trial", "confirm", "main"}
     main = [m for m in metas.values() if m["phase"] == "main"]
     assert len(main) == 36 and all(m["config"] == row["tune.chosen"] for m in main)
-    assert row["tune.restarts"] == 9 and row["tune.restart_s"] > 0 and row["tune.overhead_share"] is not None
+    # the alternating order ends on the candidate, whose engines the main phase goes on with: 8 restarts, not 9
+    assert [r["engines_kept"] for r in runs] == [False] * 9 + [True]
+    assert "main: the engines of the last run kept" in proc.stdout + proc.stderr
+    assert runs[-1]["startup_s"] is None and all(r["startup_s"] is not None for r in runs[:-1]), "no start in main"
+    assert row["tune.restarts"] == 8 and row["tune.restart_s"] > 0 and row["tune.overhead_share"] is not None
     # what each run's engine ran at once (its seats, from its start) and the fill: the job's 2 seats hold a queue of
     # 16-request runs (fill 8); the candidate's 12 or 64 do not in its trial (fill under 2), and its 64-request
     # confirmation runs fill 12 seats 5.3× and 64 seats 1×: under 8, so its prediction is under-filled
@@ -361,3 +365,60 @@ def test_a_run_on_fewer_replicas_than_slots_gets_its_own_cores_and_an_earlier_ru
     pool.events.put((0, {"event": "started", "generation": 1, "start": {}}))
     assert pool.next_event(timeout=1) is None and pool.up == [False, False]
     assert pool.next_event(timeout=1)[0] == 0 and pool.up == [True, False]
+
+
+def test_the_main_phase_goes_on_with_engines_that_run_its_config_and_any_other_config_restarts_them(
+        monkeypatch, tmp_path: Path) -> None:
+    """``LocalPool.runs_as``: only engines that are all up, with the same knobs, model limits, replicas and cores,
+    are kept for the next plan; anything else (another knob, another replica count, an engine still starting,
+    a dead worker) needs a restart, and ``keep`` refuses it."""
+    from harness.batch.plan import Plan
+    from harness.batch.pool import LocalPool
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    plan = Plan(input="in.jsonl", format="jsonl", output_dir="out", shard_size=8, engine="vllm", model={},
+                knobs={"max_num_seqs": 256}, ordering={}, python="python", env={"OMP_NUM_THREADS": "1"},
+                replicas=2, device_kind="cpu", phase={"phase": "confirm", "run": "confirm candidate 3"})
+    pool = LocalPool(plan, tmp_path / "run", tmp_path / "logs", slots=2)
+    pool.procs, pool.parked, pool.alive = [None, None], [False, False], [True, True]
+    pool.restarting, pool.up, pool.generation = [False, False], [True, True], 9
+    main = Plan(**{**plan.__dict__, "phase": {"phase": "main", "run": "main"}})
+    assert pool.ready() and pool.runs_as(main), "the same config under another run's label"
+    assert not pool.runs_as(Plan(**{**main.__dict__, "knobs": {"max_num_seqs": 128}}))
+    assert not pool.runs_as(Plan(**{**main.__dict__, "replicas": 1})), "one replica: other cores, a parked slot"
+    assert not pool.runs_as(Plan(**{**main.__dict__, "max_model_len": 512})), "other model limits"
+    assert not pool.runs_as(Plan(**{**main.__dict__, "env": {"OMP_NUM_THREADS": "2"}})), "another environment"
+    pool.up = [True, False]
+    assert not pool.ready() and not pool.runs_as(main), "an engine still starting"
+    pool.up, pool.restarting = [True, True], [False, True]
+    assert not pool.runs_as(main), "told to restart, its started not in yet"
+    pool.restarting = [False, False]
+    pool.up, pool.alive = [True, True], [True, False]
+    assert not pool.runs_as(main), "a worker has ended"
+    with pytest.raises(ValueError, match="restart them"):
+        pool.keep(main)
+    pool.alive = [True, True]
+    pool.keep(main)
+    assert pool.plan is main and pool.generation == 9 and pool.up == [True, True], "no restart, no new run number"
+    # one replica on two slots (the second parked): its engine has all the cores, as the main phase's would
+    one = Plan(**{**plan.__dict__, "replicas": 1})
+    pool.plan, pool.parked = one, [False, True]
+    assert pool._job(0)["cores"] == [0, 1] and pool.runs_as(Plan(**{**one.__dict__, "phase": {"phase": "main"}}))
+    pool.closed = True
+    assert not pool.runs_as(main) and not pool.runs_as(Plan(**{**one.__dict__, "phase": {"phase": "main"}})), \
+        "a closed pool (a shard failed) keeps nothing"
+
+
+def test_a_winner_confirmed_in_an_even_number_of_rounds_restarts_the_engines_for_the_main_phase(tmp_path: Path) -> None:
+    """4 rounds end on the job's own config (D C, C D, D C, C D): the main phase, on the winner, starts its engines."""
+    path, args = _job(tmp_path, 576, max_tokens=30)
+    proc = batch_app(tmp_path, *args, "batch.tune.trials=3", "batch.tune.confirm_rounds=4", "+engine.knobs.token_s=0.01",
+                     "+engine.knobs.max_num_seqs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")] == [f"r{i}" for i in range(576)]
+    [row] = read_rows(tmp_path / "results", "batch")
+    runs = row["tune.runs"]
+    assert [r["side"] for r in runs if r["kind"] == "confirm"][-1] == "default" and runs[-1]["kind"] == "main"
+    assert row["tune.verdict"] == "clear winner" and runs[-1]["values"] == row["tune.chosen"] != runs[-2]["values"]
+    assert not any(r["engines_kept"] for r in runs) and runs[-1]["startup_s"] is not None, "the main phase restarted"
+    assert row["tune.restarts"] == len(runs) - 1 and "the engines of the last run kept" not in proc.stdout + proc.stderr

@@ -134,3 +134,19 @@ def test_confirmation_runs_are_sized_to_one_fill_as_far_as_the_budget_holds() ->
     # the search steps by less than one shard of the side that runs most at once: every shard that fits is used
     big = confirm_shards(1, 1, 3000, 3, {"default": 1.0, "candidate": 100_000.0}, 8.0)
     assert big["default"] == 1 and big["candidate"] == 999
+
+
+def test_the_run_log_reads_lines_with_derived_or_unknown_keys_and_old_lines_without_engines_kept(tmp_path) -> None:
+    import json
+
+    from harness.batch.tune_runs import RunLog
+
+    log = RunLog(tmp_path)
+    log.append(RunRecord(kind="main", label="main", values={}, shards=[1], engines_kept=True))
+    old = {k: v for k, v in RunRecord(kind="trial", label="trial 0", values={}, shards=[0]).to_dict().items()
+           if k != "engines_kept"}
+    newer = {**old, "label": "trial 1", "a_later_field": 1}
+    with open(log.path, "a") as f:
+        f.write(json.dumps(old) + "\n" + json.dumps(newer) + "\n")
+    kept, before, after = log.read()
+    assert kept.engines_kept and not before.engines_kept and after.label == "trial 1"
