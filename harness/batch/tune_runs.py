@@ -144,7 +144,6 @@ def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
 
 
 FILLED = 8.0  # runs of fewer than this many times what their engines run at once read their config's rate low
-QUEUED = 2.0  # runs of fewer than this many times are one draining batch: no steady state to read a rate from
 
 
 def confirm_shards(k: int, shard_size: int, room: int, rounds: int, concurrencies: dict[str, float | None],
@@ -238,10 +237,7 @@ def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests
 
     Output tokens per request come from every sampled run (a random sample of the job's
     shards). Each of the chosen config's runs (its confirmation runs, else its trial) took
-    ``fixed + tokens ÷ steady`` seconds: where the runs give a steady rate (``steady_rate``) and none
-    was one draining batch (``fill`` under ``QUEUED``: no steady state, and its 30–70% finishes follow
-    the spread of output lengths, not the config; on vLLM's CPU build such runs' steady rates read
-    far lower than their plain rates),
+    ``fixed + tokens ÷ steady`` seconds: where the runs give a steady rate (``steady_rate``),
     the rest of the job is predicted as one more such run, the mean ``fixed`` (ramp-up and
     drain) plus its tokens at the geometric mean of the steady rates; otherwise as its tokens
     at the geometric mean of the runs' plain rates.
@@ -262,7 +258,7 @@ def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests
                 "prediction_min_fill": None}
     rest_tokens = tokens / requests * requests_left
     fills = [r.fill for r in runs if r.fill is not None]
-    steady = [r for r in runs if r.steady_tok_s and (r.fill is None or r.fill >= QUEUED)]
+    steady = [r for r in runs if r.steady_tok_s]
     method = "steady" if len(steady) == len(runs) else "plain"
     if method == "steady":
         rate = _geomean([r.steady_tok_s for r in steady])  # type: ignore[misc]

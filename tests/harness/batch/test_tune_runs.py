@@ -88,13 +88,10 @@ def test_runs_smaller_than_what_the_engine_runs_at_once_are_flagged_and_their_pr
     got = predicted_seconds(records, {}, len(rest))
     assert got["prediction_underfilled"] is True and got["prediction_min_fill"] == 0.375
     assert got["predicted_rest_s"] > 1.5 * measured, "a draining run's rate is far below the full engine's"
-    assert got["prediction_method"] == "plain", "one draining batch has no steady state to read a rate from"
     filled = [RunRecord(**{**r.__dict__, "concurrency": 16.0}) for r in records]   # 12× its 16 seats
     assert predicted_seconds(filled, {}, len(rest))["prediction_underfilled"] is False
-    assert predicted_seconds(filled, {}, len(rest))["prediction_method"] == "steady"
     unknown = [RunRecord(**{**r.__dict__, "concurrency": None}) for r in records]   # Ray, SGLang, an old record
-    got = predicted_seconds(unknown, {}, len(rest))
-    assert got["prediction_underfilled"] is None and got["prediction_method"] == "steady", "unknown, not 'filled'"
+    assert predicted_seconds(unknown, {}, len(rest))["prediction_underfilled"] is None, "unknown, not 'filled'"
 
 
 def test_what_an_engine_runs_at_once_is_its_sequences_or_what_its_kv_cache_holds() -> None:
