@@ -251,7 +251,8 @@ def test_two_workers_share_one_study_without_duplicates_or_losses(tmp_path):
     assert first.returncode == 0, first.stderr
     workers = [run_tune(tmp_path, *args) for _ in range(2)]
     outputs = [w.communicate(timeout=600)[0] for w in workers]
-    assert all(w.returncode == 0 for w in workers), outputs
+    assert all(w.returncode == 0 for w in workers), [f"worker {i} exit {w.returncode}: ...{out[-3000:]}"
+                                                      for i, (w, out) in enumerate(zip(workers, outputs)) if w.returncode]
     trials = load(tmp_path).get_trials()
     ran = [t for t in trials if "run_id" in t.user_attrs]
     assert sorted(t.number for t in ran) == list(range(8))
