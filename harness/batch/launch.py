@@ -80,7 +80,7 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
     a run can ask for (``replica_slots``) where the run's layout allows (``pool.slot_misfit``), and kept:
     a run with fewer replicas leaves the other slots parked. A run they cannot take gets a new pool.
     The main phase goes on with the last run's engines, no restart, where they run its config already
-    (``LocalPool.runs_as``: the confirmation's last run was the chosen config's); every other run starts
+    (``LocalPool.runs_as``: the last run of the tuning phase ran the chosen config); every other run starts
     its engines. On Ray each phase is one pipeline whose actors start with the phase's knobs.
     """
     from harness.batch.pool import slot_misfit
