@@ -174,8 +174,8 @@ class _Runner:
         self.inside_startup: dict[int, float] = {}  # worker -> replica start-up inside its shards (engine=ray)
         self.steps: dict[int, int] = {}  # worker -> its engine's steps since start, as of its latest shard
         self.sign_of_life: dict[int, float] = {}  # worker -> when it last said anything (while its engine starts)
-        self.first_fed: dict[str, tuple[int, float]] = {}  # on engines kept from the last run: each worker's first
-        #                                                   shard -> (worker, when it was handed over)
+        self.first_fed: dict[int, tuple[str, float]] = {}  # on engines kept from the last run: worker -> its first
+        #                                                   shard and when it was handed over
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
@@ -208,8 +208,8 @@ class _Runner:
         if self.run.engines_kept and self.t_ready is None:
             self.t_ready = now
             self.bar.engines_up()
-        if self.run.engines_kept and all(w != worker for w, _ in self.first_fed.values()):
-            self.first_fed[shard_dir] = (worker, now)
+        if self.run.engines_kept:
+            self.first_fed.setdefault(worker, (shard_dir, now))
         if all(owner != worker for _, _, owner in self.in_flight.values()):
             self.sign_of_life[worker] = now
         self.in_flight[shard_dir] = (index, items, worker)
@@ -276,8 +276,9 @@ class _Runner:
             result = json.loads((Path(event["shard"]) / "result.json").read_text())
             self.run.peak_worker_rss_bytes = max(self.run.peak_worker_rss_bytes, result.get("peak_rss_bytes") or 0)
             measured = result["measured"]
-            if event["shard"] in self.first_fed and self.t_ready is not None:  # a kept engine's idle before this
-                fed_at = self.first_fed[event["shard"]][1]   # run's first shard began at the last run's end: from here
+            first, fed_at = self.first_fed.get(worker, (None, 0.0))
+            if event["shard"] == first and self.t_ready is not None:  # a kept engine's idle before this run's first
+                #                                  shard began at the last run's end: count it from this run's start
                 measured["idle_before_s"] = min(float(measured.get("idle_before_s") or 0.0), fed_at - self.t_ready)
             if self.plan.phase.get("phase") in TIMED_PHASES and measured.get("streams") and not measured.get("predicted"):
                 self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
