@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from engines.statread import StatReader
+from engines.steptrace import StepRecorder
 
 
 class KnobError(ValueError):
@@ -144,6 +145,10 @@ class Engine(abc.ABC):
     # What ``start`` imports first (the engine's package, its heaviest part): ``preload`` imports it ahead,
     # e.g. in a parked batch worker while another slot runs, so that the slot's first start skips it.
     preload_modules: tuple[str, ...] = ()
+    # Whether the adapter records each engine step into ``self.step_trace`` (``engines.steptrace``); the
+    # worker takes each timed pass's steps from it. An adapter that cannot says why in ``step_trace_gap``.
+    records_steps: bool = False
+    step_trace_gap: str = "this adapter does not record engine steps"
 
     def __init__(self, model: dict[str, Any], knobs: dict[str, Any]):
         self.model = model
@@ -151,6 +156,7 @@ class Engine(abc.ABC):
         self.started = False
         # every read of the engine's statistics goes through it; its warnings go into the row
         self.stat_reader = StatReader(self.label or self.name)
+        self.step_trace = StepRecorder()
 
     @classmethod
     def preload(cls) -> None:

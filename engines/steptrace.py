@@ -1,0 +1,123 @@
+"""An engine's step trace: what each engine step held and how long it took.
+
+A step (one scheduler iteration) is the unit an engine's throughput is made of: its rate
+at any moment is (sequences running) ÷ (seconds per step), and the seconds depend on what
+the step holds. Each adapter records its steps into a ``StepRecorder`` where the engine
+shows them (vLLM: the per-iteration scheduler stats of its engine core; TensorRT-LLM: its
+iteration stats; the HF baseline and the simulator: their own loops); the worker takes
+the steps of each timed pass (``take``) and hands them to the driver, which keeps them
+beside the row (``harness.steps``).
+
+Columns (``STEP_FIELDS``), one value per step:
+
+- ``weight``: steps this line stands for (1; more for an aggregated line, see below);
+- ``t``: seconds from the recorder's start to the step's end; ``dt``: the step's seconds;
+- ``running``: sequences in the step; ``waiting``: requests queued behind it (-1: unknown);
+- ``decode``: sequences generating one token; ``prefill``: prompt tokens computed (chunks);
+  ``prefill_seqs``: sequences prefilling;
+- ``kv_tokens``: tokens of KV cache in use after the step (-1: unknown);
+- ``encoder_tokens``: vision-encoder output tokens computed in the step (images);
+- ``preempted``: requests preempted in the step.
+
+Bounded: past ``limit`` steps in one take, further steps are aggregated by what they held
+(decode sequences, prefill tokens and KV tokens in log-spaced buckets, encoder work or
+not): each such line is the mean of its steps with ``weight`` = their count, so a job of
+10^6 steps keeps at most ``limit`` lines plus a few thousand buckets. Standard library only.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+STEP_FIELDS = ("weight", "t", "dt", "running", "waiting", "decode", "prefill", "prefill_seqs", "kv_tokens",
+               "encoder_tokens", "preempted")
+RAW_LIMIT = 100_000
+_SUMMED = STEP_FIELDS[1:]
+
+
+def _bucket(value: float) -> int:
+    """Log-spaced bucket (about 19% wide) of a non-negative count; 0 stays its own bucket."""
+    return 0 if value <= 0 else 1 + int(math.log(value) / math.log(1.19))
+
+
+class StepRecorder:
+    """Collects steps as an engine runs them; ``take`` hands over what was collected since the last take."""
+
+    def __init__(self, limit: int = RAW_LIMIT, clock=time.perf_counter):
+        self.limit, self.clock = limit, clock
+        self.origin = clock()
+        self.last_end: float | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.rows: list[tuple[float, ...]] = []
+        self.bins: dict[tuple[int, int, int, bool], list[float]] = {}
+
+    def begin(self) -> None:
+        """Work arrives at an engine that had none: the next step's time counts from now, not from the
+        last step before the gap (a gap between shards is idle time, not step time)."""
+        self.last_end = self.clock()
+
+    def record(self, *, running: int, decode: int, prefill: int, prefill_seqs: int = 0, waiting: int = -1,
+               kv_tokens: float = -1, encoder_tokens: int = 0, preempted: int = 0, dt: float | None = None,
+               end: float | None = None) -> None:
+        """One step that ended at ``end`` (default: now). ``dt`` default: since the previous step's end
+        (or ``begin``); give it where the engine timed the step itself."""
+        end = self.clock() if end is None else end
+        if dt is None:
+            dt = end - self.last_end if self.last_end is not None else 0.0
+        self.last_end = end
+        row = (1.0, end - self.origin, max(dt, 0.0), running, waiting, decode, prefill, prefill_seqs, kv_tokens,
+               encoder_tokens, preempted)
+        if len(self.rows) < self.limit:
+            self.rows.append(row)
+            return
+        key = (_bucket(decode), _bucket(prefill), _bucket(max(kv_tokens, 0)), encoder_tokens > 0)
+        sums = self.bins.get(key)
+        if sums is None:
+            self.bins[key] = list(row)
+        else:
+            for i, value in enumerate(row):
+                sums[i] += value
+
+    def __len__(self) -> int:
+        return len(self.rows) + int(sum(b[0] for b in self.bins.values()))
+
+    def take(self) -> dict[str, list[float]]:
+        """The steps since the last take, as columns (``STEP_FIELDS``); the recorder starts empty again."""
+        rows = list(self.rows)
+        for sums in self.bins.values():
+            n = sums[0]
+            rows.append((n, *(v / n for v in sums[1:])))
+        self._reset()
+        return {name: [row[i] for row in rows] for i, name in enumerate(STEP_FIELDS)}
+
+
+def empty_trace() -> dict[str, list[float]]:
+    return {name: [] for name in STEP_FIELDS}
+
+
+def concat(traces: list[dict[str, list[float]]]) -> dict[str, list[float]]:
+    """Traces one after another (a shard's takes, a run's passes)."""
+    out = empty_trace()
+    for trace in traces:
+        for name in STEP_FIELDS:
+            out[name].extend(trace.get(name) or [])
+    return out
+
+
+def summary(trace: dict[str, Any]) -> dict[str, float | None]:
+    """What a row shows of its trace: steps, mean and largest batch, mean step seconds, preemptions."""
+    w = trace.get("weight") or []
+    n = sum(w)
+    if not n:
+        return {"steps": 0, "steps.mean_running": None, "steps.max_running": None, "steps.mean_step_s": None}
+    def mean(name: str) -> float:
+        return sum(a * b for a, b in zip(w, trace[name])) / n
+    return {"steps": int(n), "steps.mean_running": mean("running"), "steps.max_running": max(trace["running"]),
+            "steps.mean_step_s": mean("dt"), "steps.preempted": sum(a * b for a, b in zip(w, trace["preempted"]))}
+
+
+__all__ = ["RAW_LIMIT", "STEP_FIELDS", "StepRecorder", "concat", "empty_trace", "summary"]
