@@ -1,11 +1,12 @@
 """``engine=sim``: a predicted run of a vLLM-style engine, in seconds, with no GPU and no torch.
 
 The scheduler (``engines/sim_scheduler.py``) replays vLLM V1's continuous
-batching; each step's time comes from the roofline model (``engines.perfmodel``)
-times efficiency factors (``calibration.efficiency``, fitted from real rows by
-``troughput-calibrate``; a-priori defaults otherwise). Rows are marked
+batching; each step's time comes from the step model (``engines.stepmodel``,
+``calibration.step_model``) fitted from a real engine's step traces on this host
+(``harness.steps``), or, uncalibrated, from the roofline model (``engines.perfmodel``)
+with a-priori efficiencies (``calibration.efficiency`` may set them). Rows are marked
 ``predicted``; their ``wall_s`` is the simulated clock. Startup is not predicted
-(``startup_s`` = 0).
+(``startup_s`` = 0). Each simulated step goes into the step trace, like a real engine's.
 
 Knobs are vLLM's native names (the defaults are vLLM 0.32's for the ``LLM``
 class on that hardware) plus ``hardware_spec`` (the hardware config's ``spec:``)
@@ -27,8 +28,9 @@ from engines.knobs import NativeMapping
 from engines.unit import EngineUnit, Environment
 from engines.vllm import UNIT as VLLM_UNIT
 from engines.sim_scheduler import Scheduler, SchedulerConfig
-from engines.perfmodel import (Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes,
-                               rate_mismatch)
+from engines.perfmodel import Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes
+from engines.stepmodel import StepModel, StepShape
+from engines.steptrace import StepRecorder
 
 VERSION = "sim-1 (vLLM 0.32 V1 scheduler model)"
 GiB = 1 << 30
@@ -38,9 +40,8 @@ MODELLED = {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", 
 ACCEPTED_NO_EFFECT = {"enforce_eager"}  # changes real speed only; calibration absorbs it
 SIM_KNOBS = frozenset(MODELLED | ACCEPTED_NO_EFFECT)  # vLLM names the simulator takes (besides its own two)
 OWN = {"hardware_spec", "calibration"}
-CALIBRATION_KEYS = {"efficiency", "host"}  # conf/calibration/<engine>/<hardware>-<model>.yaml
-FITTED_RATES = ("peak_flops_bf16", "bandwidth_bytes_s")
-HOST_MISMATCH = 0.10  # relative difference between the fitted and the current host's rates that warns
+# conf/calibration/<engine>/<hardware>-<model>.yaml, or a refit from this host's traces (harness.steps.host)
+CALIBRATION_KEYS = {"step_model", "efficiency"}
 INT_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes", "max_model_len",
              "tensor_parallel_size")
 
@@ -58,7 +59,7 @@ def batch_defaults(hardware: Mapping[str, Any], devices: int = 1) -> tuple[int, 
 class SimSetup:
     """Knobs resolved against the model and hardware: scheduler config, step cost, efficiency."""
 
-    def __init__(self, model: ModelSpec, knobs: Mapping[str, Any]):
+    def __init__(self, model: ModelSpec, knobs: Mapping[str, Any], model_cfg: Mapping[str, Any] | None = None):
         unknown = sorted(set(knobs) - SIM_KNOBS - OWN)
         if unknown:
             raise KnobError(f"unknown sim knob(s) {unknown}; the simulator takes vLLM's names "
@@ -75,19 +76,19 @@ class SimSetup:
         calibration = knobs.get("calibration") or {}
         try:
             if not isinstance(calibration, Mapping) or set(calibration) - CALIBRATION_KEYS:
-                raise ValueError(f"expected a mapping with {sorted(CALIBRATION_KEYS)}, got {calibration!r}")
+                raise ValueError(f"expected a mapping with {sorted(CALIBRATION_KEYS)}, got {calibration!r} "
+                                 "(an older calibration file? refit it with troughput-calibrate)")
             self.efficiency = Efficiency.from_dict(calibration.get("efficiency"))
-            fitted = _fitted_host(calibration.get("host"))
+            fitted = calibration.get("step_model")
+            self.step_model = StepModel.from_dict(fitted) if fitted else None
         except (ValueError, TypeError, AttributeError) as e:
             raise KnobError(f"sim knob calibration: {e}") from e
         self.model, self.knobs, self.spec = model, dict(knobs), dict(spec)
+        self.model_cfg = dict(model_cfg or {})
         try:
-            current = HardwareSpec.from_config(spec)
+            self.hardware = HardwareSpec.from_config(spec)
         except ValueError as e:
             raise KnobError(f"sim knob hardware_spec: {e}") from e
-        # Factors are relative to the spec they were fitted against: predict with that spec, say if this host differs.
-        self.hardware = current.with_rates_of(fitted) if fitted else current
-        self.host_mismatch = rate_mismatch(fitted, current) if fitted else {}
         self.precision = Precision.from_knobs(model, knobs, "sim")
         self.cost = StepCost(model, self.hardware, self.precision)
         default_seqs, default_tokens = batch_defaults(spec, self.precision.devices)
@@ -118,49 +119,67 @@ class SimSetup:
         return SchedulerConfig(self.max_seqs, self.max_tokens_per_step, self.chunked, self.prefix_caching,
                                self.block_size, num_blocks, self.max_model_len)
 
+    def prompt(self, request: Request) -> tuple[list[int], int]:
+        """The prompt as the engine schedules it, and its vision-encoder output tokens.
+
+        Each image placeholder expands to the model's image run (``image_prompt_tokens``, e.g. 67 for
+        the tiny Idefics3), whose tokens stand for the image's content (the same image hashes the same,
+        as vLLM's prefix cache hashes images); the encoder computes ``image_encoder_tokens`` per image.
+        """
+        if not request.images:
+            return list(request.prompt_token_ids), 0
+        run = int(self.model_cfg.get("image_prompt_tokens") or 1)
+        extra = [-(1 + abs(hash(path)) % (1 << 30)) for path in request.images for _ in range(run - 1)]
+        encoder = int(self.model_cfg.get("image_encoder_tokens") or 0) * len(request.images)
+        return list(request.prompt_token_ids) + extra, encoder
+
     def activation_reserve_bytes(self) -> float:
         """Memory vLLM's profiling run keeps out of the KV cache: activations of a full step plus ~1 GiB."""
         m = self.model
         return self.max_tokens_per_step * (2 * m.intermediate + 4 * m.hidden) * 2 + self.max_seqs * m.vocab * 4 + GiB
 
     def warning(self) -> str | None:
-        """A sentence for the row when the calibration was fitted on a host whose rates differ by > 10%."""
-        off = {k: v for k, v in self.host_mismatch.items() if abs(v) > HOST_MISMATCH}
-        if not off:
+        """A sentence for the row when no step model is applied (the roofline's a-priori guess)."""
+        if self.step_model is not None:
             return None
-        return ("calibration fitted on another host spec: this host's " +
-                ", ".join(f"{k} differs by {v:+.0%}" for k, v in off.items()) +
-                "; predictions use the fitted spec (what that host would do), not this host; "
-                "refit with troughput-calibrate on this host")
+        return ("uncalibrated: no step model fitted from this host's traces, so step times are the roofline's "
+                "a-priori guess from the hardware spec; run the real engine here once (make run), then "
+                "troughput-calibrate")
 
-    def step_seconds(self, tokens: int, seqs: int, pairs: float, kv_tokens: float) -> float:
-        return self.cost.step_seconds(tokens, seqs, pairs, kv_tokens, self.efficiency)
+    def step_seconds(self, step: StepShape) -> float:
+        if self.step_model is not None:
+            return self.step_model.seconds(step)
+        return self.cost.step_seconds(step.tokens, step.seqs, step.pairs, step.kv_tokens, self.efficiency)
 
 
 @dataclass(frozen=True)
 class Schedule:
-    """A simulated batch: per step ``(tokens, seqs, attention_pairs, kv_tokens)``, and what a step costs.
+    """A simulated batch: each step's ``StepShape`` and preemptions.
 
-    An offline batch's schedule does not depend on time, so ``seconds`` re-prices it for any
-    efficiency factors without simulating again.
+    An offline batch's schedule does not depend on time, so ``seconds`` prices it with any
+    step model without simulating again.
     """
 
-    steps: list[tuple[int, int, float, float]]
-    preemptions: int
-    cost: StepCost
+    steps: list[StepShape]
+    preempted: list[int]
 
-    def seconds(self, efficiency: Efficiency) -> float:
-        return sum(self.cost.step_seconds(*step, efficiency) for step in self.steps)
+    @property
+    def preemptions(self) -> int:
+        return sum(self.preempted)
+
+    def seconds(self, model: StepModel) -> float:
+        return sum(model.seconds(step) for step in self.steps)
 
 
 class SimEngine(Engine):
     """Simulates ``generate`` with a vLLM-style scheduler; reports the predicted clock."""
 
     name = "sim"
+    records_steps = True
 
     def validate(self) -> None:
         """Knob names and values, and that the model's architecture is known; no simulation yet."""
-        self.setup = SimSetup(_model_spec(self.model), self.knobs)
+        self.setup = SimSetup(_model_spec(self.model), self.knobs, self.model)
 
     def start(self) -> StartInfo:
         if not hasattr(self, "setup"):
@@ -175,9 +194,11 @@ class SimEngine(Engine):
             "block_size": config.block_size, "num_blocks": config.num_blocks,
             "kv_cache_tokens": config.num_blocks * config.block_size, "max_num_seqs": config.max_seqs,
             "max_num_batched_tokens": config.max_tokens_per_step, "chunked_prefill": config.chunked_prefill,
-            "prefix_caching": config.prefix_caching, "calibrated": bool(self.knobs.get("calibration")),
-            "startup_predicted": False, **{f"efficiency.{k}": v for k, v in self.setup.efficiency.to_dict().items()},
-            "calibration_host_mismatch": max(map(abs, self.setup.host_mismatch.values()), default=None),
+            "prefix_caching": config.prefix_caching, "calibrated": self.setup.step_model is not None,
+            "startup_predicted": False,
+            **({"step_model.host_id": self.setup.step_model.host_id, "step_model.source": self.setup.step_model.source,
+                "step_model.at_bound": ",".join(self.setup.step_model.at_bound) or None}
+               if self.setup.step_model else {f"efficiency.{k}": v for k, v in self.setup.efficiency.to_dict().items()}),
             "sim_warning": self.setup.warning()})
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
@@ -188,16 +209,24 @@ class SimEngine(Engine):
                 for r, s in zip(requests, result.requests)]
 
     def schedule(self, requests: Sequence[Request]) -> Schedule:
-        """Simulate ``requests`` like ``generate`` and return the step trace with the step-cost model."""
-        before = self.scheduler.counters.preemptions
+        """Simulate ``requests`` like ``generate`` and return its steps (to price with any step model)."""
         result = self._run(requests, trace=True)
-        return Schedule(result.trace, self.scheduler.counters.preemptions - before, self.setup.cost)
+        return Schedule(result.trace, result.preempted)
 
     def _run(self, requests: Sequence[Request], trace: bool = False, on_finish=None):
         self.require_started()
         t0 = time.perf_counter()
-        result = self.scheduler.run([r.prompt_token_ids for r in requests], [r.max_tokens for r in requests],
-                                    self.setup.step_seconds, trace=trace, on_finish=on_finish)
+        self.step_trace = StepRecorder(clock=lambda: 0.0)  # the simulated clock: every generate starts at 0
+
+        def on_step(step: StepShape, seconds: float, preempted: int) -> None:
+            self.step_trace.record(running=step.seqs, decode=step.decode, prefill=step.prefill,
+                                   prefill_seqs=step.seqs - step.decode, kv_tokens=step.kv_tokens,
+                                   encoder_tokens=step.encoder_tokens, preempted=preempted, dt=seconds,
+                                   end=(self.step_trace.last_end or 0.0) + seconds)
+
+        prompts, encoder = zip(*(self.setup.prompt(r) for r in requests)) if requests else ((), ())
+        result = self.scheduler.run(list(prompts), [r.max_tokens for r in requests], self.setup.step_seconds,
+                                    trace=trace, on_finish=on_finish, encoder_tokens=list(encoder), on_step=on_step)
         self.host_s += time.perf_counter() - t0
         self.steps += result.steps
         self.last_seconds = result.seconds
@@ -220,15 +249,6 @@ class SimEngine(Engine):
     def stop(self) -> None:
         self.scheduler = None  # type: ignore[assignment]
         self.started = False
-
-
-def _fitted_host(host: Any) -> HardwareSpec | None:
-    """The host spec a calibration was fitted against (its ``host:`` block), or None for an old file without one."""
-    if not host:
-        return None
-    if not isinstance(host, Mapping) or not all(host.get(k) for k in FITTED_RATES):
-        raise ValueError(f"host: must give {', '.join(FITTED_RATES)} (the spec the factors were fitted against)")
-    return HardwareSpec.from_config(host)
 
 
 def _model_spec(model: Mapping[str, Any]) -> ModelSpec:

@@ -23,6 +23,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from engines.stepmodel import StepShape
+
 _uids = itertools.count()
 
 
@@ -43,10 +45,12 @@ class SimRequest:
     """One request's progress: tokens computed, tokens generated, blocks held."""
 
     __slots__ = ("index", "prompt", "n_prompt", "max_tokens", "uid", "generated", "computed", "blocks", "hashes",
-                 "registered", "preemptions", "cached_tokens", "finished_at")
+                 "registered", "preemptions", "cached_tokens", "finished_at", "encoder_tokens", "encode")
 
-    def __init__(self, index: int, prompt: Sequence[int], max_tokens: int):
+    def __init__(self, index: int, prompt: Sequence[int], max_tokens: int, encoder_tokens: int = 0):
         self.index, self.prompt, self.n_prompt, self.max_tokens = index, prompt, len(prompt), max_tokens
+        self.encoder_tokens = encoder_tokens  # vision-encoder output tokens, computed with its first chunk
+        self.encode = False
         self.uid = next(_uids)
         self.generated = self.computed = self.preemptions = self.registered = 0
         self.blocks: list[int] = []
@@ -161,10 +165,11 @@ class SimResult:
     requests: list[SimRequest]
     seconds: float
     steps: int
-    trace: list[tuple[int, int, float, float]] = field(default_factory=list)
+    trace: list[StepShape] = field(default_factory=list)
+    preempted: list[int] = field(default_factory=list)  # per step, with trace
 
 
-StepCostFn = Callable[[int, int, float, float], float]
+StepCostFn = Callable[[StepShape], float]
 
 
 class Scheduler:
@@ -176,35 +181,57 @@ class Scheduler:
         self.counters = Counters()
 
     def run(self, prompts: Sequence[Sequence[int]], max_tokens: Sequence[int], cost: StepCostFn,
-            trace: bool = False, on_finish: Callable[[int], None] | None = None) -> SimResult:
-        """Simulate every request to its last token; ``cost`` gives each step's seconds.
+            trace: bool = False, on_finish: Callable[[int], None] | None = None,
+            encoder_tokens: Sequence[int] | None = None, on_step: Callable[[StepShape, float, int], None] | None = None
+            ) -> SimResult:
+        """Simulate every request to its last token; ``cost(step)`` gives each step's seconds.
 
         Args:
-            trace: keep ``(tokens, seqs, attention_pairs, kv_tokens)`` per step (for calibration).
+            trace: keep each step's ``StepShape`` (and its preemptions) in the result.
+            encoder_tokens: per request, vision-encoder output tokens (0 for text).
+            on_step: called after each step with its shape, seconds and preemptions (the step trace).
         """
-        requests = [SimRequest(i, p, m) for i, (p, m) in enumerate(zip(prompts, max_tokens))]
+        encoder_tokens = encoder_tokens or [0] * len(prompts)
+        requests = [SimRequest(i, p, m, e) for i, (p, m, e) in enumerate(zip(prompts, max_tokens, encoder_tokens))]
         for r in requests:
             if r.num_tokens + r.max_tokens - 1 > self.config.max_model_len:
                 raise ValueError(f"request {r.index}: prompt {len(r.prompt)} + max_tokens {r.max_tokens} "
                                  f"exceeds max_model_len {self.config.max_model_len}")
         waiting: deque[SimRequest] = deque(requests)
         running: list[SimRequest] = []
-        clock, steps, steps_trace = 0.0, 0, []
+        clock, steps, steps_trace, preempted_trace = 0.0, 0, [], []
         while waiting or running:
+            preempted_before = self.counters.preemptions
             scheduled = self._schedule(waiting, running)
             if not scheduled:
                 raise RuntimeError("simulator stalled: no request fits the KV cache (raise its size)")
-            tokens, pairs, kv = 0, 0.0, 0.0
-            for r, n in scheduled:
-                tokens += n
-                pairs += n * (r.computed + (n + 1) / 2)
-                kv += r.computed + n
-            clock += cost(tokens, len(scheduled), pairs, kv)
+            shape = self._shape(scheduled)
+            seconds = cost(shape)
+            clock += seconds
             steps += 1
+            preempted = self.counters.preemptions - preempted_before
             if trace:
-                steps_trace.append((tokens, len(scheduled), pairs, kv))
+                steps_trace.append(shape)
+                preempted_trace.append(preempted)
+            if on_step is not None:
+                on_step(shape, seconds, preempted)
             self._advance(scheduled, running, clock, on_finish)
-        return SimResult(requests, clock, steps, steps_trace)
+        return SimResult(requests, clock, steps, steps_trace, preempted_trace)
+
+    def _shape(self, scheduled: list[tuple[SimRequest, int]]) -> StepShape:
+        """What a step holds; a request counts as prefilling until its first token (as vLLM counts it)."""
+        tokens, pairs, prefill, prefill_seqs, encoder = 0, 0.0, 0, 0, 0
+        for r, n in scheduled:
+            tokens += n
+            pairs += n * (r.computed + (n + 1) / 2)
+            if r.generated == 0:
+                prefill += n
+                prefill_seqs += 1
+            if r.encode:
+                encoder += r.encoder_tokens
+                r.encode = False
+        held = (self.config.num_blocks - 1 - self.pool.num_free()) * self.config.block_size
+        return StepShape(tokens, len(scheduled), pairs, float(held), prefill, len(scheduled) - prefill_seqs, encoder)
 
     def _schedule(self, waiting: deque[SimRequest], running: list[SimRequest]) -> list[tuple[SimRequest, int]]:
         cfg, pool, bs = self.config, self.pool, self.config.block_size
@@ -257,6 +284,7 @@ class Scheduler:
                 self.counters.prefix_cache_hits += hit_tokens
             if r.cached_tokens is None:
                 r.cached_tokens = hit_tokens
+            r.encode = r.encoder_tokens > 0 and hit_tokens < r.n_prompt  # images not all in cached blocks
             r.registered = len(hits)
             if pool.caching:
                 pool.register(r, hit_tokens + n, bs)

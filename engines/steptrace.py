@@ -113,11 +113,12 @@ def summary(trace: dict[str, Any]) -> dict[str, float | None]:
     w = trace.get("weight") or []
     n = sum(w)
     if not n:
-        return {"steps": 0, "steps.mean_running": None, "steps.max_running": None, "steps.mean_step_s": None}
+        return {"count": 0, "mean_running": None, "max_running": None, "mean_step_s": None, "preempted": None}
+
     def mean(name: str) -> float:
         return sum(a * b for a, b in zip(w, trace[name])) / n
-    return {"steps": int(n), "steps.mean_running": mean("running"), "steps.max_running": max(trace["running"]),
-            "steps.mean_step_s": mean("dt"), "steps.preempted": sum(a * b for a, b in zip(w, trace["preempted"]))}
+    return {"count": int(n), "mean_running": mean("running"), "max_running": max(trace["running"]),
+            "mean_step_s": mean("dt"), "preempted": sum(a * b for a, b in zip(w, trace["preempted"]))}
 
 
 __all__ = ["RAW_LIMIT", "STEP_FIELDS", "StepRecorder", "concat", "empty_trace", "summary"]

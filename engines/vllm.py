@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import time
 from typing import Any
@@ -13,6 +14,7 @@ from engines.decoding import decoding_of
 from engines.feeding import Feeder, OpenShard, ShardOutput, rejected
 from engines.knobs import NativeMapping, inverted
 from engines.statread import TEXT, StatReader
+from engines.steptrace import StepRecorder
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 
 COUNTERS = {
@@ -31,6 +33,7 @@ class VllmEngine(Engine):
 
     name = "vllm"
     label = "vLLM"
+    records_steps = True
     supports_sampling = True
     supports_constraints = True
     preload_modules = ("vllm.entrypoints.llm",)   # `from vllm import LLM`: torch, transformers and vLLM
@@ -46,6 +49,8 @@ class VllmEngine(Engine):
         """Token-id prompts need no tokenizer, so none is loaded (a broken or stub one cannot stop the run);
         a VLM, grammars and stop strings keep it. A ``skip_tokenizer_init`` knob overrides."""
         kwargs: dict[str, Any] = {"model": self.model["path"], "disable_log_stats": False,
+                                  # each engine-core step's batch, sent back with its stats (the step trace)
+                                  "enable_logging_iteration_details": True,
                                   "skip_tokenizer_init": token_ids_only(self.model),
                                   **dummy_weights_args(self.model)}
         return {**kwargs, **self.knobs}
@@ -63,6 +68,7 @@ class VllmEngine(Engine):
         startup_s = time.perf_counter() - t0
         self.started = True
         config = self.llm.llm_engine.vllm_config
+        attach_step_logger(self.llm.llm_engine, self.step_trace, config, self.stat_reader)
         compilation = config.compilation_config
         compile_s = compilation.compilation_time + compilation.encoder_compilation_time
         # The dtype that runs, as resolved by vLLM: "auto" turns a float32 checkpoint into bf16 on CPU.
@@ -79,6 +85,7 @@ class VllmEngine(Engine):
         prompts = [self._prompt(r) for r in requests]
         params = [self._params(r) for r in requests]
         finish_times: list[float] = []
+        self.step_trace.begin()
         outputs = self.llm.generate(prompts, params, use_tqdm=_progress_recorder(finish_times, on_finish))
         # vLLM returns outputs in request order; finish times are known in finishing order only.
         completions = [to_completion(request.id, output, param.detokenize, self.stat_reader)
@@ -157,6 +164,64 @@ def counters_from_metrics(metrics: Any, reader: StatReader) -> EngineStats:
     return EngineStats(**{key: int(values[key]) for key in COUNTERS.values() if key in values}, extra=extra)
 
 
+class StepLogger:
+    """A vLLM stat logger that records each engine step into a ``StepRecorder``.
+
+    With ``enable_logging_iteration_details`` the engine core attaches to each step's
+    ``SchedulerStats`` an ``iteration_details`` (``vllm/v1/metrics/stats.py``: context and
+    generation requests and tokens, encoder inputs and output tokens) and the KV-cache usage;
+    they reach the front end with the step's outputs, whether the engine core runs in this
+    process or in a child process, and ``LLMEngine.step`` hands them to every stat logger.
+    A step's seconds are the time between successive steps' arrivals while the engine is busy
+    (``StepRecorder.begin`` marks work arriving at an idle engine): the period at which the
+    engine completes steps, which is what its throughput is made of. (vLLM's own
+    ``elapsed_ms`` times only the wait on the model's output, which in-process on CPU has
+    already run: it misses the forward pass.)
+    """
+
+    def __init__(self, recorder: StepRecorder, kv_tokens: int | None):
+        self.recorder, self.kv_tokens = recorder, kv_tokens
+
+    def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
+               engine_idx: int = 0) -> None:
+        details = getattr(scheduler_stats, "iteration_details", None)
+        if details is None or details.is_dummy:
+            return
+        usage = getattr(scheduler_stats, "kv_cache_usage", None)
+        self.recorder.record(
+            running=details.num_ctx_requests + details.num_generation_requests,
+            waiting=getattr(scheduler_stats, "num_waiting_reqs", -1),
+            decode=details.num_generation_requests, prefill=details.num_ctx_tokens,
+            prefill_seqs=details.num_ctx_requests,
+            kv_tokens=usage * self.kv_tokens if usage is not None and self.kv_tokens else -1,
+            encoder_tokens=getattr(details, "num_encoder_output_tokens", 0) or 0,
+            preempted=getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
+
+    def log(self) -> None:
+        """Nothing to print: the trace goes to the worker."""
+
+    def log_engine_initialized(self) -> None:
+        """Nothing to print."""
+
+    def record_sleep_state(self, *args: Any) -> None:
+        """Sleep states are not steps."""
+
+    def record_admission_rejection(self, *args: Any) -> None:
+        """Rejections are not steps."""
+
+
+def attach_step_logger(llm_engine: Any, recorder: StepRecorder, config: Any, reader: StatReader) -> None:
+    """Add a ``StepLogger`` to the engine's stat loggers (``LLM`` takes no ``stat_loggers``; ``LLMEngine``'s
+    ``logger_manager.stat_loggers`` is the list it records to), and quiet vLLM's per-step log lines."""
+    manager = getattr(llm_engine, "logger_manager", None)
+    loggers = getattr(manager, "stat_loggers", None)
+    if not isinstance(loggers, list):
+        reader.warn("vLLM's LLMEngine has no logger_manager.stat_loggers list: no step trace for this run")
+        return
+    logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)  # one INFO line per step otherwise
+    loggers.append(StepLogger(recorder, _kv_cache_tokens(config.cache_config) if _dp(config) == 1 else None))
+
+
 class VllmFeeder(Feeder):
     """Shards fed to one running vLLM ``LLMEngine``: ``add_request`` per request, ``step()`` to advance.
 
@@ -180,6 +245,8 @@ class VllmFeeder(Feeder):
         state = OpenShard(shard, list(requests), time.perf_counter())
         self.open[shard] = state
         self.fed += 1
+        if not self.llm_engine.has_unfinished_requests():
+            self.engine.step_trace.begin()  # the engine was idle: its next step counts from now
         for i, request in enumerate(requests):
             rid = f"{self.fed}:{i}"
             try:

@@ -89,11 +89,13 @@ def timed_pass(engine: Engine, requests: list[Request], index: int,
             emit("progress", phase=f"pass {index + 1}", done=done, total=total)
 
     before = engine.stats()
+    engine.step_trace.take()  # steps before this pass (warm-up) are not its steps
     if energy is not None:
         energy.start()
     t0 = time.perf_counter()
     completions = engine.generate(requests, on_finish=on_finish)
     pass_s = time.perf_counter() - t0
+    steps = engine.step_trace.take() if engine.records_steps else None
     joules = energy.stop() if energy is not None else {"energy_j": None, "energy_reason": "not metered"}
     inside = engine.startup_in_last_generate()  # replicas started inside the call: start-up, not generation
     wall_s, t0 = pass_s - inside, t0 + inside
@@ -117,6 +119,8 @@ def timed_pass(engine: Engine, requests: list[Request], index: int,
         "finished_s": finished,
         "stats": asdict(counters),
         "predicted": simulated is not None,
+        "steps": steps,              # the pass's step trace (engines.steptrace), None where not recorded
+        "step_trace_gap": None if engine.records_steps else engine.step_trace_gap,
         **joules,
     }, completions
 

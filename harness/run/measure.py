@@ -22,6 +22,14 @@ def energy_columns(measured: dict[str, Any]) -> dict[str, Any]:
             **{f"energy_j.{k}": v for k, v in (measured.get("energy_j_by_device") or {}).items()}}
 
 
+def median_pass_index(passes: list[dict[str, Any]]) -> int | None:
+    """Which timed pass speaks for the run: the median by output tok/s (the low one of two)."""
+    if not passes:
+        return None
+    rates = [pass_throughput(p) for p in passes]
+    return rates.index(statistics.median_low(rates))
+
+
 def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
     """Columns for a worker result; the median timed pass (by output tok/s) speaks for the run.
 
@@ -45,7 +53,7 @@ def measurement_columns(result: dict[str, Any]) -> dict[str, Any]:
     if not passes:
         return columns
     rates = [pass_throughput(p) for p in passes]
-    median = passes[rates.index(statistics.median_low(rates))]
+    median = passes[median_pass_index(passes)]
     wall = median["wall_s"]
     stats = median["stats"]
     queries, hits = stats.get("prefix_cache_queries"), stats.get("prefix_cache_hits")

@@ -106,6 +106,8 @@ def _merge_pass(passes: list[dict[str, Any]]) -> dict[str, Any]:
         "finished_s": sorted(t for p in passes for t in p["finished_s"]),
         "stats": _sum_stats([p["stats"] for p in passes]),
         "predicted": any(p.get("predicted") for p in passes),
+        "steps_by_replica": [p.get("steps") for p in passes],
+        "step_trace_gap": next((p.get("step_trace_gap") for p in passes if p.get("step_trace_gap")), None),
         **_merge_energy(passes),
     }
 

@@ -36,6 +36,10 @@ from harness.run.replicas import device_envs, merge_results, shard_requests
 from harness.run.results import new_run_id, write_row
 from harness.run.row import build_row
 from harness.run.spec import RunSpec
+from harness.run.measure import median_pass_index
+from harness.run.stepmodels import calibrate_sim_spec, predict_run
+from harness.steps.predict import prediction_columns
+from harness.steps.store import trace_columns
 from harness.workloads import Workload
 
 log = logging.getLogger(__name__)
@@ -44,6 +48,8 @@ log = logging.getLogger(__name__)
 def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
     """Run ``spec`` in worker processes (one per replica) and write its row; return the row."""
     spec = complete_run_spec(spec)  # this host's measured rates where the hardware config leaves them null (cached)
+    spec = calibrate_sim_spec(spec)  # engine=sim: the step model fitted on this host, or a refit from its traces
+    prediction = predict_run(spec)  # a real run's rate as the step model predicts it, before it runs
     run_id = new_run_id()
     results_dir = Path(spec.results_dir)
     (results_dir / "jobs").mkdir(parents=True, exist_ok=True)
@@ -79,7 +85,11 @@ def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
     finally:
         for job_dir in job_dirs:
             shutil.rmtree(job_dir, ignore_errors=True)
-    row = build_row(spec, run_id, started, result, outcome["seconds"], str(log_paths[0]), quality_columns)
+    steps = trace_columns(results_dir, run_id, result, median_pass_index(result.get("passes") or []))
+    row = build_row(spec, run_id, started, result, outcome["seconds"], str(log_paths[0]), {**quality_columns, **steps})
+    if prediction is not None:
+        row.update(prediction_columns("sim", prediction.rate, row.get("output_tok_s"), "output tok/s",
+                                      prediction.interval, prediction.note))
     write_row(results_dir, row)
     return row
 

@@ -45,7 +45,14 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
                            na_rep="-", max_colwidth=60)
     failures = [f"  {r['run_id']} {r['status']}: {(r.get('error') or '').splitlines()[0][:200]}"
                 for r in rows if r.get("status") != "ok"]
-    return text + ("\nfailed runs:\n" + "\n".join(failures) if failures else "")
+    notes = [f"  {r['run_id']} {r['engine']}: {r['engine_info.sim_warning']}" for r in rows
+             if isinstance(r.get("engine_info.sim_warning"), str)]
+    predicted = [f"  {r['run_id']}: predicted {r['prediction.sim.predicted']:,.0f} output tok/s before it ran "
+                 f"(step model of this host), measured {r.get('output_tok_s') or 0:,.0f}"
+                 for r in rows if isinstance(r.get("prediction.sim.predicted"), (int, float))]
+    return (text + ("\nfailed runs:\n" + "\n".join(failures) if failures else "")
+            + ("\nsimulator:\n" + "\n".join(notes) if notes else "")
+            + ("\npredictions:\n" + "\n".join(predicted) if predicted else ""))
 
 
 def _knobs_to_show(rows: list[dict[str, Any]]) -> list[str]:

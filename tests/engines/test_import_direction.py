@@ -20,6 +20,7 @@ ROOMS = [
     ("harness/workloads/",),
     ("harness/ordering/",),
     ("harness/quality/",),
+    ("harness/steps/",),  # step traces: stored, fitted into a step model, replayed for predictions
     ("harness/run/",),
     ("harness/report/",),
     ("harness/calibration/", "sweeps/"),

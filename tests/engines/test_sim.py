@@ -75,7 +75,7 @@ def test_every_scheduled_token_is_a_prompt_token_or_a_generated_one():
     generated token: sum(tokens per step) = sum(prompt + max_tokens - 1)."""
     prompts, outs = [[7 + i] * n for i, n in enumerate(range(40, 240, 10))], [3 + i % 5 for i in range(20)]
     result = Scheduler(config(prefix_caching=False)).run(prompts, outs, lambda *_: 1.0, trace=True)
-    assert sum(tokens for tokens, *_ in result.trace) == sum(len(p) + m - 1 for p, m in zip(prompts, outs))
+    assert sum(step.tokens for step in result.trace) == sum(len(p) + m - 1 for p, m in zip(prompts, outs))
     assert [r.generated for r in result.requests] == outs
 
 
@@ -119,8 +119,8 @@ def config(**changes) -> SchedulerConfig:
 
 def test_token_budget_and_sequence_limit_hold_every_step():
     result = Scheduler(config()).run([[7] * n for n in range(40, 240, 10)], [16] * 20, lambda *_: 1.0, trace=True)
-    assert all(tokens <= 64 and seqs <= 8 for tokens, seqs, _, _ in result.trace)
-    assert max(seqs for _, seqs, _, _ in result.trace) == 8
+    assert all(step.tokens <= 64 and step.seqs <= 8 for step in result.trace)
+    assert max(step.seqs for step in result.trace) == 8
 
 
 def test_chunked_prefill_splits_a_long_prompt_and_without_it_the_prompt_waits_for_a_whole_step():
@@ -175,12 +175,11 @@ def test_a_sim_run_through_the_runner_is_a_predicted_row(tmp_path):
     assert row["output_tok_s_passes"][0] == row["output_tok_s_passes"][1], "predictions do not jitter"
 
 
-FITTED_HOST = {"name": "fitted-host", "peak_flops_bf16": 6e13, "bandwidth_bytes_s": 7e11, "source": "measured there"}
-CALIBRATION = {"efficiency": {"compute": 0.4, "bandwidth": 0.5, "step_overhead_s": 2e-4, "seq_overhead_s": 1e-6}}
+STEP_MODEL = {"step_s": 2e-3, "seq_s": 1e-5, "token_s": 2e-6, "host_id": "fitted-here"}
 
 
-def predicted(model: dict, hardware: dict, calibration: dict) -> tuple[float, str | None]:
-    sim = SimEngine(model, {"hardware_spec": hardware, "block_size": 16, "max_model_len": 1024,
+def predicted(model: dict, calibration: dict | None) -> tuple[float, str | None]:
+    sim = SimEngine(model, {"hardware_spec": HARDWARE, "block_size": 16, "max_model_len": 1024,
                             "calibration": calibration})
     sim.validate()
     info = sim.start()
@@ -188,30 +187,38 @@ def predicted(model: dict, hardware: dict, calibration: dict) -> tuple[float, st
     return sim.simulated_seconds(), info.extra["sim_warning"]
 
 
-def test_a_calibration_predicts_with_the_host_spec_it_was_fitted_on_and_warns_elsewhere(model):
-    this_host = {**HARDWARE, "peak_flops_bf16": 6e13 * 1.43, "bandwidth_bytes_s": 7e11 * 0.8}
-    there, no_warning = predicted(model, {**HARDWARE, **FITTED_HOST}, {**CALIBRATION, "host": FITTED_HOST})
-    here, warning = predicted(model, this_host, {**CALIBRATION, "host": FITTED_HOST})
-    assert no_warning is None and here == there, "the fitted host's prediction, on any host"
-    assert "peak_flops_bf16 differs by +43%" in warning and "bandwidth_bytes_s differs by -20%" in warning
-    unanchored, _ = predicted(model, this_host, CALIBRATION)  # an old file without host: this host's rates
-    assert unanchored != there
-    with pytest.raises(KnobError, match="host: must give"):
-        predicted(model, HARDWARE, {**CALIBRATION, "host": {"name": "x", "peak_flops_bf16": 1e12}})
+def test_a_step_model_prices_every_step_and_uncalibrated_says_so(model):
+    seconds, warning = predicted(model, {"step_model": STEP_MODEL})
+    sim = engine(model, block_size=16, max_model_len=1024)
+    steps = sim.schedule(unique(60)).steps
+    assert warning is None
+    assert seconds == pytest.approx(sum(2e-3 + 1e-5 * s.seqs + 2e-6 * s.tokens for s in steps))
+    roofline, warning = predicted(model, None)
+    assert roofline != seconds and "uncalibrated" in warning
+    with pytest.raises(KnobError, match="negative"):
+        predicted(model, {"step_model": {**STEP_MODEL, "seq_s": -1.0}})
+    with pytest.raises(KnobError, match="older calibration"):
+        predicted(model, {"host": {}})
 
 
-def test_a_sim_row_carries_the_calibration_host_mismatch(tmp_path):
-    """Through the runner: an H100 row with a calibration fitted on a host of half the H100's rates."""
-    half = {"peak_flops_bf16": 989.5e12 / 2, "bandwidth_bytes_s": 3.35e12 / 2}
-    common = ["engine=sim", "hardware=h100", "workload=unique", "workload.num_requests=40", "run.progress=false",
-              f"run.results_dir={tmp_path}", *[f"++engine.knobs.calibration.{k}={v}" for k, v in
-                                               [("efficiency.compute", 0.5), ("host.name", "half"),
-                                                *[(f"host.{k}", v) for k, v in half.items()]]]]
-    row = execute(build_spec(compose(*common)), progress=False)
-    assert row["status"] == "ok", row["error"]
-    assert row["engine_info.calibration_host_mismatch"] == pytest.approx(1.0)
-    assert "differs by +100%" in row["engine_info.sim_warning"]
-    on_that_host = execute(build_spec(compose(*common, *[f"hardware.spec.{k}={v}" for k, v in half.items()])),
-                           progress=False)
-    assert on_that_host["engine_info.sim_warning"] is None
-    assert on_that_host["output_tok_s"] == row["output_tok_s"]
+def test_a_calibration_from_another_host_is_not_applied(tmp_path, monkeypatch):
+    """Through the runner: a step model fitted on another host is dropped (no traces here to refit from), the
+    row and the summary say uncalibrated; the same file marked as fitted on this host is applied."""
+    from harness.run.summary import summary_table
+    from harness.run.stepmodels import this_host_id
+
+    def run(host_id: str) -> dict:
+        overrides = [f"++engine.knobs.calibration.step_model.{k}={v}" for k, v in
+                     {**STEP_MODEL, "host_id": host_id}.items()]
+        return execute(build_spec(compose("engine=sim", "hardware=h100", "workload=unique", "workload.num_requests=40",
+                                          "run.progress=false", f"run.results_dir={tmp_path}", *overrides)),
+                       progress=False)
+
+    elsewhere = run("another-host")
+    assert elsewhere["status"] == "ok", elsewhere["error"]
+    assert "uncalibrated" in elsewhere["engine_info.sim_warning"]
+    assert "another-host" in elsewhere["engine_info.calibration"]
+    assert "uncalibrated" in summary_table([elsewhere])
+    here = run(this_host_id())
+    assert here["engine_info.sim_warning"] is None and here["engine_info.calibrated"] is True
+    assert here["output_tok_s"] != elsewhere["output_tok_s"]

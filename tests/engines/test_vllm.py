@@ -151,3 +151,31 @@ def test_a_counter_of_another_type_leaves_an_ok_row_with_a_warning_and_energy_or
     assert columns["prefix_cache_queries"] == 16, "the other counters are read as before"
     # energy over the pass: RAPL where the host exposes it, else null with the reason
     assert (columns["energy_j"] is not None and columns["j_per_output_token"] > 0) or columns["energy_reason"]
+
+
+@pytest.mark.parametrize("which", ["roomy", "tight"])
+def test_every_engine_step_is_in_the_trace(request, which):
+    """The step trace (engines.vllm.StepLogger) accounts for every token: each request's first token comes
+    with its last prefill chunk and every later one from a decode step, so Σ decode = output − requests
+    (a preempted request recomputes and samples again, so only without preemption); the prompt tokens
+    computed are the prompts less the cache hits (more where preemption recomputes); the steps' seconds
+    cover the timed pass."""
+    import pandas as pd
+
+    row = request.getfixturevalue(which)
+    trace = pd.read_parquet(row["steps.file"])
+    assert set(trace["pass"]) == ({0, 1} if which == "roomy" else {0})
+    one = trace[trace["pass"] == 0]
+    decode = int((one["decode"] * one["weight"]).sum())
+    prefill = int((one["prefill"] * one["weight"]).sum())
+    computed = row["input_tokens"] - (row["cached_tokens"] or 0)
+    if which == "roomy":
+        assert decode == row["output_tokens"] - row["requests_done"]
+        assert prefill == computed
+        assert int(one["preempted"].sum()) == 0
+    else:
+        assert prefill > computed and decode >= row["output_tokens"] - row["requests_done"]
+        assert int(trace["preempted"].sum()) == row["preemptions"] > 0
+        assert one["kv_tokens"].max() <= row["engine_info.kv_cache_tokens"]
+    assert one["running"].max() <= 16 == row["steps.max_running"] or which == "tight"
+    assert 0.8 < float(one["dt"].sum()) / row["wall_s"] <= 1.0 + 1e-6, "step seconds within the timed pass"

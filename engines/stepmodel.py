@@ -1,0 +1,97 @@
+"""The step model: seconds of one engine step from what it holds, in named parts fitted from step traces.
+
+Like Vidur's execution-time predictor, a step's time is a sum of named parts, each
+fitted from measurements (``harness.steps.fit``); unlike it, the measurements are whole
+steps of the real engine (``engines.steptrace``), not operators:
+
+- ``step``: fixed per step (scheduling, launching, streaming the weights once);
+- ``sequences``: per sequence in the step (CPU-side: preparing inputs, sampling, processing outputs);
+- ``linear``: the linear layers over the step's tokens (prefill + decode): a convex, increasing
+  curve, ``token_s`` per token plus ``Σ slope·max(0, tokens − knee)`` (flat-then-rising on a GPU,
+  growing with the batch on a CPU);
+- ``prefill``: extra per prompt token computed (attention over the prompt);
+- ``attention``: per token of KV cache held (what decode attention reads);
+- ``vision``: per vision-encoder output token (images).
+
+Every parameter is ≥ 0 (a fit that ends on a bound lists it in ``at_bound``). ``seen`` holds
+the largest step the traces showed, so a prediction beyond it can say it extrapolates.
+Standard library only (the simulator imports it on the worker side).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping, NamedTuple
+
+PARTS = ("step", "sequences", "linear", "prefill", "attention", "vision")
+
+
+class StepShape(NamedTuple):
+    """What one step holds (the simulator's trace is a list of these)."""
+
+    tokens: int               # prefill tokens + decode tokens
+    seqs: int                 # sequences in the step
+    pairs: float = 0.0        # (query, context) token pairs attended over (the roofline's attention FLOPs)
+    kv_tokens: float = 0.0    # tokens of KV cache held (blocks in use × block size)
+    prefill: int = 0          # prompt tokens computed
+    decode: int = 0           # sequences generating a token
+    encoder_tokens: int = 0   # vision-encoder output tokens computed
+
+
+@dataclass(frozen=True)
+class StepModel:
+    """Fitted seconds per step; see the module docstring for the parts."""
+
+    step_s: float = 0.0
+    seq_s: float = 0.0
+    token_s: float = 0.0
+    knees: tuple[tuple[float, float], ...] = ()   # (tokens, added seconds per token beyond)
+    prefill_token_s: float = 0.0
+    kv_token_s: float = 0.0
+    encoder_token_s: float = 0.0
+    seen: dict[str, float] = field(default_factory=dict)   # largest tokens, seqs, kv_tokens seen in the traces
+    interval: float | None = None   # relative half-width of a run-total prediction (from the fit's residuals)
+    at_bound: tuple[str, ...] = ()  # parameters the fit left on their bound (0 or a physical limit)
+    host_id: str | None = None      # the host whose traces it was fitted on
+    source: str = ""                # what it was fitted from (runs, engine, date)
+
+    def parts(self, s: StepShape) -> dict[str, float]:
+        """Seconds of each named part of step ``s``."""
+        linear = self.token_s * s.tokens + sum(slope * max(0.0, s.tokens - knee) for knee, slope in self.knees)
+        return {"step": self.step_s, "sequences": self.seq_s * s.seqs, "linear": linear,
+                "prefill": self.prefill_token_s * s.prefill, "attention": self.kv_token_s * s.kv_tokens,
+                "vision": self.encoder_token_s * s.encoder_tokens}
+
+    def seconds(self, s: StepShape) -> float:
+        return sum(self.parts(s).values())
+
+    def beyond(self, s: StepShape) -> list[str]:
+        """What of ``s`` lies past the traces (``seen``): the prediction extrapolates there."""
+        return [name for name, value in (("tokens", s.tokens), ("seqs", s.seqs), ("kv_tokens", s.kv_tokens))
+                if self.seen.get(name) is not None and value > self.seen[name] * 1.001]
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["knees"] = [list(k) for k in self.knees]
+        data["at_bound"] = list(self.at_bound)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> StepModel:
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown step-model key(s) {unknown}; known: {', '.join(sorted(known))}")
+        values = dict(data)
+        values["knees"] = tuple((float(k), float(v)) for k, v in values.get("knees") or ())
+        values["at_bound"] = tuple(values.get("at_bound") or ())
+        values["seen"] = {k: float(v) for k, v in (values.get("seen") or {}).items()}
+        for name in ("step_s", "seq_s", "token_s", "prefill_token_s", "kv_token_s", "encoder_token_s"):
+            if float(values.get(name) or 0.0) < 0:
+                raise ValueError(f"step-model {name} = {values[name]} is negative; every part is >= 0")
+        if any(slope < 0 for _, slope in values["knees"]):
+            raise ValueError("step-model knee slopes must be >= 0 (the linear part is convex and increasing)")
+        return cls(**values)
+
+
+__all__ = ["PARTS", "StepModel", "StepShape"]

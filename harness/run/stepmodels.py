@@ -1,0 +1,123 @@
+"""Which step model applies on this host, and the prediction every vLLM run gets before it runs.
+
+A step model knows the host id it was fitted on (``env.host_id``: the kind of machine).
+On another host it is never applied: ``step_model_for`` refits from the step traces of
+this host's own rows of the engine the simulator stands for (vLLM) and the same model; with
+none, there is no step model and the simulator says it is uncalibrated (``SimSetup.warning``,
+shown in the run's summary). ``predict_run`` replays a vLLM run's requests with the step model
+of this host's earlier runs before the run starts; the runner stores it beside what the run
+then measured (``prediction.sim.*``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import math
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from engines.stepmodel import StepModel
+from harness.run.environment import capture
+from harness.run.replicas import shard_requests
+from harness.run.results import read_rows
+from harness.steps.fit import fit_step_model
+from harness.steps.predict import replay
+from harness.steps.store import read_trace
+
+log = logging.getLogger(__name__)
+
+STANDS_FOR = "vllm"   # the engine whose traces the simulator's step model is fitted to
+MAX_RUNS = 40         # the newest runs a refit reads
+
+
+@functools.cache
+def this_host_id() -> str:
+    return str(capture().get("env.host_id"))
+
+
+def host_traces(results_dir: str | os.PathLike, model: str | None, host_id: str, engine: str = STANDS_FOR,
+                exclude: set[str] | frozenset[str] = frozenset(), where: dict[str, Any] | None = None,
+                limit: int = MAX_RUNS) -> dict[str, pd.DataFrame]:
+    """``{run_id: trace}`` of ok rows of ``engine`` and ``model`` on ``host_id`` that kept a trace (newest first)."""
+    rows = [r for r in read_rows(results_dir) if r.get("status") == "ok" and r.get("engine") == engine
+            and (model is None or r.get("model") == model) and r.get("env.host_id") == host_id
+            and _present(r.get("steps.file")) and r.get("run_id") not in exclude
+            and all(r.get(k) == v for k, v in (where or {}).items())]
+    rows.sort(key=lambda r: str(r.get("timestamp")), reverse=True)
+    traces = {}
+    for row in rows[:limit]:
+        trace = read_trace(results_dir, row["run_id"])
+        if trace is not None and len(trace):
+            traces[row["run_id"]] = trace
+    return traces
+
+
+def step_model_for(results_dir: str | os.PathLike, model: str | None, given: dict[str, Any] | None = None,
+                   host_id: str | None = None, exclude: set[str] | frozenset[str] = frozenset()
+                   ) -> tuple[StepModel | None, str]:
+    """The step model to use here, and how it was chosen (a sentence for the row)."""
+    host_id = host_id or this_host_id()
+    if given and given.get("host_id") == host_id:
+        return StepModel.from_dict(given), f"calibration fitted on this host ({host_id})"
+    traces = host_traces(results_dir, model, host_id, exclude=exclude)
+    if traces:
+        why = (f"the calibration file was fitted on host {given.get('host_id')}, not this one; "
+               if given else "") + f"refitted from {len(traces)} {STANDS_FOR} run(s) of this host ({host_id})"
+        return fit_step_model(traces, host_id=host_id), why
+    return None, (f"calibration fitted on host {given.get('host_id')}, not this one ({host_id}), and " if given
+                  else "") + "no step trace of this host to fit: uncalibrated"
+
+
+def calibrate_sim_spec(spec: Any) -> Any:
+    """A ``RunSpec`` for ``engine=sim`` with the step model that applies here in its ``calibration`` knob."""
+    if spec.engine != "sim":
+        return spec
+    calibration = dict(spec.knobs.get("calibration") or {})
+    model, why = step_model_for(spec.results_dir, spec.model.get("name"), calibration.pop("step_model", None))
+    if model is not None:
+        calibration["step_model"] = model.to_dict()
+    knobs = {**spec.knobs, "calibration": calibration or None}
+    labels = {**spec.labels, "engine_info.calibration": why}
+    return dataclasses.replace(spec, knobs=knobs, labels=labels)
+
+
+def _present(value: Any) -> bool:
+    """Whether the row says it kept a trace (the file is looked up under the results folder it is read from)."""
+    return bool(value) and not (isinstance(value, float) and math.isnan(value))
+
+
+@dataclass
+class RunPrediction:
+    """A real run's output tok/s as predicted before it ran."""
+
+    rate: float
+    interval: float | None
+    note: str
+
+
+def predict_run(spec: Any) -> RunPrediction | None:
+    """``spec``'s output tok/s from this host's earlier traces of its engine and model, or None (no traces,
+    another engine than the simulator's, or a simulator failure, which is logged)."""
+    from harness.ordering.policies import apply_ordering
+
+    if spec.engine != STANDS_FOR or not spec.hardware_spec:
+        return None
+    try:
+        model, why = step_model_for(spec.results_dir, spec.model.get("name"))
+        if model is None:
+            return None
+        requests = apply_ordering(spec.workload.requests, spec.ordering)
+        shards = shard_requests(requests, spec.replicas)
+        replays = [replay(model, shard, spec.knobs, spec.model, spec.hardware_spec) for shard in shards]
+    except Exception as e:  # noqa: BLE001 - a prediction never stops a measured run
+        log.warning("no step-model prediction for this run: %s: %s", type(e).__name__, e)
+        return None
+    seconds = max(r.seconds for r in replays)
+    beyond = sorted({b for r in replays for b in r.beyond})
+    note = why + (f"; extrapolates past the traces in {', '.join(beyond)}" if beyond else "")
+    return RunPrediction(sum(r.output_tokens for r in replays) / seconds if seconds > 0 else 0.0, model.interval, note)

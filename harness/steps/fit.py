@@ -1,0 +1,101 @@
+"""Fit the step model (``engines.stepmodel``) to step traces: bounded least squares over named parts.
+
+Each step of each trace is one observation (an aggregated line counts ``weight`` times):
+its seconds against the step's features, one column per part (a constant, sequences,
+tokens and hinges on tokens at a few knees, prefill tokens, KV tokens, encoder tokens).
+``scipy.optimize.lsq_linear`` keeps every coefficient ≥ 0 (the hinges ≥ 0 make the
+linear-layer curve convex and increasing: flat-then-rising on a GPU, growing on a CPU);
+a part the traces never exercise (no images) is left out and stays 0. One refit drops
+steps whose residual is far out (a pause of the host, not the engine). The interval of
+a run-total prediction is taken from the fit's residuals over whole runs: twice the
+root-mean-square relative error of each training run's summed step seconds, at least 2%.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import lsq_linear
+
+from engines.stepmodel import StepModel
+
+KNEE_FRACTIONS = (0.125, 0.25, 0.5, 0.75)  # knees at these fractions of the largest step's tokens
+OUTLIER_MADS = 8.0
+MIN_INTERVAL = 0.02
+
+
+@dataclass
+class Design:
+    """The features of a set of steps, and which coefficient each column feeds."""
+
+    matrix: np.ndarray
+    names: list[str]
+    knees: list[float]
+
+
+def features(frame: pd.DataFrame, knees: list[float]) -> Design:
+    tokens = (frame["prefill"] + frame["decode"]).to_numpy(float)
+    columns = {"step_s": np.ones(len(frame)), "seq_s": frame["running"].to_numpy(float), "token_s": tokens}
+    for i, knee in enumerate(knees):
+        columns[f"knee{i}"] = np.maximum(0.0, tokens - knee)
+    columns["prefill_token_s"] = frame["prefill"].to_numpy(float)
+    columns["kv_token_s"] = np.clip(frame["kv_tokens"].to_numpy(float), 0, None)
+    columns["encoder_token_s"] = frame["encoder_tokens"].to_numpy(float)
+    return Design(np.column_stack(list(columns.values())), list(columns), knees)
+
+
+def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, source: str = "") -> StepModel:
+    """A step model from ``{run_id: trace}`` (``harness.steps.store`` frames); raises ``ValueError`` on none."""
+    frame = pd.concat([t.assign(run=run) for run, t in traces.items() if t is not None and len(t)], ignore_index=True) \
+        if traces else pd.DataFrame()
+    if frame.empty:
+        raise ValueError("no steps to fit: run the real engine first (its rows keep their step traces)")
+    frame = frame[frame["dt"] > 0]
+    tokens = frame["prefill"] + frame["decode"]
+    top = float(tokens.max())
+    knees = sorted({round(top * f) for f in KNEE_FRACTIONS if top * f >= 2})
+    design = features(frame, knees)
+    used = [i for i in range(design.matrix.shape[1]) if np.any(design.matrix[:, i] != design.matrix[0, i]) or i == 0]
+    weight = frame["weight"].to_numpy(float)
+    y = frame["dt"].to_numpy(float)
+    keep = np.ones(len(y), bool)
+    for _ in range(2):
+        w = np.sqrt(weight * keep)
+        solution = lsq_linear(design.matrix[:, used] * w[:, None], y * w, bounds=(0.0, np.inf), method="bvls")
+        coef = np.zeros(design.matrix.shape[1])
+        coef[used] = solution.x
+        residual = y - design.matrix @ coef
+        mad = float(np.median(np.abs(residual - np.median(residual)))) or float(np.std(residual)) or 1e-12
+        keep = np.abs(residual) <= OUTLIER_MADS * 1.4826 * mad
+    values = {name: float(v) for name, v in zip(design.names, coef)}
+    at_bound = [name for name, i in zip(design.names, range(len(coef))) if i in used and coef[i] <= 0.0
+                and not name.startswith("knee")]
+    predicted = design.matrix @ coef
+    frame = frame.assign(predicted=predicted * weight, measured=y * weight)
+    totals = frame.groupby("run")[["predicted", "measured"]].sum()
+    errors = (totals["predicted"] / totals["measured"] - 1).to_numpy()
+    interval = max(MIN_INTERVAL, 2 * float(np.sqrt(np.mean(errors ** 2))))
+    return StepModel(
+        step_s=values["step_s"], seq_s=values["seq_s"], token_s=values["token_s"],
+        knees=tuple((k, values[f"knee{i}"]) for i, k in enumerate(knees) if values[f"knee{i}"] > 0),
+        prefill_token_s=values["prefill_token_s"], kv_token_s=values["kv_token_s"],
+        encoder_token_s=values["encoder_token_s"],
+        seen={"tokens": top, "seqs": float(frame["running"].max()), "kv_tokens": float(frame["kv_tokens"].max())},
+        interval=interval, at_bound=tuple(at_bound), host_id=host_id,
+        source=source or f"{len(traces)} run(s), {int(weight.sum())} steps, fitted "
+                         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+
+
+def run_errors(model: StepModel, traces: dict[str, pd.DataFrame]) -> dict[str, float]:
+    """Per run: the model's summed step seconds over the trace's ÷ measured − 1 (same steps, model vs clock)."""
+    out = {}
+    for run, trace in traces.items():
+        design = features(trace, [k for k, _ in model.knees])
+        coef = np.array([model.step_s, model.seq_s, model.token_s, *[s for _, s in model.knees],
+                         model.prefill_token_s, model.kv_token_s, model.encoder_token_s])
+        predicted = float(np.sum(design.matrix @ coef * trace["weight"].to_numpy(float)))
+        out[run] = predicted / float(np.sum(trace["dt"] * trace["weight"])) - 1
+    return out

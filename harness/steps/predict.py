@@ -1,0 +1,102 @@
+"""Predictions from a fitted step model: requests replayed through the simulator's scheduler.
+
+- ``replay``: the seconds, tokens and preemptions of a list of requests on one engine with
+  given knobs (vLLM's names), ramp-up, mixing of prefill and decode, preemptions and drain included;
+- ``full_engine_rate``: the steady output rate with the engine kept full, prefill and decode
+  mixed as the requests mix them: the marginal rate between replaying the requests cycled to
+  ``n`` and to ``2n`` (ramp-up and drain cancel);
+- ``prediction_columns``: a prediction beside what was then measured, as row columns
+  (``harness.run.stepmodels.predict_run`` fills ``prediction.sim.*`` for every vLLM run).
+
+Every prediction carries an interval (the step model's ``interval``) and says where it
+extrapolates past what the traces showed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Sequence
+
+from engines.base import Request
+from engines.sim import SIM_KNOBS, SimEngine
+from engines.stepmodel import StepModel, StepShape
+
+CYCLE_MIN_FILLS = 6   # full_engine_rate replays at least this many engine fills
+
+
+@dataclass
+class Replay:
+    seconds: float
+    output_tokens: int
+    preemptions: int
+    steps: int
+    beyond: list[str]   # what of the replayed steps lay past the traces (tokens, seqs, kv_tokens)
+    max_seqs: int
+
+    @property
+    def rate(self) -> float:
+        return self.output_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+def sim_engine(model: StepModel | None, knobs: dict[str, Any], model_cfg: dict[str, Any],
+               hardware_spec: dict[str, Any]) -> SimEngine:
+    """A started simulator for an engine's knobs (those the simulator models), priced by ``model``."""
+    sim_knobs = {k: v for k, v in knobs.items() if k in SIM_KNOBS and v is not None}
+    sim_knobs["hardware_spec"] = hardware_spec
+    sim_knobs["calibration"] = {"step_model": model.to_dict()} if model is not None else None
+    sim = SimEngine(model_cfg, sim_knobs)
+    sim.start()
+    return sim
+
+
+def replay(model: StepModel | None, requests: Sequence[Request], knobs: dict[str, Any], model_cfg: dict[str, Any],
+           hardware_spec: dict[str, Any]) -> Replay:
+    """Run ``requests`` through the simulator with ``model``'s step times."""
+    sim = sim_engine(model, knobs, model_cfg, hardware_spec)
+    beyond: set[str] = set()
+    seen = 0
+    original = sim.setup.step_seconds
+
+    def priced(step: StepShape) -> float:
+        nonlocal seen
+        seen += 1
+        if model is not None:
+            beyond.update(model.beyond(step))
+        return original(step)
+
+    sim.setup.step_seconds = priced  # type: ignore[method-assign]
+    completions = sim.generate(list(requests))
+    stats = sim.stats()
+    return Replay(sim.simulated_seconds() or 0.0, sum(len(c.output_token_ids) for c in completions),
+                  stats.preemptions or 0, seen, sorted(beyond), sim.setup.max_seqs)
+
+
+def full_engine_rate(model: StepModel | None, requests: Sequence[Request], knobs: dict[str, Any],
+                     model_cfg: dict[str, Any], hardware_spec: dict[str, Any]) -> tuple[float, Replay]:
+    """Output tok/s with the engine kept full: (tokens(2n) − tokens(n)) ÷ (seconds(2n) − seconds(n))."""
+    probe = sim_engine(model, knobs, model_cfg, hardware_spec)
+    n = max(len(requests), CYCLE_MIN_FILLS * probe.setup.max_seqs)
+    first = replay(model, _cycled(requests, n), knobs, model_cfg, hardware_spec)
+    second = replay(model, _cycled(requests, 2 * n), knobs, model_cfg, hardware_spec)
+    span = second.seconds - first.seconds
+    rate = (second.output_tokens - first.output_tokens) / span if span > 0 else second.rate
+    return rate, second
+
+
+def _cycled(requests: Sequence[Request], n: int) -> list[Request]:
+    """``n`` requests, cycling through ``requests`` (ids made unique, prompts kept so prefixes still match)."""
+    return [replace(requests[i % len(requests)], id=f"c{i}") for i in range(n)]
+
+
+def prediction_columns(name: str, predicted: float | None, measured: float | None, unit: str,
+                       interval: float | None = None, note: str | None = None) -> dict[str, Any]:
+    """``prediction.<name>.*``: what was predicted before, what was then measured, the error and interval.
+
+    ``error`` is measured ÷ predicted − 1; ``lo``/``hi`` the predicted value's interval.
+    """
+    p = f"prediction.{name}."
+    error = measured / predicted - 1 if predicted and measured is not None else None
+    return {p + "predicted": predicted, p + "measured": measured, p + "unit": unit, p + "error": error,
+            p + "lo": predicted * (1 - interval) if predicted and interval else None,
+            p + "hi": predicted * (1 + interval) if predicted and interval else None, p + "note": note}
+
