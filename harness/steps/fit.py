@@ -5,8 +5,10 @@ its seconds against the step's features, one column per part (a constant, sequen
 tokens and hinges on tokens at a few knees, prefill tokens, KV tokens, encoder tokens).
 ``scipy.optimize.lsq_linear`` keeps every coefficient ≥ 0 (the hinges ≥ 0 make the
 linear-layer curve convex and increasing: flat-then-rising on a GPU, growing on a CPU);
-a part the traces never exercise (no images) is left out and stays 0. One refit drops
-steps whose residual is far out (a pause of the host, not the engine). The interval of
+a part the traces never exercise (no images) is left out and stays 0. No step is dropped as
+an outlier: a slow step (the first large batch of a process, a pause of the host) is part of
+what a run costs, and small batches, rare in a trace, are exactly where a prediction of a
+draining run needs them. The interval of
 a run-total prediction is taken from the fit's residuals over whole runs: twice the
 root-mean-square relative error of each training run's summed step seconds, at least 2%.
 """
@@ -23,7 +25,6 @@ from scipy.optimize import lsq_linear
 from engines.stepmodel import StepModel
 
 KNEE_FRACTIONS = (0.125, 0.25, 0.5, 0.75)  # knees at these fractions of the largest step's tokens
-OUTLIER_MADS = 8.0
 MIN_INTERVAL = 0.02
 
 
@@ -61,15 +62,10 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
     used = [i for i in range(design.matrix.shape[1]) if np.any(design.matrix[:, i] != design.matrix[0, i]) or i == 0]
     weight = frame["weight"].to_numpy(float)
     y = frame["dt"].to_numpy(float)
-    keep = np.ones(len(y), bool)
-    for _ in range(2):
-        w = np.sqrt(weight * keep)
-        solution = lsq_linear(design.matrix[:, used] * w[:, None], y * w, bounds=(0.0, np.inf), method="bvls")
-        coef = np.zeros(design.matrix.shape[1])
-        coef[used] = solution.x
-        residual = y - design.matrix @ coef
-        mad = float(np.median(np.abs(residual - np.median(residual)))) or float(np.std(residual)) or 1e-12
-        keep = np.abs(residual) <= OUTLIER_MADS * 1.4826 * mad
+    w = np.sqrt(weight)
+    solution = lsq_linear(design.matrix[:, used] * w[:, None], y * w, bounds=(0.0, np.inf), method="bvls")
+    coef = np.zeros(design.matrix.shape[1])
+    coef[used] = solution.x
     values = {name: float(v) for name, v in zip(design.names, coef)}
     at_bound = [name for name, i in zip(design.names, range(len(coef))) if i in used and coef[i] <= 0.0
                 and not name.startswith("knee")]
