@@ -12,7 +12,8 @@
    error (measured ÷ predicted − 1), interval, what the prediction extrapolated; the median
    and worst absolute error and Spearman's rank correlation over the held-out settings.
 
-The held-out settings span the three built-in workloads (multimodal included), ``max_num_seqs``
+The fit settings span short and long contexts and small and large batches (two runs of the
+vision-language model, which has a step model of its own). The held-out settings span the three built-in workloads (multimodal included), ``max_num_seqs``
 from 4 to 256, a KV-limited setting with preemptions, and a long-tailed OpenAI Batch file.
 
 Usage: ``.venv/bin/python -m benchmarks.sim_accuracy --results /tmp/simacc [--repeats 3]``
@@ -54,7 +55,10 @@ def settings(batch_file: Path) -> list[tuple[str, str, list[str]]]:
     return [
         ("unique seqs=256", "fit", UNIQUE),
         ("unique seqs=8", "fit", [*UNIQUE, "engine.knobs.max_num_seqs=8"]),
+        ("unique long prompts seqs=64", "fit", [*UNIQUE, "engine.knobs.max_num_seqs=64", "workload.num_requests=128",
+                                                "workload.input_len={kind: uniform, low: 512, high: 1200}"]),
         ("multimodal", "fit", MM),
+        ("multimodal seqs=16", "fit", [*MM, "engine.knobs.max_num_seqs=16", "workload.seed=2"]),
         ("unique seqs=4", "held", [*UNIQUE, "engine.knobs.max_num_seqs=4", "workload.num_requests=64"]),
         ("unique seqs=32", "held", [*UNIQUE, "engine.knobs.max_num_seqs=32"]),
         ("unique seqs=256 n=400", "held", [*UNIQUE, "workload.num_requests=400", "workload.seed=1"]),

@@ -249,6 +249,8 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
             result = shard_result(out, errors, max(0.0, busy), idle_before)
             result["measured"]["streams"] = feeder.streams  # finish times per request, on this host's clock
             result["measured"]["engine_steps"] = engine.stats().extra.get("engine_steps")  # since start, where known
+            # the engine's steps since the last shard finished on it (engines.steptrace): every step once
+            result["steps"] = engine.step_trace.take() if engine.records_steps else None
             finish(out.shard, result)
         if feeder.idle() and idle_since is None:
             idle_since = time.perf_counter()

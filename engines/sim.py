@@ -119,19 +119,41 @@ class SimSetup:
         return SchedulerConfig(self.max_seqs, self.max_tokens_per_step, self.chunked, self.prefix_caching,
                                self.block_size, num_blocks, self.max_model_len)
 
-    def prompt(self, request: Request) -> tuple[list[int], int]:
+    def prompt(self, request: Request, encoded: set[str]) -> tuple[list[int], int]:
         """The prompt as the engine schedules it, and its vision-encoder output tokens.
 
         Each image placeholder expands to the model's image run (``image_prompt_tokens``, e.g. 67 for
         the tiny Idefics3), whose tokens stand for the image's content (the same image hashes the same,
-        as vLLM's prefix cache hashes images); the encoder computes ``image_encoder_tokens`` per image.
+        as vLLM's prefix cache hashes images). The encoder computes ``image_encoder_tokens`` per image
+        not in ``encoded`` (vLLM caches an image's encoder output by its content), which it joins.
         """
         if not request.images:
             return list(request.prompt_token_ids), 0
         run = int(self.model_cfg.get("image_prompt_tokens") or 1)
-        extra = [-(1 + abs(hash(path)) % (1 << 30)) for path in request.images for _ in range(run - 1)]
-        encoder = int(self.model_cfg.get("image_encoder_tokens") or 0) * len(request.images)
-        return list(request.prompt_token_ids) + extra, encoder
+        placeholder = self.image_token_id()
+        images = iter(request.images)
+        prompt: list[int] = []
+        for token in request.prompt_token_ids:   # each placeholder becomes its image's run, in place
+            path = next(images, None) if token == placeholder else None
+            prompt += [token] if path is None else [token] + [-(1 + abs(hash(path)) % (1 << 30))] * (run - 1)
+        new = [path for path in dict.fromkeys(request.images) if path not in encoded]
+        encoded.update(new)
+        return prompt, int(self.model_cfg.get("image_encoder_tokens") or 0) * len(new)
+
+    def image_token_id(self) -> int | None:
+        """The image placeholder's token id, from the model's ``config.json`` (``image_token_id``)."""
+        if not hasattr(self, "_image_token_id"):
+            import json
+            import os
+
+            path = os.path.join(str(self.model_cfg.get("local_dir") or self.model_cfg.get("path") or ""), "config.json")
+            try:
+                with open(path) as f:
+                    config = json.load(f)
+            except (OSError, ValueError):
+                config = {}
+            self._image_token_id = config.get("image_token_id", config.get("image_token_index"))
+        return self._image_token_id
 
     def activation_reserve_bytes(self) -> float:
         """Memory vLLM's profiling run keeps out of the KV cache: activations of a full step plus ~1 GiB."""
@@ -186,6 +208,7 @@ class SimEngine(Engine):
             self.validate()
         config = self.setup.scheduler_config()
         self.scheduler = Scheduler(config)
+        self.encoded: set[str] = set()  # images whose encoder output is cached
         self.steps = 0
         self.host_s = 0.0
         self.last_seconds: float | None = None
@@ -221,10 +244,11 @@ class SimEngine(Engine):
         def on_step(step: StepShape, seconds: float, preempted: int) -> None:
             self.step_trace.record(running=step.seqs, decode=step.decode, prefill=step.prefill,
                                    prefill_seqs=step.seqs - step.decode, kv_tokens=step.kv_tokens,
+                                   context=step.context,
                                    encoder_tokens=step.encoder_tokens, preempted=preempted, dt=seconds,
                                    end=(self.step_trace.last_end or 0.0) + seconds)
 
-        prompts, encoder = zip(*(self.setup.prompt(r) for r in requests)) if requests else ((), ())
+        prompts, encoder = zip(*(self.setup.prompt(r, self.encoded) for r in requests)) if requests else ((), ())
         result = self.scheduler.run(list(prompts), [r.max_tokens for r in requests], self.setup.step_seconds,
                                     trace=trace, on_finish=on_finish, encoder_tokens=list(encoder), on_step=on_step)
         self.host_s += time.perf_counter() - t0
@@ -245,6 +269,7 @@ class SimEngine(Engine):
     def reset_caches(self) -> None:
         self.require_started()
         self.scheduler.pool.reset()
+        self.encoded.clear()
 
     def stop(self) -> None:
         self.scheduler = None  # type: ignore[assignment]

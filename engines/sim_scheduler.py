@@ -220,10 +220,11 @@ class Scheduler:
 
     def _shape(self, scheduled: list[tuple[SimRequest, int]]) -> StepShape:
         """What a step holds; a request counts as prefilling until its first token (as vLLM counts it)."""
-        tokens, pairs, prefill, prefill_seqs, encoder = 0, 0.0, 0, 0, 0
+        tokens, pairs, context, prefill, prefill_seqs, encoder = 0, 0.0, 0, 0, 0, 0
         for r, n in scheduled:
             tokens += n
             pairs += n * (r.computed + (n + 1) / 2)
+            context += r.computed + n
             if r.generated == 0:
                 prefill += n
                 prefill_seqs += 1
@@ -231,7 +232,8 @@ class Scheduler:
                 encoder += r.encoder_tokens
                 r.encode = False
         held = (self.config.num_blocks - 1 - self.pool.num_free()) * self.config.block_size
-        return StepShape(tokens, len(scheduled), pairs, float(held), prefill, len(scheduled) - prefill_seqs, encoder)
+        return StepShape(tokens, len(scheduled), pairs, float(held), prefill, len(scheduled) - prefill_seqs, encoder,
+                         float(context))
 
     def _schedule(self, waiting: deque[SimRequest], running: list[SimRequest]) -> list[tuple[SimRequest, int]]:
         cfg, pool, bs = self.config, self.pool, self.config.block_size
@@ -284,7 +286,7 @@ class Scheduler:
                 self.counters.prefix_cache_hits += hit_tokens
             if r.cached_tokens is None:
                 r.cached_tokens = hit_tokens
-            r.encode = r.encoder_tokens > 0 and hit_tokens < r.n_prompt  # images not all in cached blocks
+            r.encode = r.encoder_tokens > 0  # its new images, encoded with its first chunk
             r.registered = len(hits)
             if pool.caching:
                 pool.register(r, hit_tokens + n, bs)

@@ -10,7 +10,7 @@ steps of the real engine (``engines.steptrace``), not operators:
   curve, ``token_s`` per token plus ``Σ slope·max(0, tokens − knee)`` (flat-then-rising on a GPU,
   growing with the batch on a CPU);
 - ``prefill``: extra per prompt token computed (attention over the prompt);
-- ``attention``: per token of KV cache held (what decode attention reads);
+- ``attention``: per context token the step's sequences attend over (``StepShape.attended``);
 - ``vision``: per vision-encoder output token (images).
 
 Every parameter is ≥ 0 (a fit that ends on a bound lists it in ``at_bound``). ``seen`` holds
@@ -36,6 +36,12 @@ class StepShape(NamedTuple):
     prefill: int = 0          # prompt tokens computed
     decode: int = 0           # sequences generating a token
     encoder_tokens: int = 0   # vision-encoder output tokens computed
+    context: float = -1.0     # the sequences' context tokens, summed (-1: unknown; then ``kv_tokens`` stands in)
+
+    @property
+    def attended(self) -> float:
+        """What attention reads: the summed context where known, else the KV cache in use."""
+        return self.context if self.context >= 0 else self.kv_tokens
 
 
 @dataclass(frozen=True)
@@ -47,9 +53,9 @@ class StepModel:
     token_s: float = 0.0
     knees: tuple[tuple[float, float], ...] = ()   # (tokens, added seconds per token beyond)
     prefill_token_s: float = 0.0
-    kv_token_s: float = 0.0
+    kv_token_s: float = 0.0       # per context token attended
     encoder_token_s: float = 0.0
-    seen: dict[str, float] = field(default_factory=dict)   # largest tokens, seqs, kv_tokens seen in the traces
+    seen: dict[str, float] = field(default_factory=dict)   # largest tokens, seqs, context seen in the traces
     interval: float | None = None   # relative half-width of a run-total prediction (from the fit's residuals)
     at_bound: tuple[str, ...] = ()  # parameters the fit left on their bound (0 or a physical limit)
     host_id: str | None = None      # the host whose traces it was fitted on
@@ -59,7 +65,7 @@ class StepModel:
         """Seconds of each named part of step ``s``."""
         linear = self.token_s * s.tokens + sum(slope * max(0.0, s.tokens - knee) for knee, slope in self.knees)
         return {"step": self.step_s, "sequences": self.seq_s * s.seqs, "linear": linear,
-                "prefill": self.prefill_token_s * s.prefill, "attention": self.kv_token_s * s.kv_tokens,
+                "prefill": self.prefill_token_s * s.prefill, "attention": self.kv_token_s * s.attended,
                 "vision": self.encoder_token_s * s.encoder_tokens}
 
     def seconds(self, s: StepShape) -> float:
@@ -67,7 +73,7 @@ class StepModel:
 
     def beyond(self, s: StepShape) -> list[str]:
         """What of ``s`` lies past the traces (``seen``): the prediction extrapolates there."""
-        return [name for name, value in (("tokens", s.tokens), ("seqs", s.seqs), ("kv_tokens", s.kv_tokens))
+        return [name for name, value in (("tokens", s.tokens), ("seqs", s.seqs), ("context", s.attended))
                 if self.seen.get(name) is not None and value > self.seen[name] * 1.001]
 
     def to_dict(self) -> dict[str, Any]:

@@ -16,11 +16,13 @@ Columns (``STEP_FIELDS``), one value per step:
 - ``decode``: sequences generating one token; ``prefill``: prompt tokens computed (chunks);
   ``prefill_seqs``: sequences prefilling;
 - ``kv_tokens``: tokens of KV cache in use after the step (-1: unknown);
+- ``context``: the step's sequences' context tokens, summed (what attention reads; a prefix shared by
+  many sequences counts once per sequence, unlike ``kv_tokens``; -1: unknown);
 - ``encoder_tokens``: vision-encoder output tokens computed in the step (images);
 - ``preempted``: requests preempted in the step.
 
-Bounded: past ``limit`` steps in one take, further steps are aggregated by what they held
-(decode sequences, prefill tokens and KV tokens in log-spaced buckets, encoder work or
+Bounded: past ``limit`` lines in one take, further steps are aggregated by what they held
+(decode sequences, prefill tokens and context in log-spaced buckets, encoder work or
 not): each such line is the mean of its steps with ``weight`` = their count, so a job of
 10^6 steps keeps at most ``limit`` lines plus a few thousand buckets. Standard library only.
 """
@@ -32,7 +34,7 @@ import time
 from typing import Any
 
 STEP_FIELDS = ("weight", "t", "dt", "running", "waiting", "decode", "prefill", "prefill_seqs", "kv_tokens",
-               "encoder_tokens", "preempted")
+               "context", "encoder_tokens", "preempted")
 RAW_LIMIT = 100_000
 _SUMMED = STEP_FIELDS[1:]
 
@@ -61,38 +63,49 @@ class StepRecorder:
         self.last_end = self.clock()
 
     def record(self, *, running: int, decode: int, prefill: int, prefill_seqs: int = 0, waiting: int = -1,
-               kv_tokens: float = -1, encoder_tokens: int = 0, preempted: int = 0, dt: float | None = None,
-               end: float | None = None) -> None:
+               kv_tokens: float = -1, context: float = -1, encoder_tokens: int = 0, preempted: int = 0,
+               dt: float | None = None, end: float | None = None) -> None:
         """One step that ended at ``end`` (default: now). ``dt`` default: since the previous step's end
         (or ``begin``); give it where the engine timed the step itself."""
         end = self.clock() if end is None else end
         if dt is None:
             dt = end - self.last_end if self.last_end is not None else 0.0
         self.last_end = end
-        row = (1.0, end - self.origin, max(dt, 0.0), running, waiting, decode, prefill, prefill_seqs, kv_tokens,
-               encoder_tokens, preempted)
-        if len(self.rows) < self.limit:
+        self._add((1.0, end - self.origin, max(dt, 0.0), running, waiting, decode, prefill, prefill_seqs, kv_tokens,
+                   context, encoder_tokens, preempted))
+
+    def extend(self, trace: dict[str, list[float]] | None) -> None:
+        """Add a taken trace's lines (another recorder's, e.g. a shard's), aggregating past the limit as ``record``."""
+        for row in zip(*(trace[name] for name in STEP_FIELDS)) if trace and trace.get("weight") else ():
+            self._add(tuple(float(v) for v in row))
+
+    def _add(self, row: tuple[float, ...]) -> None:
+        if len(self.rows) < self.limit and row[0] == 1.0:
             self.rows.append(row)
             return
-        key = (_bucket(decode), _bucket(prefill), _bucket(max(kv_tokens, 0)), encoder_tokens > 0)
-        sums = self.bins.get(key)
-        if sums is None:
-            self.bins[key] = list(row)
-        else:
-            for i, value in enumerate(row):
-                sums[i] += value
+        n = row[0]
+        key = (_bucket(row[5]), _bucket(row[6]), _bucket(max(row[9], row[8], 0)), row[10] > 0)
+        sums = self.bins.setdefault(key, [0.0] * len(STEP_FIELDS))
+        sums[0] += n
+        for i in range(1, len(row)):
+            sums[i] += row[i] * n
 
     def __len__(self) -> int:
         return len(self.rows) + int(sum(b[0] for b in self.bins.values()))
 
-    def take(self) -> dict[str, list[float]]:
-        """The steps since the last take, as columns (``STEP_FIELDS``); the recorder starts empty again."""
+    def snapshot(self) -> dict[str, list[float]]:
+        """The steps since the last take, as columns (``STEP_FIELDS``); an aggregated line holds its steps' means."""
         rows = list(self.rows)
         for sums in self.bins.values():
             n = sums[0]
             rows.append((n, *(v / n for v in sums[1:])))
-        self._reset()
         return {name: [row[i] for row in rows] for i, name in enumerate(STEP_FIELDS)}
+
+    def take(self) -> dict[str, list[float]]:
+        """``snapshot``, and the recorder starts empty again."""
+        trace = self.snapshot()
+        self._reset()
+        return trace
 
 
 def empty_trace() -> dict[str, list[float]]:

@@ -179,8 +179,8 @@ class StepLogger:
     already run: it misses the forward pass.)
     """
 
-    def __init__(self, recorder: StepRecorder, kv_tokens: int | None):
-        self.recorder, self.kv_tokens = recorder, kv_tokens
+    def __init__(self, recorder: StepRecorder, kv_tokens: int | None, scheduler: Any = None):
+        self.recorder, self.kv_tokens, self.scheduler = recorder, kv_tokens, scheduler
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                engine_idx: int = 0) -> None:
@@ -194,8 +194,19 @@ class StepLogger:
             decode=details.num_generation_requests, prefill=details.num_ctx_tokens,
             prefill_seqs=details.num_ctx_requests,
             kv_tokens=usage * self.kv_tokens if usage is not None and self.kv_tokens else -1,
-            encoder_tokens=getattr(details, "num_encoder_output_tokens", 0) or 0,
+            context=self.context(), encoder_tokens=getattr(details, "num_encoder_output_tokens", 0) or 0,
             preempted=getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
+
+    def context(self) -> float:
+        """The running requests' computed tokens, summed, where the engine core is in this process (its
+        scheduler's ``running`` list); -1 where it is a child process (the trace's KV usage stands in)."""
+        running = getattr(self.scheduler, "running", None)
+        if running is None:
+            return -1
+        try:
+            return float(sum(r.num_computed_tokens for r in running))
+        except (AttributeError, TypeError):
+            return -1
 
     def log(self) -> None:
         """Nothing to print: the trace goes to the worker."""
@@ -219,7 +230,9 @@ def attach_step_logger(llm_engine: Any, recorder: StepRecorder, config: Any, rea
         reader.warn("vLLM's LLMEngine has no logger_manager.stat_loggers list: no step trace for this run")
         return
     logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)  # one INFO line per step otherwise
-    loggers.append(StepLogger(recorder, _kv_cache_tokens(config.cache_config) if _dp(config) == 1 else None))
+    core = getattr(getattr(llm_engine, "engine_core", None), "engine_core", None)  # in-process client only
+    loggers.append(StepLogger(recorder, _kv_cache_tokens(config.cache_config) if _dp(config) == 1 else None,
+                              getattr(core, "scheduler", None)))
 
 
 class VllmFeeder(Feeder):

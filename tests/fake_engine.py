@@ -11,7 +11,8 @@ fails generate in that replica (1-based) of a data-parallel run, and ``sleep_cyc
 runs in that file (a scripted run-to-run spread). It echoes the prompt's last
 token ``max_tokens`` times, so token counts are exact. ``token_s`` makes ``feeder()`` stream
 (``engines.feeding.AsyncFeeder``): each request takes ``token_s`` per output token, at most
-``max_num_seqs`` at once, like a continuous-batching engine fed while it runs. ``dtype``:
+``max_num_seqs`` at once, like a continuous-batching engine fed while it runs: one loop steps every
+running request a token each ``token_s`` and records each step in its step trace (``engines.steptrace``). ``dtype``:
 ``lossy`` changes every third output token (an output-changing knob, for the quality guard);
 any other value leaves outputs as they are. ``hang_in: start`` hangs the start for good, in every replica or
 only in replica ``hang_replica`` (1-based): a hung engine start, for the batch watchdog.
@@ -31,6 +32,7 @@ KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_
 
 class FakeEngine(Engine):
     name = "fake"
+    step_trace_gap = "the scripted engine records steps only when it streams (knob token_s)"
     preload_modules = ("wave",)   # a module nothing else imports: a parked worker's preload is seen in sys.modules
 
     def validate(self) -> None:
@@ -94,11 +96,30 @@ class FakeEngine(Engine):
 
         from engines.feeding import AsyncFeeder
 
+        self.records_steps = True
         seats = asyncio.Semaphore(int(self.knobs.get("max_num_seqs", 8)))  # bound to the feeder's loop on first use
+        running: dict[str, list] = {}   # request id -> [tokens left, its event]
+        stepping: list[asyncio.Task] = []
+
+        async def steps() -> None:
+            self.step_trace.begin()
+            while running:
+                await asyncio.sleep(float(self.knobs["token_s"]))
+                n = len(running)
+                for rid, state in list(running.items()):
+                    state[0] -= 1
+                    if state[0] <= 0:
+                        state[1].set()
+                        del running[rid]
+                self.step_trace.record(running=n, decode=n, prefill=0)
 
         async def one(r: Request) -> Completion:
             async with seats:
-                await asyncio.sleep(float(self.knobs["token_s"]) * r.max_tokens)
+                done = asyncio.Event()
+                running[r.id] = [r.max_tokens, done]
+                if not stepping or stepping[-1].done():
+                    stepping.append(asyncio.ensure_future(steps()))
+                await done.wait()
             return Completion(r.id, len(r.prompt_token_ids), self._tokens(r), cached_tokens=0)
 
         return AsyncFeeder(one)

@@ -14,11 +14,12 @@ import logging
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 from engines.base import Request
+from engines.steptrace import StepRecorder
 from harness.batch.convert import Item, convert_shard
 from harness.batch.images import image_resolver
 from harness.batch.output import ENGINE_FAULT, failure, success
@@ -61,6 +62,7 @@ class ShardsRun:
     #                                  kv_cache_tokens where it says (``tune_runs.concurrency``)
     lengths: list[tuple[int, int]] = field(default_factory=list)  # (prompt, output tokens) per request, kept for an
     #                                  in-job tuning's runs (``tune_runs.concurrency``)
+    steps: StepRecorder = field(default_factory=StepRecorder)  # the engines' steps (bounded; harness.steps.store)
     serial: bool = False           # an engine ran a shard at a time (no ``feeder()``): at most a shard at once
     engines_kept: bool = False     # it went on with the previous run's engines (no start: no ``startup_s``)
 
@@ -75,7 +77,9 @@ class ShardsRun:
         self.engine_idle_s += float(meta.get("idle_before_s") or 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "shards_failed": {str(k): v for k, v in self.shards_failed.items()}}
+        """As JSON data (an array task's part), less its step trace (kept in its own file)."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "steps"}
+        return {**json.loads(json.dumps(data)), "shards_failed": {str(k): v for k, v in self.shards_failed.items()}}
 
     @classmethod
     def sequential(cls, parts: list[ShardsRun], committed: set[int]) -> ShardsRun:
@@ -90,6 +94,7 @@ class ShardsRun:
                 else total.startup_s
             total.peak_worker_rss_bytes = max(total.peak_worker_rss_bytes, part.peak_worker_rss_bytes)
             total.shards_failed.update({i: why for i, why in part.shards_failed.items() if i not in committed})
+            total.steps.extend(part.steps.snapshot())
         if parts and (total.shards_failed or not parts[-1].shards_run):
             total.errors = [e for part in parts for e in part.errors]
         return total
@@ -259,7 +264,7 @@ class _Runner:
             self.started[worker] = time.monotonic()
             self.run.startup_s = max(self.run.startup_s or 0.0, event["start"].get("startup_s") or 0.0)
             extra = event["start"].get("extra") or {}
-            self.run.engine_limits.append({k: extra.get(k) for k in ("max_num_seqs", "kv_cache_tokens")})
+            self.run.engine_limits.append({k: extra.get(k) for k in ("max_num_seqs", "kv_cache_tokens", "block_size")})
             if len(self.started) == pool.engines:  # every worker not parked
                 self.t_ready = time.monotonic()
                 self.bar.engines_up()
@@ -292,6 +297,7 @@ class _Runner:
                 self.run.probe_output_tokens = sum(len(ids) for ids in self.run.probe.values())
             else:
                 self._commit(index, items, result, worker)
+            self.run.steps.extend(result.get("steps"))
             steps = result["measured"].get("engine_steps")
             if steps is not None:
                 self.steps[worker] = max(self.steps.get(worker, 0), int(steps))

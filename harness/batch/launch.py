@@ -21,6 +21,7 @@ from harness.batch.shards import scan
 from harness.batch.state import JobState
 from harness.core.errors import TroughputError
 from harness.run.results import new_run_id, write_row
+from harness.steps.store import job_trace_columns
 
 SCALES = ("local", "ray", "slurm")
 log = logging.getLogger("troughput.batch.tune")
@@ -67,7 +68,7 @@ def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan]
         output, errors = state.merge(committed)
         outputs = {"output": str(output), "errors": str(errors)}
     row = batch_row(plan, run_id, started, index, run, committed, time.monotonic() - t0, peak_rss_bytes(), outputs,
-                    extra)
+                    {**(extra or {}), **job_trace_columns(plan.results_dir, run_id, run.steps.snapshot())})
     write_row(plan.results_dir, row, kind=BATCH_TABLE)
     return row
 

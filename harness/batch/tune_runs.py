@@ -45,7 +45,7 @@ class RunRecord:
     trial: int | None = None       # the study's trial number (trial and confirm runs)
     side: str | None = None        # confirm runs: default | candidate
     agreement: float | None = None  # token agreement of the probe with the engine defaults' (quality guard)
-    steady_tok_s: float | None = None  # the rate while the engine was still being refilled (``steady_rate``)
+    full_engine_tok_s: float | None = None  # its config with the engines kept full, from its step trace
     concurrency: float | None = None  # requests its engines run at once, where they say (``concurrency``)
     discarded: list[int] = field(default_factory=list)  # shards it ran whose outputs were thrown away (rejected)
     engines_kept: bool = False     # it went on with the last run's engines, no start (the main phase, same config)
@@ -60,6 +60,11 @@ class RunRecord:
         """Output tok/s over the run's generation time (probe tokens included: the engine made them in it)."""
         tokens = self.output_tokens + self.probe_output_tokens
         return tokens / self.generation_s if self.status == "ok" and self.generation_s > 0 and tokens else None
+
+    @property
+    def value(self) -> float | None:
+        """What the study is told: the full-engine rate where the run's steps give one, else its plain rate."""
+        return self.full_engine_tok_s or self.rate
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "output_tok_s": self.rate, "fill": self.fill}
@@ -197,8 +202,7 @@ def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]],
 
     A run of fewer than about 2× that many requests runs as one batch that drains: every request starts at
     once and the engine empties as the short ones finish, so it measures the drain, below what the same config
-    does fed without end (the main phase). Up to about ``FILLED``× its steady rate still reads low
-    (``steady_rate``)."""
+    does fed without end (the main phase); its full-engine rate (``harness.batch.tune_predict``) does not."""
     if not limits or not lengths or any(not (lim or {}).get("max_num_seqs") for lim in limits):
         return None
     outputs = sum(o for _, o in lengths)
@@ -209,79 +213,18 @@ def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]],
                          else math.inf) for lim in limits))
 
 
-def steady_rate(finishes: list[tuple[float, int]], low: float = 0.3, high: float = 0.7) -> float | None:
-    """Output tok/s of a run while its engine was still being refilled, from its requests' finish times.
-
-    Every request of a run is handed over at its start, so the engine's batch stays full
-    until the queue runs out, then drains: the last long outputs finish on a half-empty
-    engine, a cost a short run pays in full and the long main phase pays once. Between the
-    ``low`` and ``high`` quantiles of finish order (past the ramp-up, whose first finishers
-    are the short requests, and before the queue runs out), output tokens finished per
-    second estimate the steady rate, since in steady state the requests that finish are a
-    fair sample of those admitted. It needs runs of many engine batches: on a simulated
-    engine (``tests/harness/batch/test_tune_runs.py``) it reads about 0.96 of the true rate
-    at 8 batches a run (the run's own rate: 0.71), 0.83 at 4, 0.65 at 2. ``None`` for fewer
-    than 16 requests or finish times that do not spread.
-    """
-    if len(finishes) < 16:
-        return None
-    times = sorted(t for t, _ in finishes)
-    t0, t1 = times[int(low * len(times))], times[int(high * len(times))]
-    if t1 <= t0:
-        return None
-    return sum(tokens for t, tokens in finishes if t0 < t <= t1) / (t1 - t0)
-
-
-def predicted_seconds(records: list[RunRecord], chosen: dict[str, Any], requests_left: int) -> dict[str, Any]:
-    """The rest of the job's generation time at the chosen config's measured rates.
-
-    Output tokens per request come from every sampled run (a random sample of the job's
-    shards). Each of the chosen config's runs (its confirmation runs, else its trial) took
-    ``fixed + tokens ÷ steady`` seconds: where the runs give a steady rate (``steady_rate``),
-    the rest of the job is predicted as one more such run, the mean ``fixed`` (ramp-up and
-    drain) plus its tokens at the geometric mean of the steady rates; otherwise as its tokens
-    at the geometric mean of the runs' plain rates.
-
-    Where a run of the chosen config held fewer than ``FILLED`` times the requests its engines
-    run at once (``RunRecord.fill``), ``prediction_underfilled`` says so: such a run's steady rate
-    reads low (and under 2× it is one draining batch with no steady state at all), so the rest of
-    the job, fed without end, likely runs faster than predicted.
-    """
-    sampled = [r for r in records if r.kind in ("trial", "confirm") and r.requests]
-    requests = sum(r.requests for r in sampled)
-    tokens = sum(r.output_tokens for r in sampled)
-    mine = [r for r in records if r.kind in ("trial", "confirm") and r.values == chosen and r.rate]
-    runs = [r for r in mine if r.kind == "confirm"] or mine
-    if not requests or not runs:
-        return {"predicted_rest_s": None, "predicted_rest_output_tokens": None, "predicted_rest_tok_s": None,
-                "predicted_rest_fixed_s": None, "prediction_method": None, "prediction_underfilled": None,
-                "prediction_min_fill": None}
-    rest_tokens = tokens / requests * requests_left
-    fills = [r.fill for r in runs if r.fill is not None]
-    steady = [r for r in runs if r.steady_tok_s]
-    method = "steady" if len(steady) == len(runs) else "plain"
-    if method == "steady":
-        rate = _geomean([r.steady_tok_s for r in steady])  # type: ignore[misc]
-        fixed = sum(max(0.0, r.generation_s - (r.output_tokens + r.probe_output_tokens) / rate)
-                    for r in steady) / len(steady)
-    else:
-        rate, fixed = _geomean([r.rate for r in runs]), 0.0  # type: ignore[misc]
-    return {"predicted_rest_s": fixed + rest_tokens / rate, "predicted_rest_output_tokens": rest_tokens,
-            "predicted_rest_tok_s": rate, "predicted_rest_fixed_s": fixed, "prediction_method": method,
-            "prediction_underfilled": min(fills) < FILLED if fills else None,  # None: no run's fill is known
-            "prediction_min_fill": min(fills) if fills else None}
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def probe_requests(plan: Plan, index: Index, shard: int, count: int, max_tokens: int) -> list[Request]:
     """The quality guard's probe: ``count`` requests of ``shard``, greedy, at most ``max_tokens`` each."""
     items = _items(plan, index, {shard}, Options(plan.default_max_tokens, "benchmark"))
     requests = [replace(i.request, id=f"probe-{i.request.id}", max_tokens=min(i.request.max_tokens, max_tokens))
                 for i in items if i.request is not None]
     return requests[:count]
+
+
+def sample_requests(plan: Plan, index: Index, shards: set[int]) -> list[Request]:
+    """The requests of ``shards`` as the engines get them (the job's sampling)."""
+    return [i.request for i in _items(plan, index, shards, Options(plan.default_max_tokens, plan.sampling))
+            if i.request is not None]
 
 
 def sample_summary(plan: Plan, index: Index, shards: set[int]) -> dict[str, Any]:

@@ -50,9 +50,11 @@ from harness.batch.plan import Plan
 from harness.batch.shards import Index
 from harness.batch.state import JobState, write_whole
 from harness.batch.tune_config import output_changing, sampler_config
-from harness.batch.tune_runs import (FILLED, RunLog, RunRecord, concurrency, confirm_shards, predicted_seconds,
-                                      probe_requests, sample_order, sample_summary, shards_per_run, steady_rate)
+from harness.batch.tune_predict import full_engine_rate, predict_rest, save_run
+from harness.batch.tune_runs import (RunLog, RunRecord, concurrency, confirm_shards, probe_requests, sample_order,
+                                     sample_requests, sample_summary, shards_per_run)
 from harness.core.errors import TroughputError
+from harness.steps.predict import prediction_columns
 from harness.quality.agreement import columns as agreement_columns
 from harness.report.verdict import INSUFFICIENT, Verdict, compare
 from sweeps.best import leaders
@@ -113,15 +115,10 @@ class InJobTuning:
         tuning_s = time.monotonic() - t0
         left = [i for i in range(self.index.shards(self.plan.shard_size)) if i not in self.state.committed()]
         requests_left = sum(shard_records(self.index, self.plan.shard_size, i) for i in left)
-        prediction = predicted_seconds(self.log.read(), chosen, requests_left)
-        if prediction.get("prediction_underfilled"):
-            log.warning("the chosen config's runs held %.2f× the requests its engines run at once (under %g×; under 2× "
-                        "a run is one draining batch): its measured rate reads low there, so the rest of the job, fed "
-                        "without end, will likely run faster than the predicted %.0f s, and the trials ranked configs "
-                        "that run many sequences at once below their full rate. Larger runs need a larger job, a "
-                        "higher batch.tune.max_share, or fewer runs (batch.tune.trials, batch.tune.max_confirm_rounds; "
-                        "docs/guides/batch-tune.md)", prediction["prediction_min_fill"],
-                        FILLED, prediction["predicted_rest_s"] or 0.0)
+        prediction = self._predict_rest(chosen, requests_left)
+        if prediction.get("predicted_rest_s"):
+            log.info("the rest of the job (%d requests) predicted at %.0f s of generation (%s)", requests_left,
+                     prediction["predicted_rest_s"], prediction["prediction_note"])
         if left:
             self._run("main", "main", chosen, set(left))
         self.outcome.columns = self._columns(chosen, verdict, prediction, tuning_s)
@@ -144,7 +141,7 @@ class InJobTuning:
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
             if record is not None and record.status == "ok":
-                study.tell(trial.number, record.rate or 0.0)
+                study.tell(trial.number, record.value or 0.0)
                 continue
             study.tell(trial.number, state=optuna.trial.TrialState.FAIL)
             if record is not None:  # it ran and failed or was rejected: it used its budget, and is never rerun
@@ -201,7 +198,7 @@ class InJobTuning:
                 agreement = record.agreement if record.agreement is not None else \
                     0.0 if self._changes_output(values) else 1.0  # only output-changing configs are probed
                 trial.set_constraint("agreement", float(floor) - agreement)
-            study.tell(trial, record.rate or 0.0)
+            study.tell(trial, record.value or 0.0)
 
     def _confirm(self, study: optuna.Study) -> tuple[dict[str, Any], Any]:
         """The candidate against the defaults, alternating; returns the config the job continues with."""
@@ -295,9 +292,16 @@ class InJobTuning:
         record = RunRecord(kind=kind, label=label, values=values, shards=committed, requests=run.requests_ok,
                            output_tokens=run.output_tokens, probe_output_tokens=run.probe_output_tokens,
                            generation_s=run.generation_s, startup_s=run.startup_s, wall_s=wall, trial=trial,
-                           side=side, steady_tok_s=steady_rate(run.finishes), engines_kept=run.engines_kept,
+                           side=side, engines_kept=run.engines_kept,
                            concurrency=concurrency(run.engine_limits, run.lengths,
                                                    self.plan.shard_size if run.serial else None))
+        limits = run.engine_limits[0] if run.engine_limits else {}
+        saved = save_run(self.root, label, run.steps.snapshot(),
+                         {**plan.knobs, **{f"engine_{k}": v for k, v in limits.items() if v}},
+                         max(len(run.engine_limits), 1), committed)
+        if saved and kind in ("trial", "confirm") and committed:
+            record.full_engine_tok_s = full_engine_rate(self.root, label, self._requests(set(committed)),
+                                                        self.plan.model, self._hardware())
         run.finishes, run.engine_limits, run.lengths = [], [], []  # measured; not carried into the job's totals
         failed = [f"shard {i}: {why}" for i, why in sorted(run.shards_failed.items())] + run.errors
         if failed:
@@ -435,6 +439,32 @@ class InJobTuning:
         trial.set_user_attr("reason", reason)
         study.tell(trial, state=optuna.trial.TrialState.FAIL)
 
+    def _requests(self, shards: set[int]) -> list[Request]:
+        """The real requests of sampled shards, as the engines got them."""
+        return sample_requests(self.plan, self.index, shards)
+
+    def _hardware(self) -> dict[str, Any]:
+        """A spec for the simulator that replays runs: priced by a step model and sized by what the engines
+        reported (``engine_*`` knobs), so only the kind of device is read from it (an engine that does not say
+        its KV cache is replayed with one that never runs out)."""
+        return {"name": self.plan.device_kind, "kind": self.plan.device_kind, "peak_flops_bf16": 1e12,
+                "bandwidth_bytes_s": 1e11, "memory_bytes": float(1 << 40)}
+
+    def _predict_rest(self, chosen: dict[str, Any], requests_left: int) -> dict[str, Any]:
+        """The rest of the job, replayed with the step model of the chosen config's runs (``tune_predict``)."""
+        labels = [r.label for r in self.log.read() if r.kind in ("trial", "confirm") and r.values == chosen
+                  and r.status == "ok"]
+        main = self.plan_for(chosen, {})
+        try:
+            limits = json.loads((self.root / "steps" / f"{labels[-1].replace(' ', '_')}.json").read_text())["knobs"] \
+                if labels else {}
+            return predict_rest(self.root, labels, self._requests, requests_left, self.plan.model, self._hardware(),
+                                {**main.knobs, **{k: v for k, v in limits.items() if k.startswith("engine_")}},
+                                max(main.replicas, 1))
+        except (OSError, ValueError, MemoryError, RuntimeError) as e:
+            log.warning("no prediction of the rest of the job: %s", e)
+            return predict_rest(self.root, [], self._requests, 0, {}, {}, {}, 1)
+
     def _columns(self, chosen: dict[str, Any], verdict: Any, prediction: dict[str, Any],
                  tuning_s: float) -> dict[str, Any]:
         """The row's ``tune.*`` columns: every run, the winner and its margin, the overhead, the prediction."""
@@ -447,10 +477,11 @@ class InJobTuning:
         discarded = sorted({i for r in tuning for i in r.discarded})
         discarded_s = sum(r.generation_s * len(r.discarded) / max(len(r.discarded) + len(r.shards), 1)
                           for r in tuning)
-        rate, fixed = prediction.get("predicted_rest_tok_s"), prediction.get("predicted_rest_fixed_s") or 0.0
-        # speed lost on the other configs: a run's time beyond what the chosen config takes for its tokens (one
-        # run's ramp-up and drain included, which every run pays alike)
-        shortfall_s = sum(max(0.0, r.generation_s - fixed - (r.output_tokens + r.probe_output_tokens) / rate)
+        # speed lost on the other configs: a run's time beyond what the chosen config's runs take per token
+        mine = [r for r in tuning if r.status == "ok" and r.values == chosen and r.rate]
+        rate = sum(r.output_tokens + r.probe_output_tokens for r in mine) / sum(r.generation_s for r in mine) \
+            if mine else None
+        shortfall_s = sum(max(0.0, r.generation_s - (r.output_tokens + r.probe_output_tokens) / rate)
                           for r in tuning if r.status == "ok" and r.values != chosen) if rate else 0.0
         job_s = sum(r.wall_s for r in records)
         trial_no, v, said = verdict if verdict else (None, None, "no trial config beat the job's own in the trials")
@@ -475,6 +506,9 @@ class InJobTuning:
             **{f"tune.{k}": v for k, v in prediction.items()},
             "tune.measured_rest_s": main[-1].generation_s if main else None,
             "tune.measured_rest_tok_s": main[-1].rate if main else None,
+            **prediction_columns("rest_of_job", prediction.get("predicted_rest_s"),
+                                 main[-1].generation_s if main else None, "seconds",
+                                 prediction.get("prediction_interval"), prediction.get("prediction_note")),
         }
 
 

@@ -43,7 +43,8 @@ def features(frame: pd.DataFrame, knees: list[float]) -> Design:
     for i, knee in enumerate(knees):
         columns[f"knee{i}"] = np.maximum(0.0, tokens - knee)
     columns["prefill_token_s"] = frame["prefill"].to_numpy(float)
-    columns["kv_token_s"] = np.clip(frame["kv_tokens"].to_numpy(float), 0, None)
+    context = frame["context"].to_numpy(float) if "context" in frame else np.full(len(frame), -1.0)
+    columns["kv_token_s"] = np.clip(np.where(context >= 0, context, frame["kv_tokens"].to_numpy(float)), 0, None)
     columns["encoder_token_s"] = frame["encoder_tokens"].to_numpy(float)
     return Design(np.column_stack(list(columns.values())), list(columns), knees)
 
@@ -79,7 +80,7 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
         knees=tuple((k, values[f"knee{i}"]) for i, k in enumerate(knees) if values[f"knee{i}"] > 0),
         prefill_token_s=values["prefill_token_s"], kv_token_s=values["kv_token_s"],
         encoder_token_s=values["encoder_token_s"],
-        seen={"tokens": top, "seqs": float(frame["running"].max()), "kv_tokens": float(frame["kv_tokens"].max())},
+        seen={"tokens": top, "seqs": float(frame["running"].max()), "context": float(design.matrix[:, -2].max())},
         interval=interval, at_bound=tuple(at_bound), host_id=host_id,
         source=source or f"{len(traces)} run(s), {int(weight.sum())} steps, fitted "
                          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")

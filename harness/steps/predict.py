@@ -22,6 +22,7 @@ from engines.sim import SIM_KNOBS, SimEngine
 from engines.stepmodel import StepModel, StepShape
 
 CYCLE_MIN_FILLS = 6   # full_engine_rate replays at least this many engine fills
+CYCLE_SHIFT = 1 << 24  # token ids of each further pass over cycled requests (the simulator only hashes them)
 
 
 @dataclass
@@ -40,11 +41,23 @@ class Replay:
 
 def sim_engine(model: StepModel | None, knobs: dict[str, Any], model_cfg: dict[str, Any],
                hardware_spec: dict[str, Any]) -> SimEngine:
-    """A started simulator for an engine's knobs (those the simulator models), priced by ``model``."""
+    """A started simulator for an engine's knobs (those the simulator models), priced by ``model``.
+
+    ``knobs`` may also give what the real engine reported at its start, which wins over what the
+    simulator would derive: ``engine_max_num_seqs``, ``engine_kv_cache_tokens``, ``engine_block_size``.
+    """
     sim_knobs = {k: v for k, v in knobs.items() if k in SIM_KNOBS and v is not None}
+    for name in ("max_num_seqs", "block_size"):
+        if knobs.get(f"engine_{name}"):
+            sim_knobs[name] = int(knobs[f"engine_{name}"])
     sim_knobs["hardware_spec"] = hardware_spec
     sim_knobs["calibration"] = {"step_model": model.to_dict()} if model is not None else None
     sim = SimEngine(model_cfg, sim_knobs)
+    if knobs.get("engine_kv_cache_tokens"):  # the real engine's KV cache, in the simulator's bytes per token
+        sim.validate()
+        sim_knobs["kv_cache_memory_bytes"] = int((int(knobs["engine_kv_cache_tokens"]) + sim.setup.block_size)
+                                                 * sim.setup.cost.kv_token_bytes)
+        sim = SimEngine(model_cfg, sim_knobs)
     sim.start()
     return sim
 
@@ -76,16 +89,20 @@ def full_engine_rate(model: StepModel | None, requests: Sequence[Request], knobs
     """Output tok/s with the engine kept full: (tokens(2n) − tokens(n)) ÷ (seconds(2n) − seconds(n))."""
     probe = sim_engine(model, knobs, model_cfg, hardware_spec)
     n = max(len(requests), CYCLE_MIN_FILLS * probe.setup.max_seqs)
-    first = replay(model, _cycled(requests, n), knobs, model_cfg, hardware_spec)
-    second = replay(model, _cycled(requests, 2 * n), knobs, model_cfg, hardware_spec)
+    first = replay(model, cycled(requests, n), knobs, model_cfg, hardware_spec)
+    second = replay(model, cycled(requests, 2 * n), knobs, model_cfg, hardware_spec)
     span = second.seconds - first.seconds
     rate = (second.output_tokens - first.output_tokens) / span if span > 0 else second.rate
     return rate, second
 
 
-def _cycled(requests: Sequence[Request], n: int) -> list[Request]:
-    """``n`` requests, cycling through ``requests`` (ids made unique, prompts kept so prefixes still match)."""
-    return [replace(requests[i % len(requests)], id=f"c{i}") for i in range(n)]
+def cycled(requests: Sequence[Request], n: int, prefix: str = "c") -> list[Request]:
+    """``n`` requests, cycling through ``requests``. Each pass over them is a new set of prompts (token ids
+    shifted per pass), so that a prompt never hits the prefix cache on its own earlier copy; prompts that
+    share a prefix within one pass still share it, as a new group would in the rest of a job."""
+    size = len(requests)
+    return [replace(r, id=f"{prefix}{i}", prompt_token_ids=[t + (i // size) * CYCLE_SHIFT for t in r.prompt_token_ids])
+            if i >= size else replace(r, id=f"{prefix}{i}") for i in range(n) for r in [requests[i % size]]]
 
 
 def prediction_columns(name: str, predicted: float | None, measured: float | None, unit: str,

@@ -48,6 +48,15 @@ def read_trace(results_dir: str | os.PathLike, run_id: str) -> pd.DataFrame | No
     return pd.read_parquet(path) if path.exists() else None
 
 
+def job_trace_columns(results_dir: str | os.PathLike, run_id: str, trace: dict[str, list[float]]) -> dict[str, Any]:
+    """A batch job's engines' steps (every shard's, in the order they finished) to its file; the row's columns."""
+    frame = trace_frame([{"steps": trace}])
+    if frame.empty:
+        return {"steps.file": None}
+    path = write_trace(results_dir, run_id, frame)
+    return {"steps.file": str(path), **{f"steps.{k}": v for k, v in summary(trace).items()}}
+
+
 def trace_columns(results_dir: str | os.PathLike, run_id: str, result: dict[str, Any],
                   median_pass: int | None) -> dict[str, Any]:
     """Write the run's trace (where any pass recorded steps) and return the row's ``steps.*`` columns."""

@@ -1,29 +1,25 @@
-"""The in-job tuning's run arithmetic: the steady rate and the prediction, on a simulated continuous-batching engine."""
+"""The in-job tuning's run arithmetic: run sizes, fill, and the rest-of-job prediction replayed from step traces."""
 
 from __future__ import annotations
 
 import random
 
-from harness.batch.tune_runs import RunRecord, confirm_shards, predicted_seconds, steady_rate
+import json
+
+import pytest
+
+from harness.batch.tune_runs import RunRecord, confirm_shards
+
+TINY_LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
+              "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256, "vocab_size": 2048,
+              "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
 
 
-def _run(lengths: list[int], seats: int = 16, step_s: float = 0.001) -> tuple[list[tuple[float, int]], float]:
-    """(finish time, tokens) per request and the run's time, simulated exactly."""
-    queue = list(enumerate(lengths))
-    running: dict[int, int] = {}
-    out: list[tuple[float, int]] = []
-    t = 0.0
-    while queue or running:
-        while queue and len(running) < seats:
-            i, n = queue.pop(0)
-            running[i] = n
-        t += step_s
-        for i in list(running):
-            running[i] -= 1
-            if running[i] == 0:
-                out.append((t, lengths[i]))
-                del running[i]
-    return out, t
+@pytest.fixture
+def model_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("model")
+    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return path
 
 
 def _lengths(n: int, seed: int) -> list[int]:
@@ -31,67 +27,57 @@ def _lengths(n: int, seed: int) -> list[int]:
     return [max(1, min(512, round(rng.lognormvariate(4.16, 1.0)))) for _ in range(n)]  # median 64, like backlog_cpu
 
 
-def test_the_steady_rate_leaves_out_the_drain_a_short_run_pays() -> None:
-    errors, plain_errors = [], []
-    for seed in range(10):   # runs of 8 batches of 32 seats: 32,000 tok/s while full
-        finishes, t = _run(_lengths(256, seed), seats=32)
-        errors.append(steady_rate(finishes) / 32_000 - 1)
-        plain_errors.append(sum(tokens for _, tokens in finishes) / t / 32_000 - 1)
-    assert abs(sum(errors) / 10) < 0.08, errors
-    assert sum(plain_errors) / 10 < -0.2, "the whole run's rate pays the drain"
-    assert steady_rate(finishes[:10]) is None
+def _curve(step) -> float:
+    """A CPU-like step time that grows with the batch (not of the step model's form: quadratic)."""
+    return 2e-3 + 2e-5 * step.tokens + 3e-8 * step.tokens ** 2 + 3e-5 * step.seqs
 
 
-def test_short_runs_predict_a_long_rest_within_ten_percent() -> None:
-    records = []
+def _requests(lengths: list[int], seed: int, prefix: str = "r") -> list:
+    from engines.base import Request
+
+    rng = random.Random(seed)
+    return [Request(f"{prefix}{i}", [rng.randrange(4, 2000) for _ in range(rng.randrange(16, 200))], n)
+            for i, n in enumerate(lengths)]
+
+
+def _sim_run(requests: list, seats: int) -> tuple[dict, float]:
+    """A run on an engine whose steps cost ``_curve``: its step trace and its seconds."""
+    from engines.sim_scheduler import Scheduler, SchedulerConfig
+    from engines.steptrace import StepRecorder
+
+    recorder = StepRecorder(clock=lambda: 0.0)
+    config = SchedulerConfig(max_seqs=seats, max_tokens_per_step=4096, chunked_prefill=True, prefix_caching=True,
+                             block_size=16, num_blocks=200_000, max_model_len=1024)
+    result = Scheduler(config).run([r.prompt_token_ids for r in requests], [r.max_tokens for r in requests], _curve,
+                                   on_step=lambda s, dt, p: recorder.record(running=s.seqs, decode=s.decode,
+                                                                            prefill=s.prefill, kv_tokens=s.kv_tokens,
+                                                                            dt=dt, end=0.0))
+    return recorder.take(), result.seconds
+
+
+def test_the_rest_of_the_job_from_draining_runs_is_predicted_by_replaying_their_steps(tmp_path, model_dir) -> None:
+    """192-request runs on an engine of 512 seats (every request starts at once and the run drains: the case whose
+    old prediction from finish times read 2-11× long): the step model fitted to their steps, replayed over the
+    20,000 requests left on one engine, predicts the rest within 10%."""
+    from harness.batch.tune_predict import predict_rest, save_run
+
+    knobs = {"max_num_seqs": 512, "block_size": 16, "max_model_len": 1024, "kv_cache_memory_bytes": 1 << 34}
+    sample = []
     for seed in range(3):
-        finishes, t = _run(_lengths(256, seed))
-        tokens = sum(n for _, n in finishes)
-        records.append(RunRecord(kind="confirm", label=f"c{seed}", values={}, shards=[], requests=256,
-                                 output_tokens=tokens, generation_s=t, steady_tok_s=steady_rate(finishes)))
-    rest = _lengths(6000, 99)   # runs of 16 batches of 16 seats, a rest of 375
-    _, measured = _run(rest)
-    predicted = predicted_seconds(records, {}, len(rest))
-    assert abs(predicted["predicted_rest_s"] / measured - 1) < 0.10, (predicted, measured)
-    plain = [RunRecord(**{**r.__dict__, "steady_tok_s": None}) for r in records]
-    naive = predicted_seconds(plain, {}, len(rest))["predicted_rest_s"]
-    assert naive > 1.15 * measured, "the runs' plain rate would have over-predicted the rest"
-
-
-def test_finish_times_that_do_not_spread_give_no_steady_rate() -> None:
-    """A serial engine's shard finishes all at once: no window to read, so the prediction falls back to plain rates."""
-    assert steady_rate([(1.0, 5)] * 40) is None
-    records = [RunRecord(kind="confirm", label="c", values={}, shards=[], requests=40, output_tokens=200,
-                         generation_s=2.0, steady_tok_s=None)]
-    got = predicted_seconds(records, {}, 400)
-    assert got["prediction_method"] == "plain" and abs(got["predicted_rest_s"] - 20.0) < 1e-9
-
-
-def test_runs_smaller_than_what_the_engine_runs_at_once_are_flagged_and_their_prediction_runs_long() -> None:
-    """192-request runs on an engine of 512 seats (two replicas of 256, as the CPU default's batch recipe):
-    every request starts at once and the run drains. The prediction says the runs were under-filled, and it
-    is indeed long: fed without end, the seats stay full."""
-    from harness.batch.tune_runs import FILLED, concurrency
-
-    limits = [{"max_num_seqs": 256, "kv_cache_tokens": 1 << 20}] * 2
-    records = []
-    for seed in range(3):
-        lengths = _lengths(192, seed)
-        finishes, t = _run(lengths, seats=512)
-        tokens = sum(n for _, n in finishes)
-        records.append(RunRecord(kind="confirm", label=f"c{seed}", values={}, shards=[], requests=192,
-                                 output_tokens=tokens, generation_s=t, steady_tok_s=steady_rate(finishes),
-                                 concurrency=concurrency(limits, [(150, n) for n in lengths])))
-    assert records[0].concurrency == 512 and records[0].fill == 192 / 512 < FILLED
-    rest = _lengths(20_000, 99)
-    _, measured = _run(rest, seats=512)
-    got = predicted_seconds(records, {}, len(rest))
-    assert got["prediction_underfilled"] is True and got["prediction_min_fill"] == 0.375
-    assert got["predicted_rest_s"] > 1.5 * measured, "a draining run's rate is far below the full engine's"
-    filled = [RunRecord(**{**r.__dict__, "concurrency": 16.0}) for r in records]   # 12× its 16 seats
-    assert predicted_seconds(filled, {}, len(rest))["prediction_underfilled"] is False
-    unknown = [RunRecord(**{**r.__dict__, "concurrency": None}) for r in records]   # Ray, SGLang, an old record
-    assert predicted_seconds(unknown, {}, len(rest))["prediction_underfilled"] is None, "unknown, not 'filled'"
+        requests = _requests(_lengths(192, seed), seed, prefix=f"s{seed}-")
+        trace, _ = _sim_run(requests, 512)
+        save_run(tmp_path, f"confirm {seed}", trace, knobs, 1, [seed])
+        sample.append(requests)
+    rest = _requests(_lengths(20_000, 99), 99)
+    _, measured = _sim_run(rest, 512)
+    hardware = {"name": "cpu", "kind": "cpu", "peak_flops_bf16": 1e12, "bandwidth_bytes_s": 1e11}
+    got = predict_rest(tmp_path, [f"confirm {s}" for s in range(3)],
+                       lambda shards: [r for s in sorted(shards) for r in sample[s]], len(rest),
+                       {"name": "t", "local_dir": str(model_dir)}, hardware, knobs, 1)
+    assert got["prediction_method"] == "replay" and got["prediction_interval"] > 0
+    assert abs(measured / got["predicted_rest_s"] - 1) < 0.10, (measured, got)
+    none = predict_rest(tmp_path, ["no such run"], lambda shards: [], len(rest), {}, hardware, knobs, 1)
+    assert none["predicted_rest_s"] is None
 
 
 def test_what_an_engine_runs_at_once_is_its_sequences_or_what_its_kv_cache_holds() -> None:

@@ -1,0 +1,120 @@
+"""In-job tuning's predictions from the engines' own steps: a run's full-engine rate, and the rest of the job.
+
+Each run of the tuning phase keeps its engines' step trace (``tune/steps/<run>.parquet``) and what
+replaying it needs (``tune/steps/<run>.json``: the run's engine knobs, engines, and the sampled
+requests' shards). From them:
+
+- ``full_engine_rate``: the run's config with its engines kept full, from a step model fitted to
+  the run's own steps (``harness.steps.fit``) and the run's requests cycled
+  (``harness.steps.predict.full_engine_rate``): what the main phase, fed without end, runs at,
+  where the run's own rate includes its ramp-up and drain. It is the trial's value.
+- ``predict_rest``: the rest of the job's generation seconds, from a step model fitted to every
+  run of the chosen config, by replaying the remaining requests (the sampled shards' real
+  requests, cycled to the count left, split over the main phase's engines) through the
+  simulator's scheduler: ramp-up, preemptions and the final drain included.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pandas as pd
+
+from engines.base import Request
+from harness.steps.fit import fit_step_model
+from harness.steps.predict import full_engine_rate as replayed_full_rate
+from harness.steps.predict import cycled, replay
+from harness.steps.store import trace_frame
+
+log = logging.getLogger("troughput.batch.tune")
+REPLAY_CAP = 20_000   # requests replayed per engine; past it the rest goes at the full-engine rate
+
+
+def trace_paths(root: Path, label: str) -> tuple[Path, Path]:
+    name = label.replace(" ", "_").replace("/", "_")
+    return root / "steps" / f"{name}.parquet", root / "steps" / f"{name}.json"
+
+
+def save_run(root: Path, label: str, trace: dict[str, list[float]], knobs: dict[str, Any], engines: int,
+             shards: list[int]) -> bool:
+    """Keep a finished run's step trace and what replaying it needs; False where it recorded no step."""
+    frame = trace_frame([{"steps": trace}])
+    if frame.empty:
+        return False
+    steps, meta = trace_paths(root, label)
+    steps.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(steps, index=False)
+    meta.write_text(json.dumps({"knobs": knobs, "engines": engines, "shards": shards}))
+    return True
+
+
+def load_runs(root: Path, labels: Sequence[str]) -> tuple[dict[str, pd.DataFrame], list[dict[str, Any]]]:
+    """The traces and replay facts of the runs ``labels`` that kept them."""
+    traces, metas = {}, []
+    for label in labels:
+        steps, meta = trace_paths(root, label)
+        if steps.exists() and meta.exists():
+            traces[label] = pd.read_parquet(steps)
+            metas.append(json.loads(meta.read_text()))
+    return traces, metas
+
+
+def engine_share(requests: list[Request], engines: int) -> list[Request]:
+    """One engine's share of the requests when ``engines`` share them (every ``engines``-th)."""
+    return requests[::max(engines, 1)]
+
+
+def full_engine_rate(root: Path, label: str, requests: list[Request], model_cfg: dict[str, Any],
+                     hardware_spec: dict[str, Any]) -> float | None:
+    """The run's config with its engines kept full (output tok/s, all engines), or None where it kept no trace."""
+    traces, metas = load_runs(root, [label])
+    if not traces or not requests:
+        return None
+    try:
+        model = fit_step_model(traces)
+        rate, _ = replayed_full_rate(model, engine_share(requests, metas[0]["engines"]), metas[0]["knobs"],
+                                     model_cfg, hardware_spec)
+    except (ValueError, MemoryError, RuntimeError) as e:
+        log.warning("%s: no full-engine rate (%s)", label, e)
+        return None
+    return rate * metas[0]["engines"]
+
+
+def predict_rest(root: Path, labels: Sequence[str], load_requests: Callable[[set[int]], list[Request]],
+                 requests_left: int, model_cfg: dict[str, Any], hardware_spec: dict[str, Any],
+                 main_knobs: dict[str, Any], engines: int) -> dict[str, Any]:
+    """The rest of the job's generation seconds, replayed with the chosen config's step model (``tune.*`` columns).
+
+    Args:
+        labels: the chosen config's runs (their traces are fitted together).
+        load_requests: the real requests of a set of shards (the runs' sampled shards).
+    """
+    empty = {"predicted_rest_s": None, "predicted_rest_output_tokens": None, "predicted_rest_tok_s": None,
+             "prediction_interval": None, "prediction_method": None, "prediction_note": None}
+    traces, metas = load_runs(root, labels)
+    if not traces or requests_left <= 0:
+        return empty
+    sample = load_requests({s for m in metas for s in m["shards"]})
+    if not sample:
+        return empty
+    model = fit_step_model(traces)
+    share = -(-requests_left // max(engines, 1))
+    rest = cycled(sample, min(share, REPLAY_CAP), prefix="rest-")
+    run = replay(model, rest, main_knobs, model_cfg, hardware_spec)
+    seconds, tokens = run.seconds, run.output_tokens
+    if share > len(rest):  # the requests past the cap at the full-engine rate (no second drain)
+        per_request = tokens / len(rest)
+        rate, _ = replayed_full_rate(model, sample, main_knobs, model_cfg, hardware_spec)
+        seconds += (share - len(rest)) * per_request / rate
+        tokens = round(per_request * share)
+    note = (f"replay of {share} request(s) per engine ({engines} engine(s)), cycled from {len(sample)} sampled, "
+            f"step model fitted on {len(traces)} run(s) of the chosen config"
+            + (f"; extrapolates past the traces in {', '.join(run.beyond)}" if run.beyond else ""))
+    return {"predicted_rest_s": seconds, "predicted_rest_output_tokens": tokens * engines,
+            "predicted_rest_tok_s": tokens * engines / seconds if seconds > 0 else None,
+            "prediction_interval": model.interval, "prediction_method": "replay", "prediction_note": note}
+
+
