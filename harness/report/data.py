@@ -245,7 +245,8 @@ def _measurements(ok: pd.DataFrame, samples: list[float], n_boot: int, level: fl
     else:
         measured["total_tok_s"], measured["req_s"] = _median(ok, "total_tok_s"), _median(ok, "req_s")
     for column in ("preemptions", "prefix_cache_hit_rate", "startup_s", "compile_s", "input_tokens",
-                   "output_tokens", "requests_done", "sol_fraction", "energy_j", "j_per_output_token"):
+                   "output_tokens", "requests_done", "sol_fraction", "energy_j", "j_per_output_token",
+                   "full_engine_tok_s"):
         measured[column] = _median(ok, column)
     for column, row_column in QUALITY_COLUMNS.items():
         measured[column] = _median(ok, row_column)

@@ -1,10 +1,13 @@
 """The idle-window planner and cost: how long each engine's best config needs for a backlog.
 
-time = backlog ÷ measured rate + startup (compile included)
+time = backlog ÷ rate + startup (compile included)
 
 - backlog: ``backlog_requests`` (default 1,000,000) at the workload's mean tokens per
   request (prompt + output, measured in the rows), or ``backlog_tokens`` directly;
-- rate: the config's req/s for a backlog in requests, its total tok/s for one in tokens;
+- rate: the config's req/s for a backlog in requests, its total tok/s for one in tokens: its
+  full-engine rate where its rows have one (``full_engine_tok_s``: the step model fitted to its own
+  steps, requests replayed with the engine kept full, as a backlog keeps it), else its measured
+  rate, which includes each measured run's ramp-up and drain (``rate_source`` says which);
 - startup and compile: the config's measured seconds. Every adapter times the engine's
   constructor, which compiles (vLLM's torch.compile, SGLang's CUDA graphs, TensorRT-LLM's
   engine build) before it returns, so the startup shown is the measured startup minus
@@ -72,14 +75,16 @@ def plan(frame: pd.DataFrame, configs: pd.DataFrame, inputs: PlannerInputs) -> p
 def plan_line(config: dict[str, Any], per_request: float | None, inputs: PlannerInputs) -> dict[str, Any]:
     compile_s = as_number(config.get("compile_s"))
     startup = max(as_number(config.get("startup_s")) - compile_s, 0.0)
+    full, measured = as_number(config.get("full_engine_tok_s"), math.nan), as_number(config.get("output_tok_s"), math.nan)
+    scale, source = (full / measured, "full engine (step model)") if full > 0 and measured > 0 else (1.0, "measured")
     if inputs.backlog_tokens:
         tokens = float(inputs.backlog_tokens)
         requests = tokens / per_request if per_request else math.nan
-        rate, unit, backlog = as_number(config.get("total_tok_s"), math.nan), "tok/s", tokens
+        rate, unit, backlog = as_number(config.get("total_tok_s"), math.nan) * scale, "tok/s", tokens
     else:
         requests = float(inputs.backlog_requests)
         tokens = requests * per_request if per_request else math.nan
-        rate, unit, backlog = as_number(config.get("req_s"), math.nan), "req/s", requests
+        rate, unit, backlog = as_number(config.get("req_s"), math.nan) * scale, "req/s", requests
     total_s = job_seconds(config.get("startup_s"), backlog, rate)
     generate_s = job_seconds(0, backlog, rate)
     gpus = devices(config["engine"], config.get("knobs") or {})
@@ -88,7 +93,7 @@ def plan_line(config: dict[str, Any], per_request: float | None, inputs: Planner
         "cell_label": config["cell_label"], "model": config["model"], "hardware": config["hardware"],
         "engine": config["engine"], "label": config["label"], "config_id": config["config_id"],
         "tokens_per_request": per_request, "backlog_requests": requests, "backlog_tokens": tokens,
-        "rate": rate, "rate_unit": unit, "generate_s": generate_s, "startup_s": startup, "compile_s": compile_s,
+        "rate": rate, "rate_unit": unit, "rate_source": source, "generate_s": generate_s, "startup_s": startup, "compile_s": compile_s,
         "total_s": total_s, "total_h": total_s / 3600, "window_h": inputs.window_h,
         "clears": bool(total_s <= inputs.window_h * 3600), "slack_h": inputs.window_h - total_s / 3600,
         "gpus": gpus, "cost_usd": cost, "usd_per_m_tokens": cost / tokens * 1e6 if tokens else math.nan,

@@ -206,7 +206,8 @@ def planner(report) -> Section | None:
     if plan.empty:
         return None
     rows = [[p["cell_label"], p["engine"], p["label"], fmt(p["tokens_per_request"]), fmt(p["backlog_requests"], "int"),
-             fmt(p["backlog_tokens"], "int"), f"{fmt(p['rate'])} {p['rate_unit']}", fmt(p["generate_s"] / 3600, "h"),
+             fmt(p["backlog_tokens"], "int"), f"{fmt(p['rate'])} {p['rate_unit']} ({p['rate_source']})",
+             fmt(p["generate_s"] / 3600, "h"),
              fmt(p["startup_s"], "s"), fmt(p["compile_s"], "s"), fmt(p["total_h"], "h"), fmt(p["window_h"], "h"),
              ("yes" if p["clears"] else "no") + f" ({fmt(p['slack_h'], 'h')} h {'spare' if p['clears'] else 'over'})",
              str(p["gpus"]), fmt(p["cost_usd"], "usd"), fmt(p["usd_per_m_tokens"], "usd")]

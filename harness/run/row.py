@@ -14,7 +14,9 @@ ones except where noted):
   (``run.labels``, ``command``, ``hardware``, ``round``, ``sweep_id``, ``study``, ``trial``;
   a label may replace any column above);
 - the speed of light (``SPEED_OF_LIGHT``, ``hw.*``) and what re-simulating the run needs
-  (``workload_cfg.*``, ``ordering_cfg.*``), from ``engines.perfmodel.sol_columns``.
+  (``workload_cfg.*``, ``ordering_cfg.*``), from ``engines.perfmodel.sol_columns``;
+- the step trace's file and summary (``steps.*``, ``harness.steps.store``) and, for a vLLM run, the
+  simulator's prediction made before it ran beside what it measured (``prediction.sim.*``).
 """
 
 from __future__ import annotations
@@ -36,14 +38,14 @@ SETTINGS = ("replicas", "repeats", "warmup_requests", "time_limit_s", "memory_li
 MEASUREMENTS = ("startup_s", "compile_s", "engine_version", "peak_rss_bytes", "peak_gpu_bytes",
                 "peak_gpu_process_bytes", "wall_s", "job_wall_s",
                 "requests_done", "input_tokens", "output_tokens", "cached_tokens", "req_s", "output_tok_s",
-                "total_tok_s", "output_tok_s_passes", "predicted", "preemptions", "prefix_cache_queries",
+                "total_tok_s", "output_tok_s_passes", "full_engine_tok_s", "predicted", "preemptions", "prefix_cache_queries",
                 "prefix_cache_hits", "prefix_cache_hit_rate", "mm_cache_queries", "mm_cache_hits",
                 "completion_p50_s", "completion_p90_s", "completion_p99_s", "energy_j", "j_per_output_token",
                 "energy_source", "energy_reason")
 SPEED_OF_LIGHT = ("sol_tok_s", "sol_fraction", "sol_exceeded", "sol_bound")
 PREFIXES = ("workload_info.", "knob.", "canon.", "engine_info.", "stat.", "env.", "hw.", "workload_cfg.",
             "peak_gpu_bytes.", "energy_j.", "quality.",
-            "ordering_cfg.")
+            "ordering_cfg.", "steps.", "prediction.")
 
 
 def build_row(spec: RunSpec, run_id: str, started: datetime, result: dict[str, Any], run_seconds: float,

@@ -37,7 +37,7 @@ from harness.run.results import new_run_id, write_row
 from harness.run.row import build_row
 from harness.run.spec import RunSpec
 from harness.run.measure import median_pass_index
-from harness.run.stepmodels import calibrate_sim_spec, predict_run
+from harness.run.stepmodels import calibrate_sim_spec, full_engine_columns, predict_run
 from harness.steps.predict import prediction_columns
 from harness.steps.store import trace_columns
 from harness.workloads import Workload
@@ -87,6 +87,7 @@ def execute(spec: RunSpec, progress: bool = True) -> dict[str, Any]:
             shutil.rmtree(job_dir, ignore_errors=True)
     steps = trace_columns(results_dir, run_id, result, median_pass_index(result.get("passes") or []))
     row = build_row(spec, run_id, started, result, outcome["seconds"], str(log_paths[0]), {**quality_columns, **steps})
+    row.update(full_engine_columns(spec, row))
     if prediction is not None:
         row.update(prediction_columns("sim", prediction.rate, row.get("output_tok_s"), "output tok/s",
                                       prediction.interval, prediction.note))

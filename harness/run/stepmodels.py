@@ -26,7 +26,7 @@ from harness.run.environment import capture
 from harness.run.replicas import shard_requests
 from harness.run.results import read_rows
 from harness.steps.fit import fit_step_model
-from harness.steps.predict import replay
+from harness.steps.predict import full_engine_rate, replay
 from harness.steps.store import read_trace
 
 log = logging.getLogger(__name__)
@@ -121,3 +121,26 @@ def predict_run(spec: Any) -> RunPrediction | None:
     beyond = sorted({b for r in replays for b in r.beyond})
     note = why + (f"; extrapolates past the traces in {', '.join(beyond)}" if beyond else "")
     return RunPrediction(sum(r.output_tokens for r in replays) / seconds if seconds > 0 else 0.0, model.interval, note)
+
+
+def full_engine_columns(spec: Any, row: dict[str, Any]) -> dict[str, Any]:
+    """``full_engine_tok_s``: the run's config with its engine kept full, from a step model fitted to this run's own
+    steps and its requests cycled (``harness.steps.predict.full_engine_rate``); per replica, summed. Empty where the
+    run kept no trace, failed, or was itself a prediction."""
+    from harness.ordering.policies import apply_ordering
+
+    if row.get("status") != "ok" or row.get("predicted") or not row.get("steps.file") or not spec.hardware_spec:
+        return {}
+    trace = read_trace(spec.results_dir, row["run_id"])
+    if trace is None or trace.empty:
+        return {}
+    limits = {f"engine_{k}": row.get(f"engine_info.{k}") for k in ("max_num_seqs", "kv_cache_tokens", "block_size")}
+    try:
+        model = fit_step_model({row["run_id"]: trace[trace["replica"] == 0]})
+        requests = shard_requests(apply_ordering(spec.workload.requests, spec.ordering), spec.replicas)[0]
+        rate, _ = full_engine_rate(model, requests, {**spec.knobs, **{k: v for k, v in limits.items() if v}},
+                                   spec.model, spec.hardware_spec)
+    except Exception as e:  # noqa: BLE001 - a derived figure never costs the measured row
+        log.warning("no full-engine rate for this run: %s: %s", type(e).__name__, e)
+        return {}
+    return {"full_engine_tok_s": rate * spec.replicas}
