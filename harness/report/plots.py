@@ -16,6 +16,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -282,6 +283,10 @@ def _prediction_panel(axes, rows: pd.DataFrame, name: str) -> None:
         axes.plot(line, line * factor, color="grey", linewidth=0.8, linestyle=":")
     axes.set_xscale("log")
     axes.set_yscale("log")
+    for axis in (axes.xaxis, axes.yaxis):   # 1-2-5 ticks as plain numbers (minor labels collided)
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}"))
+        axis.set_minor_formatter(NullFormatter())
     axes.set_xlim(low, high)
     axes.set_ylim(low, high)
     units = ", ".join(sorted({u for u in rows["unit"] if u})) or "as recorded"

@@ -153,10 +153,11 @@ def section(report) -> Section:
     names = ", ".join(sorted(lines["predictor"].unique()))
     lead = (f"{len(predictions)} prediction(s) by {lines['predictor'].nunique()} predictor(s) ({names}), {measured} of "
             f"them with a measurement. Each was made before its run and kept in the row beside what was then "
-            f"measured. The error is measured ÷ predicted − 1 (positive: the run did better than predicted); "
-            f"|error| is its size. 'inside interval' counts measurements within the prediction's interval "
-            f"[lo, hi]. Read the median |error| as how far to trust the next prediction of that predictor on "
-            f"that engine, and the worst as how far one has gone wrong.")
+            f"measured. The error is measured ÷ predicted − 1 (positive: the measurement came out above the "
+            f"prediction, whether a rate or seconds); |error| is its size and the median error its bias. "
+            f"'inside interval' counts measurements within the prediction's interval [lo, hi]. Read the median "
+            f"|error| as how far to trust the next prediction of that predictor on that engine, and the worst as "
+            f"how far one has gone wrong.")
     blocks: list[Any] = [Paragraph([lead]), track_record_table(lines)]
     blocks += [Figure(p) for p in report.plots if p.name == "predictions"]
     blocks += [Paragraph([f"The latest {LATEST} prediction(s) of each predictor and engine, newest first:"]),
