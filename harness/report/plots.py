@@ -16,7 +16,6 @@ import matplotlib
 
 matplotlib.use("Agg")
 from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
@@ -283,10 +282,11 @@ def _prediction_panel(axes, rows: pd.DataFrame, name: str) -> None:
         axes.plot(line, line * factor, color="grey", linewidth=0.8, linestyle=":")
     axes.set_xscale("log")
     axes.set_yscale("log")
-    for axis in (axes.xaxis, axes.yaxis):   # 1-2-5 ticks as plain numbers (minor labels collided)
-        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-        axis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 10 else f"{v:g}"))
-        axis.set_minor_formatter(NullFormatter())
+    ticks = _log_ticks(low, high)   # plain numbers: matplotlib's minor log labels collided
+    labels = [f"{t:,.0f}" if t >= 10 else f"{t:g}" for t in ticks]
+    axes.set_xticks(ticks, labels)
+    axes.set_yticks(ticks, labels)
+    axes.minorticks_off()
     axes.set_xlim(low, high)
     axes.set_ylim(low, high)
     units = ", ".join(sorted({u for u in rows["unit"] if u})) or "as recorded"
@@ -294,6 +294,17 @@ def _prediction_panel(axes, rows: pd.DataFrame, name: str) -> None:
     axes.set_ylabel(f"measured ({units})")
     axes.set_title(f"{name}: {len(rows)} prediction(s)")
     axes.legend(title="engine", fontsize=8)
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """At least three round ticks between ``low`` and ``high`` (1, else 1-2-5, else finer, per decade)."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    ticks: list[float] = []
+    for subs in ((1.0,), (1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0)):
+        ticks = [s * 10.0 ** d for d in decades for s in subs if low <= s * 10.0 ** d <= high]
+        if len(ticks) >= 3:
+            break
+    return ticks
 
 
 def all_plots(frame: pd.DataFrame, configs: pd.DataFrame) -> list[Plot]:
