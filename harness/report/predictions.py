@@ -4,7 +4,7 @@ A row may carry, for any predictor ``NAME``, the columns ``prediction.<NAME>.pre
 ``.measured``, ``.unit``, ``.error`` (measured ÷ predicted − 1), ``.lo``/``.hi`` (the
 prediction's interval) and ``.note`` (``harness.steps.predict.prediction_columns``). Run rows
 (``results/runs``) and batch rows (``results/batch``) are both read; the report's filters apply
-to both.
+to both (a batch row without a filtered column, e.g. ``workload``, is left out when that filter is set).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""Build a report from the results table: rows -> configs -> decisions, planner, plots, sections.
+"""Build a report from the results table: rows -> configs -> decisions, planner, predictions, plots, sections.
 
-Everything here reads the results table only (``results/runs`` and ``results/decisions``),
-so a report can be rebuilt from rows copied off a cluster.
+Everything here reads the results table only (``results/runs`` and ``results/decisions``, and
+``results/batch`` for the predictions batch rows keep), so a report can be rebuilt from rows copied
+off a cluster.
 """
 
 from __future__ import annotations
