@@ -247,6 +247,66 @@ def _spread(values: pd.Series) -> float:
     return max(numbers) / min(numbers) if numbers and min(numbers) > 0 else 0.0
 
 
+def predictions(records: pd.DataFrame) -> list[Plot]:
+    """Predicted against measured, log-log, one panel per predictor (``harness.report.predictions.records``)."""
+    shown = records[(records["measured"].astype(float) > 0) & (records["predicted"].astype(float) > 0)] \
+        if len(records) else records
+    names = sorted(shown["predictor"].unique()) if len(shown) else []
+    if not names:
+        return []
+    figure = _figure(max(5.0, 4.4 * len(names)), 4.4)
+    for panel, name in enumerate(names):
+        axes = figure.add_subplot(1, len(names), panel + 1)
+        _prediction_panel(axes, shown[shown["predictor"] == name], name)
+    return [Plot("predictions", "Predicted against measured",
+                 "One point per prediction that has a measurement, one panel per predictor; the solid line is "
+                 "measured = predicted, dotted lines ±10%, and a vertical bar at a point is the prediction's "
+                 "interval (the point lies inside it when the measurement fell within).", _png(figure))]
+
+
+def _prediction_panel(axes, rows: pd.DataFrame, name: str) -> None:
+    engines = sorted(rows["engine"].unique())
+    for i, engine in enumerate(engines):
+        mine = rows[rows["engine"] == engine]
+        x, y = mine["predicted"].to_numpy(float), mine["measured"].to_numpy(float)
+        bounded = mine["lo"].notna() & mine["hi"].notna()
+        axes.vlines(x[bounded.to_numpy()], mine.loc[bounded, "lo"].to_numpy(float),
+                    mine.loc[bounded, "hi"].to_numpy(float), color=COLORS[i % 10], alpha=0.35, linewidth=3)
+        axes.scatter(x, y, color=COLORS[i % 10], marker=MARKERS[i % len(MARKERS)], label=engine, zorder=3)
+    values = pd.concat([rows["predicted"], rows["measured"], rows["lo"], rows["hi"]]).astype(float)
+    values = values[values > 0]
+    low, high = float(values.min()) / 1.3, float(values.max()) * 1.3
+    line = np.array([low, high])
+    axes.plot(line, line, color="black", linewidth=1)
+    for factor in (0.9, 1.1):
+        axes.plot(line, line * factor, color="grey", linewidth=0.8, linestyle=":")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    ticks = _log_ticks(low, high)   # plain numbers: matplotlib's minor log labels collided
+    labels = [f"{t:,.0f}" if t >= 10 else f"{t:g}" for t in ticks]
+    axes.set_xticks(ticks, labels)
+    axes.set_yticks(ticks, labels)
+    axes.minorticks_off()
+    axes.set_xlim(low, high)
+    axes.set_ylim(low, high)
+    units = ", ".join(sorted({u for u in rows["unit"] if u})) or "as recorded"
+    axes.set_xlabel(f"predicted ({units})")
+    axes.set_ylabel(f"measured ({units})")
+    axes.set_title(f"{name}: {len(rows)} prediction(s)")
+    axes.legend(title="engine", fontsize=8)
+
+
+def _log_ticks(low: float, high: float) -> list[float]:
+    """At least three round ticks between ``low`` and ``high`` (1, else 1-2-5, else finer, per decade)."""
+    decades = range(math.floor(math.log10(low)), math.ceil(math.log10(high)) + 1)
+    ticks: list[float] = []
+    for subs in ((1.0,), (1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 7.0)):
+        ticks = [s * 10.0 ** d for d in decades for s in subs if low <= s * 10.0 ** d <= high]
+        if len(ticks) >= 3:
+            break
+    return ticks
+
+
 def all_plots(frame: pd.DataFrame, configs: pd.DataFrame) -> list[Plot]:
     return [*throughput(configs), *response_curves(frame, configs), *preemptions(configs), *startup(frame),
             *studies(frame)]

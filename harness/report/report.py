@@ -1,7 +1,8 @@
-"""Build a report from the results table: rows -> configs -> decisions, planner, plots, sections.
+"""Build a report from the results table: rows -> configs -> decisions, planner, predictions, plots, sections.
 
-Everything here reads the results table only (``results/runs`` and ``results/decisions``),
-so a report can be rebuilt from rows copied off a cluster.
+Everything here reads the results table only (``results/runs`` and ``results/decisions``, and
+``results/batch`` for the predictions batch rows keep), so a report can be rebuilt from rows copied
+off a cluster.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from typing import Any
 import pandas as pd
 
 from harness.report import decisions as decisions_mod
+from harness.report import predictions as predictions_mod
 from harness.report import sections
 from harness.report.data import CELL, Filters, group_configs, load_runs
 from harness.report.planner import PlannerInputs, plan
-from harness.report.plots import Plot, all_plots
+from harness.report.plots import Plot, all_plots, predictions as prediction_plots
 from harness.report.quality import QualityGuard
 from harness.report.verdict import MIN_EFFECT
 
@@ -49,6 +51,7 @@ class Report:
     plan: pd.DataFrame                  # idle-window planner lines
     plots: list[Plot]
     sections: list = field(default_factory=list)
+    predictions: pd.DataFrame | None = None   # one per row and predictor (harness.report.predictions.records)
 
     @property
     def ok(self) -> pd.DataFrame:
@@ -81,12 +84,13 @@ def build_report(results_dir: str | Path, name: str, filters: Filters = Filters(
     else:
         latest = [d | {"recorded": "not recorded (--no-record)"} for d in computed]
     history = {cell: len(items) for cell, items in decisions_mod.history(results_dir).items()}
+    predictions = predictions_mod.collect(results_dir, frame, filters)
     labels = {tuple(c[k] for k in CELL): c["cell_label"] for c in configs.to_dict("records")}
     for decision in latest:
         decision["cell_label"] = labels.get(tuple(decision.get(k) for k in CELL), decision["workload"])
     report = Report(name=name, created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                     results_dir=results_dir, filters=filters, options=options, frame=frame, configs=configs,
                     decisions=latest, history=history, plan=plan(frame, configs, options.planner),
-                    plots=all_plots(frame, configs))
+                    plots=[*all_plots(frame, configs), *prediction_plots(predictions)], predictions=predictions)
     report.sections = sections.build(report)
     return report

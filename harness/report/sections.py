@@ -10,6 +10,7 @@ import pandas as pd
 from harness.report.data import CELL, METRIC, RUNS_DISAGREE, cells
 from harness.report.decisions import CLEAR, METHOD, MIN_RUNS
 from harness.report.document import Details, Figure, Paragraph, RowLink, Section, Table, first_line, fmt, fmt_interval
+from harness.report.predictions import section as predictions
 from harness.report.stats import STATISTIC
 from harness.report.verdict import ALPHA
 
@@ -26,7 +27,7 @@ def baseline_engine() -> str:
 
 def build(report) -> list[Section]:
     out = [overview(report), recommendation(report), headline(report), *figures(report), planner(report),
-           failures(report), provenance(report), all_configs(report), runs(report)]
+           predictions(report), failures(report), provenance(report), all_configs(report), runs(report)]
     return [section for section in out if section is not None]
 
 
@@ -181,6 +182,8 @@ def figures(report) -> list[Section]:
     out: dict[str, Section] = {}
     for plot in report.plots:
         kind = plot.name.split("-")[0]
+        if kind == "predictions":   # drawn in its own section (harness.report.predictions)
+            continue
         title, anchor = groups.get(kind, ("Plots", "plots"))
         out.setdefault(kind, Section(title, anchor)).blocks.append(Figure(plot))
     if "study" in out:
