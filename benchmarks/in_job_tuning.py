@@ -218,9 +218,7 @@ def main(argv: list[str] | None = None) -> int:
             if arm == "in-job":
                 extra = (f"  tuning {got.get('tune.phase_s', 0):,.0f} s, chosen {got.get('tune.chosen')}, "
                          f"rest predicted {got.get('tune.predicted_rest_s') or 0:,.0f} s measured "
-                         f"{got.get('tune.measured_rest_s') or 0:,.0f} s"
-                         + (f" (underfilled runs, fill {got.get('tune.prediction_min_fill'):.2f})"
-                            if got.get("tune.prediction_underfilled") else ""))
+                         f"{got.get('tune.measured_rest_s') or 0:,.0f} s ({got.get('tune.prediction_method')})")
             print(f"round {r + 1} {arm:>9}: job {got['job_s']:8,.1f} s ({got['output_tok_s']:,.1f} output tok/s, "
                   f"load {got['load_1min']:.1f}){extra}", flush=True)
     medians = {a: statistics.median(v) for a, v in times.items()}

@@ -11,6 +11,8 @@ steps of the real engine (``engines.steptrace``), not operators:
   growing with the batch on a CPU);
 - ``prefill``: extra per prompt token computed (attention over the prompt);
 - ``attention``: per context token the step's sequences attend over (``StepShape.attended``);
+- ``kv_cache``: per token of KV cache in use (a prefix shared by many sequences counts once: on a
+  CPU its blocks stay in cache while every sequence reads them);
 - ``vision``: per vision-encoder output token (images).
 
 Every parameter is ≥ 0 (a fit that ends on a bound lists it in ``at_bound``). ``seen`` holds
@@ -23,7 +25,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, NamedTuple
 
-PARTS = ("step", "sequences", "linear", "prefill", "attention", "vision")
+PARTS = ("step", "sequences", "linear", "prefill", "attention", "kv_cache", "vision")
 
 
 class StepShape(NamedTuple):
@@ -54,6 +56,7 @@ class StepModel:
     knees: tuple[tuple[float, float], ...] = ()   # (tokens, added seconds per token beyond)
     prefill_token_s: float = 0.0
     kv_token_s: float = 0.0       # per context token attended
+    kv_held_s: float = 0.0        # per token of KV cache in use
     encoder_token_s: float = 0.0
     seen: dict[str, float] = field(default_factory=dict)   # largest tokens, seqs, context seen in the traces
     interval: float | None = None   # relative half-width of a run-total prediction (from the fit's residuals)
@@ -66,6 +69,7 @@ class StepModel:
         linear = self.token_s * s.tokens + sum(slope * max(0.0, s.tokens - knee) for knee, slope in self.knees)
         return {"step": self.step_s, "sequences": self.seq_s * s.seqs, "linear": linear,
                 "prefill": self.prefill_token_s * s.prefill, "attention": self.kv_token_s * s.attended,
+                "kv_cache": self.kv_held_s * max(s.kv_tokens, 0.0),
                 "vision": self.encoder_token_s * s.encoder_tokens}
 
     def seconds(self, s: StepShape) -> float:
@@ -92,7 +96,7 @@ class StepModel:
         values["knees"] = tuple((float(k), float(v)) for k, v in values.get("knees") or ())
         values["at_bound"] = tuple(values.get("at_bound") or ())
         values["seen"] = {k: float(v) for k, v in (values.get("seen") or {}).items()}
-        for name in ("step_s", "seq_s", "token_s", "prefill_token_s", "kv_token_s", "encoder_token_s"):
+        for name in ("step_s", "seq_s", "token_s", "prefill_token_s", "kv_token_s", "kv_held_s", "encoder_token_s"):
             if float(values.get(name) or 0.0) < 0:
                 raise ValueError(f"step-model {name} = {values[name]} is negative; every part is >= 0")
         if any(slope < 0 for _, slope in values["knees"]):

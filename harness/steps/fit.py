@@ -44,7 +44,9 @@ def features(frame: pd.DataFrame, knees: list[float]) -> Design:
         columns[f"knee{i}"] = np.maximum(0.0, tokens - knee)
     columns["prefill_token_s"] = frame["prefill"].to_numpy(float)
     context = frame["context"].to_numpy(float) if "context" in frame else np.full(len(frame), -1.0)
-    columns["kv_token_s"] = np.clip(np.where(context >= 0, context, frame["kv_tokens"].to_numpy(float)), 0, None)
+    held = np.clip(frame["kv_tokens"].to_numpy(float), 0, None)
+    columns["kv_token_s"] = np.clip(np.where(context >= 0, context, held), 0, None)
+    columns["kv_held_s"] = held
     columns["encoder_token_s"] = frame["encoder_tokens"].to_numpy(float)
     return Design(np.column_stack(list(columns.values())), list(columns), knees)
 
@@ -78,9 +80,9 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
     return StepModel(
         step_s=values["step_s"], seq_s=values["seq_s"], token_s=values["token_s"],
         knees=tuple((k, values[f"knee{i}"]) for i, k in enumerate(knees) if values[f"knee{i}"] > 0),
-        prefill_token_s=values["prefill_token_s"], kv_token_s=values["kv_token_s"],
+        prefill_token_s=values["prefill_token_s"], kv_token_s=values["kv_token_s"], kv_held_s=values["kv_held_s"],
         encoder_token_s=values["encoder_token_s"],
-        seen={"tokens": top, "seqs": float(frame["running"].max()), "context": float(design.matrix[:, -2].max())},
+        seen={"tokens": top, "seqs": float(frame["running"].max()), "context": float(design.matrix[:, -3].max())},
         interval=interval, at_bound=tuple(at_bound), host_id=host_id,
         source=source or f"{len(traces)} run(s), {int(weight.sum())} steps, fitted "
                          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
@@ -92,7 +94,7 @@ def run_errors(model: StepModel, traces: dict[str, pd.DataFrame]) -> dict[str, f
     for run, trace in traces.items():
         design = features(trace, [k for k, _ in model.knees])
         coef = np.array([model.step_s, model.seq_s, model.token_s, *[s for _, s in model.knees],
-                         model.prefill_token_s, model.kv_token_s, model.encoder_token_s])
+                         model.prefill_token_s, model.kv_token_s, model.kv_held_s, model.encoder_token_s])
         predicted = float(np.sum(design.matrix @ coef * trace["weight"].to_numpy(float)))
         out[run] = predicted / float(np.sum(trace["dt"] * trace["weight"])) - 1
     return out
