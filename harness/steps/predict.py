@@ -53,10 +53,9 @@ def sim_engine(model: StepModel | None, knobs: dict[str, Any], model_cfg: dict[s
     sim_knobs["hardware_spec"] = hardware_spec
     sim_knobs["calibration"] = {"step_model": model.to_dict()} if model is not None else None
     sim = SimEngine(model_cfg, sim_knobs)
-    if knobs.get("engine_kv_cache_tokens"):  # the real engine's KV cache, in the simulator's bytes per token
-        sim.validate()
-        sim_knobs["kv_cache_memory_bytes"] = int((int(knobs["engine_kv_cache_tokens"]) + sim.setup.block_size)
-                                                 * sim.setup.cost.kv_token_bytes)
+    if knobs.get("engine_kv_cache_tokens"):  # the real engine's KV cache (its blocks, the null one included, as
+        sim.validate()                        # vLLM counts them), in the simulator's bytes per token
+        sim_knobs["kv_cache_memory_bytes"] = int(int(knobs["engine_kv_cache_tokens"]) * sim.setup.cost.kv_token_bytes)
         sim = SimEngine(model_cfg, sim_knobs)
     sim.start()
     return sim
