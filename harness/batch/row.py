@@ -20,6 +20,7 @@ from harness.batch.plan import Plan
 from harness.batch.shards import Index
 from harness.run import environment
 from harness.run.results import prefixed
+from harness.steps.predict import prediction_columns
 
 BATCH_TABLE = "batch"
 
@@ -59,6 +60,9 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
         "measured_over_predicted": rate / predicted if rate and predicted else None,
         # a prediction measured on another kind of machine (or on one not recorded) is labelled, not compared silently
         "predicted_other_host": bool(predicted) and there != env["env.host_id"],
+        **(prediction_columns("batch_rate", predicted, rate, "output tok/s",
+                              note=f"{plan.source.get('predicted_method')} of {plan.source.get('kind')}")
+           if predicted and there == env["env.host_id"] else {}),
         **prefixed("knob", plan.knobs),
         **prefixed("canon", canonical_view(plan.engine, plan.knobs)),
         **env,

@@ -7,8 +7,10 @@
   predicted: the rates of the run its header names (``<results_dir>/runs/<run_id>.json``).
 - neither: the composed config as it is (plain overrides); nothing predicted.
 
-The prediction is the benchmark's rate on the benchmark's workload; the job's own rate is
-measured and the row puts the two side by side.
+The prediction is the benchmark config's full-engine rate (``full_engine_tok_s``: its step model
+with the engine kept full, as a long job keeps it) where the benchmark has one, else its measured
+rate, on the benchmark's workload (``predicted_method`` says which); the job's own rate is measured
+and the row puts the two side by side (``prediction.batch_rate.*``).
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ def _from_decision(cfg: DictConfig, results: Path, decision_id: str) -> tuple[Di
         composed.engine.replicas = int(replicas)
     return composed, {"kind": "decision", "id": decision_id, "verdict": decision.get("verdict"),
                       "workload": decision.get("workload"), "rests_on": decision.get("chosen.run_ids"),
-                      "predicted_output_tok_s": decision.get("chosen.output_tok_s"),
-                      "predicted_req_s": decision.get("chosen.req_s"), "predicted_host_id": decision.get("host_id")}
+                      **_predicted(decision.get("chosen.full_engine_tok_s"), decision.get("chosen.output_tok_s"),
+                                   decision.get("chosen.req_s")), "predicted_host_id": decision.get("host_id")}
 
 
 def _from_engine_file(cfg: DictConfig, results: Path, path: Path) -> tuple[DictConfig, dict[str, Any]]:
@@ -94,7 +96,7 @@ def _from_engine_file(cfg: DictConfig, results: Path, path: Path) -> tuple[DictC
                     required=False)
         source |= {"study": header["study"].strip("'\""), "trial": int(header["trial"]), "run_id": header["run"],
                    "workload": run.get("workload"),
-                   "predicted_output_tok_s": run.get("output_tok_s"), "predicted_req_s": run.get("req_s"),
+                   **_predicted(run.get("full_engine_tok_s"), run.get("output_tok_s"), run.get("req_s")),
                    "predicted_host_id": run.get("env.host_id")}
     return cfg, source
 
@@ -109,3 +111,12 @@ def _read(path: Path, what: str, required: bool = True) -> dict[str, Any]:
 
 def _task_overrides() -> list[str]:
     return list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+
+
+def _predicted(full: Any, measured: Any, req_s: Any) -> dict[str, Any]:
+    """The rates a source predicts: its full-engine rate where it has one (req/s scaled alike), else its measured."""
+    if isinstance(full, (int, float)) and full > 0 and isinstance(measured, (int, float)) and measured > 0:
+        scale = full / measured
+        return {"predicted_output_tok_s": full, "predicted_req_s": req_s * scale if req_s else None,
+                "predicted_method": "full engine (step model)"}
+    return {"predicted_output_tok_s": measured, "predicted_req_s": req_s, "predicted_method": "measured rate"}

@@ -42,7 +42,7 @@ __all__ = ["CLEAR", "CLOSE", "EQUIVALENT", "INSUFFICIENT", "METHOD", "MIN_RUNS",
            "history"]
 SIDE_FIELDS = ("engine", "engine_version", "ordering", "config_id", "label", METRIC, "ci_low", "ci_high",
                "n_passes", "n_runs", "run_values", "sample_kind", "cv_runs", "runs_disagree", "run_ids", "commands",
-               "total_tok_s", "req_s")
+               "total_tok_s", "req_s", "full_engine_tok_s")
 
 
 def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level: float = 0.95,
