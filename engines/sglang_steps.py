@@ -3,7 +3,8 @@
 Read from the 0.5.23 wheel (``sglang/srt/observability/forward_pass_metrics.py``,
 ``srt/managers/scheduler_components/metrics_reporter.py``): with ``enable_forward_pass_metrics`` the
 scheduler of each DP rank binds a ZMQ PUB socket at ``<forward_pass_metrics_ipc_name>.<dp_rank>`` and,
-after each forward pass, publishes ``(b"", 8-byte big-endian sequence number, msgpack ForwardPassMetrics)``;
+once a forward pass's CUDA events are complete (checked as later passes run), publishes
+``(b"", 8-byte big-endian sequence number, msgpack ForwardPassMetrics)``;
 that module's ``decode`` reads the payload. ``wall_time`` is the pass's span on the GPU in seconds (CUDA
 events), ``scheduled_requests`` what the pass held, ``queued_requests`` the waiting queue; an idle
 heartbeat is all zeros. Names as recorded in ``engines/snapshots/sglang-0.5.23.json``.
