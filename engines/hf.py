@@ -58,9 +58,10 @@ SLOT_COUNTERS = ("useful_slots", "padded_slots", "padded_prefill_slots", "padded
                  "decode_steps", "batches")
 CONTINUOUS_STEP_GAP = (
     "hf mode=continuous: transformers' ContinuousBatchingManager runs its forward passes in its own background "
-    "thread and offers no per-step callback or per-step statistics; what it exposes is per request (streamed "
-    "outputs, per-token times with record_timestamps), from which the requests of one step, its prefill chunks "
-    "that produce no token, and its KV use cannot be told exactly")
+    "thread with no per-step callback or per-step statistics; the nearest it offers, streamed outputs delivered one "
+    "batch per step to a register_result_handler callback, names only the requests that got a token in that step "
+    "(prefill chunks that finish no prompt, KV use and the waiting queue are left out) and would stream every token "
+    "of every request, slowing the baseline being measured")
 
 
 def count_offloaded(message: str) -> int:
