@@ -173,12 +173,12 @@ class SglangEngine(Engine):
             return None
         try:
             decode = importlib.import_module(FPM_MODULE).decode
-        except (ImportError, AttributeError) as e:
+            return FpmListener(addresses, self.step_trace, self.stat_reader, decode)
+        except (ImportError, AttributeError) as e:   # another SGLang, or no pyzmq: the run goes on without steps
             self.records_steps = False
-            self.step_trace_gap = f"SGLang: {FPM_MODULE}.decode is not importable ({e}), so no step is read"
+            self.step_trace_gap = f"SGLang: its forward pass metrics cannot be read here ({e}), so no step is read"
             self.stat_reader.warn(self.step_trace_gap)
             return None
-        return FpmListener(addresses, self.step_trace, self.stat_reader, decode)
 
     def _drain_steps(self, quiet_s: float = 0.0) -> None:
         if self.fpm is not None:

@@ -354,6 +354,16 @@ def test_knobs_that_turn_the_metrics_off_leave_no_trace_and_say_why(fake_sglang)
     engine.stop()
 
 
+def test_an_sglang_without_the_metrics_module_runs_without_steps_and_says_so(fake_sglang, monkeypatch):
+    monkeypatch.setitem(sys.modules, FPM_MODULE, types.SimpleNamespace())   # no decode
+    engine = SglangEngine(MODEL, {})
+    engine.start()
+    assert engine.fpm is None and not engine.records_steps
+    assert engine.stat_reader.warnings == [engine.step_trace_gap] and "cannot be read here" in engine.step_trace_gap
+    assert len(engine.generate([Request("a", [1, 2], 2)])) == 1
+    engine.stop()
+
+
 def test_the_stand_in_holds_names_and_value_kinds_to_the_recording():
     info = server_info()
     with pytest.raises(UnrecordedName):
