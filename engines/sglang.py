@@ -175,9 +175,9 @@ class SglangEngine(Engine):
             decode = importlib.import_module(FPM_MODULE).decode
             return FpmListener(addresses, self.step_trace, self.stat_reader, decode)
         except (ImportError, AttributeError) as e:   # another SGLang, or no pyzmq: the run goes on without steps
-            self.records_steps = False
-            self.step_trace_gap = f"SGLang: its forward pass metrics cannot be read here ({e}), so no step is read"
-            self.stat_reader.warn(self.step_trace_gap)
+            reason = f"its forward pass metrics cannot be read here ({e}), so no step is read"
+            self.records_steps, self.step_trace_gap = False, f"{LABEL}: {reason}"
+            self.stat_reader.warn(reason)
             return None
 
     def _drain_steps(self, quiet_s: float = 0.0) -> None:
