@@ -132,7 +132,8 @@ def run_static_batch(model: Any, batch: list[Request], early_stop: bool, slots: 
 
     Each forward pass is one step in ``steps``, timed until its tokens are on the host: ``running`` is the rows
     in the pass (idle padded rows included), ``decode`` the rows still generating, ``prefill`` the prompt tokens
-    (padding left out), ``kv_tokens`` the cache's rows × positions (padding included), ``waiting`` as given.
+    (padding left out), ``kv_tokens`` and ``context`` the cache's rows × positions (padding included: every row
+    attends the whole padded width), ``waiting`` as given.
 
     Args:
         model: a causal LM taking ``attention_mask``, ``position_ids`` and ``past_key_values``.
@@ -175,7 +176,7 @@ def run_static_batch(model: Any, batch: list[Request], early_stop: bool, slots: 
     record(tokens)
     if steps is not None:
         steps.record(running=len(batch), decode=0, prefill=sum(lengths), prefill_seqs=len(batch), waiting=waiting,
-                     kv_tokens=len(batch) * width)
+                     kv_tokens=len(batch) * width, context=len(batch) * width)
     next_positions = mask.sum(-1)
     for row in rows:
         if batch[row].max_tokens == 0:
@@ -197,8 +198,9 @@ def run_static_batch(model: Any, batch: list[Request], early_stop: bool, slots: 
         next_positions = next_positions + 1
         record(tokens)
         if steps is not None:
-            steps.record(running=len(rows), decode=len(pending), prefill=0, waiting=waiting,
-                         kv_tokens=len(rows) * mask.shape[1])
+            held = len(rows) * mask.shape[1]
+            steps.record(running=len(rows), decode=len(pending), prefill=0, waiting=waiting, kv_tokens=held,
+                         context=held)
 
 
 class HfEngine(Engine):

@@ -43,8 +43,9 @@ def fpm_step(metrics: Any, reader: StatReader) -> dict[str, Any] | None:
     missing a count (with a warning).
 
     ``dt`` is ``wall_time``; ``prefill_seqs``/``prefill``/``decode`` are the scheduled prefill requests, their
-    new tokens and the decode requests; ``kv_tokens`` the KV the scheduled requests hold (decode KV, prefill
-    prefix and new tokens); ``waiting`` the queued requests. FPM counts no preemptions.
+    new tokens and the decode requests; ``context`` the tokens the scheduled requests attend (decode KV, prefill
+    prefix and new tokens, a shared prefix once per request); ``waiting`` the queued requests. FPM counts
+    neither the KV pool's use (``kv_tokens`` -1) nor preemptions.
     """
     scheduled = reader.read(metrics, "scheduled_requests", kind=ANY, where=_WHERE)
     queued = reader.read(metrics, "queued_requests", kind=ANY, where=_WHERE)
@@ -61,7 +62,7 @@ def fpm_step(metrics: Any, reader: StatReader) -> dict[str, Any] | None:
         return None   # the idle heartbeat
     return {"dt": float(wall), "running": prefill_seqs + decode, "decode": decode, "prefill": prefill,
             "prefill_seqs": prefill_seqs, "waiting": -1 if None in waiting else int(sum(waiting)),
-            "kv_tokens": decode_kv + prefix + prefill}
+            "context": decode_kv + prefix + prefill}
 
 
 class FpmListener:

@@ -27,7 +27,8 @@ def iteration_step(entry: Any, reader: StatReader) -> dict[str, Any] | None:
     from its start until its outputs are handled during the next one, so consecutive latencies overlap);
     ``running``/``decode``/``prefill_seqs`` are the scheduled, generation and context requests, ``prefill``
     the context tokens (``numCtxTokens``); ``waiting`` the queued requests plus the active ones not scheduled;
-    ``kv_tokens`` the used KV blocks × tokens per block; ``preempted`` the paused requests.
+    ``kv_tokens`` the used KV blocks × tokens per block; ``preempted`` the paused requests. 1.2.1's stats
+    hold no per-iteration context sum, so ``context`` stays unknown (-1).
     """
     latency = reader.read(entry, "iterLatencyMS", where="IterationStats")
     batch = reader.read(entry, "inflightBatchingStats", kind=MAPPING, where="IterationStats")

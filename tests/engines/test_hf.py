@@ -202,6 +202,7 @@ def test_every_forward_pass_of_the_static_loop_is_one_step(static, early_stop):
                                 ("waiting", waiting), ("kv_tokens", rows * (width + k))):
                 expected[name].append(value)
     assert {name: trace[name] for name in expected} == expected
+    assert trace["context"] == trace["kv_tokens"], "no prefix is shared: every row attends what it holds"
     assert trace["weight"] == [1.0] * len(trace["running"]) and all(dt > 0 for dt in trace["dt"])
     assert trace["t"] == sorted(trace["t"])
 

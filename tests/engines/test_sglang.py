@@ -298,7 +298,8 @@ def test_start_generate_stats_and_stop_through_a_stand_in_engine(fake_sglang, tm
     trace = steps_in(engine, 4)
     assert trace["running"] == [3, 3, 2, 1] and trace["decode"] == [0, 3, 2, 1]
     assert trace["prefill"] == [33, 0, 0, 0] and trace["prefill_seqs"] == [3, 0, 0, 0]
-    assert trace["kv_tokens"] == [33, 33 + 3, 11 + 12 + 2 * 2, 12 + 3] and trace["waiting"] == [0] * 4
+    assert trace["context"] == [33, 33 + 3, 11 + 12 + 2 * 2, 12 + 3] and trace["waiting"] == [0] * 4
+    assert trace["kv_tokens"] == [-1] * 4, "the KV pool's use is not in the messages"
     assert trace["dt"] == pytest.approx([0.02, 0.005, 0.005, 0.005]) and trace["t"] == sorted(trace["t"])
     assert SglangEngine.records_steps and engine.stat_reader.warnings == []
 
@@ -334,7 +335,7 @@ def test_a_pass_reads_as_a_step_by_its_recorded_names():
     step = fpm_step(decode_fpm(json.dumps(fpm(prefill=(2, 90, 30), decode=(5, 700), queued=(4, 1), wall=0.03))),
                     reader)
     assert step == {"dt": 0.03, "running": 7, "decode": 5, "prefill": 90, "prefill_seqs": 2, "waiting": 5,
-                    "kv_tokens": 700 + 30 + 90}
+                    "context": 700 + 30 + 90}
     assert fpm_step(decode_fpm(json.dumps(fpm())), reader) is None, "the idle heartbeat is no step"
     partial = RecordedObject(SNAPSHOT, "ForwardPassMetrics", wall_time=0.01, queued_requests=None,
                              scheduled_requests=RecordedObject(SNAPSHOT, "ScheduledRequestMetrics",

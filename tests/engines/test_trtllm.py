@@ -321,6 +321,7 @@ def test_each_iteration_is_one_step_with_the_engines_own_latency_and_counts():
     assert trace["prefill"] == [300, 100, 0, 0, 0] and trace["prefill_seqs"] == [2, 1, 0, 0, 0]
     assert trace["waiting"] == [3 + 3, 0, 0, 0, 1], "queued plus active but not scheduled"
     assert trace["kv_tokens"] == [320, 432, 448, -1, -1] and trace["preempted"] == [0, 1, 0, 0, 0]
+    assert trace["context"] == [-1] * 5, "1.2.1's iteration stats sum no context"
     assert trace["dt"] == pytest.approx([0.04, 0.015, 0.01, 0.03, 0.02])
     assert trace["t"] == pytest.approx([0.975, 0.99, 1.0, 1.0, 1.02]), "ends laid back from each drain"
     assert tally.paused == 1 and tally.reader.warnings == []
