@@ -492,6 +492,15 @@ def test_iteration_stats_of_another_shape_leave_an_ok_row_with_a_warning(fake_tr
     assert columns["output_tokens"] == 2
 
 
+def test_a_pass_carries_the_iterations_drained_during_it_as_its_steps(fake_trtllm, past_env_checks, tmp_path):
+    fake_trtllm.LLM = odd_stats_llm([[iteration(1, ctx=(1, 3), gen=0)],   # drained before the pass: not its steps
+                                     [iteration(2, gen=1, latency_ms=7.0), iteration(3, gen=1, latency_ms=8.0)]])
+    result, _ = run_worker(tmp_path, "trtllm", MODEL, [Request("r", [1, 2, 3], 2)])
+    steps = result["passes"][0]["steps"]
+    assert result["status"] == "ok" and result["passes"][0]["step_trace_gap"] is None
+    assert steps["decode"] == [1, 1] and steps["dt"] == pytest.approx([0.007, 0.008])
+
+
 def test_iterations_lost_past_the_queue_are_a_warning_with_the_count(fake_trtllm, past_env_checks, tmp_path):
     fake_trtllm.LLM = odd_stats_llm([[iteration(1, paused=0)], [iteration(5, paused=1)]])
     result, columns = run_worker(tmp_path, "trtllm", MODEL, [Request("r", [1, 2, 3], 2)])
