@@ -8,13 +8,15 @@ Two modes (knob ``mode``):
   mask. Greedy argmax, EOS ignored, exactly ``max_tokens`` per row. With
   ``early_stop`` a finished row leaves the batch (and its KV cache) at once; without
   it, it idles as padding until the batch's longest row ends. Every forward pass is
-  counted in token slots (rows × positions) as useful or padded (``EngineStats.extra``).
+  counted in token slots (rows × positions) as useful or padded (``EngineStats.extra``),
+  and recorded as one step of the step trace (``run_static_batch``).
 - ``continuous``: transformers' own continuous batching (``ContinuousBatchingManager``,
   what ``generate_batch`` wraps, driven directly because ``generate_batch`` takes one
   ``max_new_tokens`` for all requests). Its KV cache must be sized explicitly
   (``num_blocks``, ``max_batch_tokens``): unsized it takes most of host memory.
   Its evictions exist only as ``ContinuousBatchingLogger`` INFO lines ("Offloaded N
-  requests ..."); they are counted into ``preemptions``.
+  requests ..."); they are counted into ``preemptions``. Its steps are not traced
+  (``CONTINUOUS_STEP_GAP``).
 
 Text-only: requests with images, and vision-language models, are rejected.
 """
@@ -35,6 +37,7 @@ from engines.base import Completion, Engine, EngineStats, KnobError, Request, St
 from engines.knobs import UNSET, NativeMapping
 from engines.unit import EngineUnit, Environment
 from engines.common import dtype_name
+from engines.steptrace import StepRecorder
 
 MODES = ("static", "continuous")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -53,6 +56,12 @@ CB_LOGGER = "ContinuousBatchingLogger"
 OFFLOAD_LINE = re.compile(r"Offloaded (\d+) requests")
 SLOT_COUNTERS = ("useful_slots", "padded_slots", "padded_prefill_slots", "padded_decode_slots",
                  "decode_steps", "batches")
+CONTINUOUS_STEP_GAP = (
+    "hf mode=continuous: transformers' ContinuousBatchingManager runs its forward passes in its own background "
+    "thread with no per-step callback or per-step statistics; the nearest it offers, streamed outputs delivered one "
+    "batch per step to a register_result_handler callback, names only the requests that got a token in that step "
+    "(prefill chunks that finish no prompt, KV use and the waiting queue are left out) and would stream every token "
+    "of every request, slowing the baseline being measured")
 
 
 def count_offloaded(message: str) -> int:
@@ -117,8 +126,14 @@ class SlotCounts:
 
 
 def run_static_batch(model: Any, batch: list[Request], early_stop: bool, slots: SlotCounts,
-                     on_done: Callable[[int, list[int]], None]) -> None:
+                     on_done: Callable[[int, list[int]], None], steps: StepRecorder | None = None,
+                     waiting: int = -1) -> None:
     """Greedy, left-padded generation of one batch; ``on_done(row, tokens)`` as each row gets its ``max_tokens``.
+
+    Each forward pass is one step in ``steps``, timed until its tokens are on the host: ``running`` is the rows
+    in the pass (idle padded rows included), ``decode`` the rows still generating, ``prefill`` the prompt tokens
+    (padding left out), ``kv_tokens`` and ``context`` the cache's rows × positions (padding included: every row
+    attends the whole padded width), ``waiting`` as given.
 
     Args:
         model: a causal LM taking ``attention_mask``, ``position_ids`` and ``past_key_values``.
@@ -126,6 +141,7 @@ def run_static_batch(model: Any, batch: list[Request], early_stop: bool, slots: 
         early_stop: drop finished rows from the batch and its KV cache instead of idling them.
         slots: counters to add this batch's token slots to.
         on_done: called once per row with its generated tokens.
+        steps: where each forward pass is recorded; ``waiting``: requests not yet in a batch.
     """
     import torch
     from transformers import DynamicCache
@@ -158,6 +174,9 @@ def run_static_batch(model: Any, batch: list[Request], early_stop: bool, slots: 
     slots.add_prefill(len(batch) * width, sum(lengths))
     tokens = logits[:, -1].argmax(-1)
     record(tokens)
+    if steps is not None:
+        steps.record(running=len(batch), decode=0, prefill=sum(lengths), prefill_seqs=len(batch), waiting=waiting,
+                     kv_tokens=len(batch) * width, context=len(batch) * width)
     next_positions = mask.sum(-1)
     for row in rows:
         if batch[row].max_tokens == 0:
@@ -178,6 +197,10 @@ def run_static_batch(model: Any, batch: list[Request], early_stop: bool, slots: 
         tokens = logits[:, -1].argmax(-1)
         next_positions = next_positions + 1
         record(tokens)
+        if steps is not None:
+            held = len(rows) * mask.shape[1]
+            steps.record(running=len(rows), decode=len(pending), prefill=0, waiting=waiting, kv_tokens=held,
+                         context=held)
 
 
 class HfEngine(Engine):
@@ -185,9 +208,12 @@ class HfEngine(Engine):
 
     name = "hf"
     preload_modules = ("torch", "transformers")
+    records_steps = True   # mode=static, its own loop; an instance in mode=continuous says why not
 
     def __init__(self, model: dict[str, Any], knobs: dict[str, Any]):
         super().__init__(model, {**DEFAULTS, **knobs})
+        if self.knobs.get("mode") == "continuous":
+            self.records_steps, self.step_trace_gap = False, CONTINUOUS_STEP_GAP
 
     def validate(self) -> None:
         """Knob names and values; continuous knobs must be ``ContinuousBatchingConfig`` fields; text-only models."""
@@ -295,6 +321,7 @@ class HfEngine(Engine):
     def _generate_static(self, requests: list[Request], on_finish) -> list[Completion]:
         completions: list[Completion | None] = [None] * len(requests)
         batch_size = int(self.knobs.get("batch_size", 8))
+        self.step_trace.begin()   # the first step's time counts from this call, not from the last one's end
         for start in range(0, len(requests), batch_size):
             batch = requests[start:start + batch_size]
 
@@ -305,7 +332,8 @@ class HfEngine(Engine):
                 if on_finish is not None:
                     on_finish(1)
 
-            run_static_batch(self.hf_model, batch, bool(self.knobs.get("early_stop", True)), self.slots, done)
+            run_static_batch(self.hf_model, batch, bool(self.knobs.get("early_stop", True)), self.slots, done,
+                             self.step_trace, waiting=len(requests) - start - len(batch))
         return [c for c in completions if c is not None]
 
     def _generate_continuous(self, requests: list[Request], on_finish) -> list[Completion]:

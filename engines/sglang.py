@@ -31,6 +31,10 @@ NVIDIA GPU, and its CPU path a CPU build of ``sgl_kernel`` that PyPI lacks):
   a batch the scheduler may not be idle yet, so ``reset_caches`` retries for up to
   ``FLUSH_TIMEOUT_S``; if the cache never flushes, the next ``generate`` raises instead of timing
   a pass on a warm cache (the row fails with that reason).
+- Steps: ``start`` turns on SGLang's per-iteration Forward Pass Metrics (``enable_forward_pass_metrics``,
+  published over ZMQ at ``forward_pass_metrics_ipc_name`` in a folder of its own) and subscribes to them
+  (``engines.sglang_steps``); each iteration is one step of the step trace, recorded at the end of each
+  ``generate``, in ``stats`` and as the feeder's requests finish.
 
 Every name above is recorded in ``engines/snapshots/sglang-0.5.23.json`` (``record.py`` reads
 the wheel); the knob check, the model check and the adapter tests' stand-in engine read it.
@@ -38,7 +42,10 @@ the wheel); the knob check, the model check and the adapter tests' stand-in engi
 
 from __future__ import annotations
 
+import importlib
 import json
+import shutil
+import tempfile
 import time
 from typing import Any
 
@@ -50,11 +57,13 @@ from engines.knobs import UNSET, NativeMapping, inverted, prefixed
 from engines.snapshots import load as load_snapshot
 from engines.statread import MAPPING, TEXT, StatReader
 from engines.snapshots import model_architectures
+from engines.sglang_steps import FPM_MODULE, FpmListener, endpoints, fpm_kwargs
 from engines.unit import EngineUnit, Environment, dummy_weights_args
 
 LABEL = "SGLang"
 FLUSH_TIMEOUT_S = 5.0    # how long reset_caches retries flush_cache before giving up
 FLUSH_FIRST_SLEEP_S = 0.05
+STEPS_QUIET_S = 0.05     # stats() waits for the last passes' step messages until none came for this long
 
 
 class CacheNotFlushed(RuntimeError):
@@ -69,6 +78,7 @@ class SglangEngine(Engine):
     supports_sampling = True
     supports_constraints = True
     preload_modules = ("sglang.srt.entrypoints.engine",)   # `sglang.Engine` is a lazy import of it
+    records_steps = True   # from its Forward Pass Metrics (engines.sglang_steps); off if the knobs turn them off
 
     def validate(self) -> None:
         """``troughput-env sglang --check``'s checks (``preflight``), then knob names and the architecture."""
@@ -98,10 +108,13 @@ class SglangEngine(Engine):
 
         self.counters = RequestCounters(preemptions=0)
         self.unflushed: str | None = None
+        self.fpm_dir = tempfile.mkdtemp(prefix="troughput-fpm-")
+        kwargs = {**self._engine_kwargs(), **fpm_kwargs(self.knobs, self.fpm_dir)}
         t0 = time.perf_counter()
-        self.llm = sglang.Engine(**self._engine_kwargs())
+        self.llm = sglang.Engine(**kwargs)
         startup_s = time.perf_counter() - t0
         self.started = True
+        self.fpm = self._listen(kwargs)
         compile_s, extra = _startup_breakdown(self.llm, self.stat_reader)
         return StartInfo(startup_s=startup_s, compile_s=compile_s, engine_version=sglang.__version__, extra=extra)
 
@@ -118,6 +131,7 @@ class SglangEngine(Engine):
         completions = [to_completion(r, o, submitted_at, self.stat_reader) for r, o in zip(requests, outputs)]
         for completion, output in zip(completions, outputs):
             self._count(completion, output)
+        self._drain_steps()
         if on_finish is not None:
             on_finish(len(completions))
         return completions
@@ -138,6 +152,7 @@ class SglangEngine(Engine):
                                                    image_data=list(request.images) or None)
             completion = to_completion(request, output, reader=self.stat_reader)
             self._count(completion, output)
+            self._drain_steps()
             return completion
 
         return AsyncFeeder(one)
@@ -149,9 +164,36 @@ class SglangEngine(Engine):
                           None if retractions is None else int(retractions))
         self.counters.preemptions_unknown |= retractions is None
 
+    def _listen(self, kwargs: dict[str, Any]) -> FpmListener | None:
+        """Subscribe to the schedulers' Forward Pass Metrics, unless the knobs turned them off."""
+        addresses = endpoints(kwargs)
+        if not addresses:
+            self.records_steps = False
+            self.step_trace_gap = "SGLang: enable_forward_pass_metrics is off in the knobs, so no step is published"
+            return None
+        try:
+            decode = importlib.import_module(FPM_MODULE).decode
+            return FpmListener(addresses, self.step_trace, self.stat_reader, decode)
+        except (ImportError, AttributeError) as e:   # another SGLang, or no pyzmq: the run goes on without steps
+            reason = f"its forward pass metrics cannot be read here ({e}), so no step is read"
+            self.records_steps, self.step_trace_gap = False, f"{LABEL}: {reason}"
+            self.stat_reader.warn(reason)
+            return None
+
+    def _drain_steps(self, quiet_s: float = 0.0) -> None:
+        if self.fpm is not None:
+            self.fpm.drain(quiet_s)
+
     def stats(self) -> EngineStats:
         self.require_started()
-        return self.counters.stats()
+        self._drain_steps(quiet_s=STEPS_QUIET_S)
+        stats = self.counters.stats()
+        if self.fpm is not None:
+            stats.extra["forward_pass_metrics_lost"] = float(self.fpm.lost)
+            if self.fpm.lost:
+                self.stat_reader.warn(f"{self.fpm.lost} forward pass metrics messages were lost (ZMQ dropped them "
+                                      "past its high-water mark): the step trace misses those steps")
+        return stats
 
     def reset_caches(self) -> None:
         """Flush the radix cache, retrying while the scheduler is busy; remember a failure for ``generate``."""
@@ -159,7 +201,12 @@ class SglangEngine(Engine):
         self.unflushed = flush_radix_cache(self.llm, FLUSH_TIMEOUT_S)
 
     def stop(self) -> None:
+        if getattr(self, "fpm", None) is not None:
+            self.fpm.close()
+            self.fpm = None
         shutdown(self)
+        if getattr(self, "fpm_dir", None):
+            shutil.rmtree(self.fpm_dir, ignore_errors=True)
 
 
 def flush_radix_cache(llm: Any, timeout_s: float, sleep=time.sleep, clock=time.monotonic) -> str | None:

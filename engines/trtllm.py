@@ -29,6 +29,10 @@ GPU, and its wheel cannot be installed here.
   ``GUARANTEED_NO_EVICT``, the default, never pauses). Stats are drained about once a second
   on a timer thread while the pass runs (``StatsDrainer``); iterations missing from the ``iter``
   sequence are reported as ``iteration_stats_lost`` and as a warning in ``engine_info.stat_warnings``.
+  Each iteration is one step of the step trace (``engines.trtllm_stats.iteration_step``: ``iterLatencyMS``,
+  ``inflightBatchingStats.numScheduledRequests``/``numGenRequests``/``numContextRequests``/``numCtxTokens``/
+  ``numPausedRequests``, ``numQueuedRequests``, ``numActiveRequests``, ``kvCacheStats.usedNumBlocks`` ×
+  ``tokensPerBlock``); they count no vision-encoder work, so ``encoder_tokens`` stays 0.
 - ``LLM.llm_build_stats.build_steps_info``: ``(step, seconds)`` of the engine build;
   ``LLM.args.kv_cache_config.tokens_per_block``; ``LLM.shutdown()``.
 
@@ -89,6 +93,7 @@ class TrtllmEngine(Engine):
     supports_sampling = True
     supports_constraints = True
     preload_modules = ("tensorrt_llm",)
+    records_steps = True   # one step per iteration of its iteration stats (IterationTally)
 
     @property
     def backend(self) -> str:
@@ -164,7 +169,7 @@ class TrtllmEngine(Engine):
         module_name, class_name = BACKENDS[self.backend].split(":")
         llm_class = getattr(importlib.import_module(module_name), class_name)
         self.counters = RequestCounters()
-        self.iterations = IterationTally(self.stat_reader)
+        self.iterations = IterationTally(self.stat_reader, self.step_trace)
         self.salt: str | None = None
         self.ids = self.token_ids()
         t0 = time.perf_counter()

@@ -354,6 +354,7 @@ def record_sglang(wheel: Path) -> dict[str, Any]:
                     if re.fullmatch(r"sglang/srt/models/[^/]+\.py", n))
     server_args = sglang_server_args_fields(reader)
     startup_py = "sglang/srt/observability/startup_time.py"
+    fpm_py = "sglang/srt/observability/forward_pass_metrics.py"   # per-iteration metrics: the step trace
     startup_keys = sorted(set(all_literal_dict_keys(parse(reader, startup_py)))
                           | {k for k, _ in _subscript_keys(parse(reader, startup_py))})
     return {
@@ -366,6 +367,8 @@ def record_sglang(wheel: Path) -> dict[str, Any]:
             "Engine": entry(parse(reader, engine_py), "Engine", engine_py, methods=True),
             "SamplingParams": entry(parse(reader, sampling_py), "SamplingParams", sampling_py, fields=True),
             "FlushCacheReqOutput": entry(parse(reader, io_py), "FlushCacheReqOutput", io_py, fields=True),
+            **{cls: entry(parse(reader, fpm_py), cls, fpm_py, fields=True)
+               for cls in ("ForwardPassMetrics", "ScheduledRequestMetrics", "QueuedRequestMetrics")},
         },
         "keys": {
             "generate_output": ["text", "output_ids", "meta_info"],

@@ -127,22 +127,25 @@ def generate(model: dict, knobs: dict, requests: list[Request]) -> tuple[list[li
 
 
 @pytest.fixture(scope="module")
-def static(tiny) -> dict[bool, tuple[list[list[int]], EngineStats]]:
-    """``_requests()`` in static batches of 4, with and without early stop: (output ids, counters) by early_stop.
+def static(tiny) -> dict[bool, tuple[list[list[int]], EngineStats, dict[str, list[float]]]]:
+    """``_requests()`` in static batches of 4, with and without early stop: (output ids, counters, step trace) by
+    early_stop.
 
-    Three tests read these two runs (each a model load and a generation) instead of running them again."""
+    Four tests read these two runs (each a model load and a generation) instead of running them again."""
     requests = _requests()
-    return {stop: generate(tiny, {"batch_size": 4, "early_stop": stop}, requests)[:2] for stop in (True, False)}
+    runs = {stop: generate(tiny, {"batch_size": 4, "early_stop": stop}, requests) for stop in (True, False)}
+    return {stop: (outputs, stats, hf.step_trace.take()) for stop, (outputs, stats, hf) in runs.items()}
 
 
 @pytest.mark.engine
 def test_static_and_continuous_greedy_outputs_match_token_for_token(tiny, static):
     requests = _requests()
-    (with_stop, _), (without_stop, _) = static[True], static[False]
-    continuous, stats, _ = generate(tiny, CONTINUOUS, requests)
+    (with_stop, _, _), (without_stop, _, _) = static[True], static[False]
+    continuous, stats, hf = generate(tiny, CONTINUOUS, requests)
     assert [len(tokens) for tokens in with_stop] == [r.max_tokens for r in requests]
     assert with_stop == without_stop == continuous
     assert stats.preemptions == 0
+    assert not hf.records_steps and len(hf.step_trace) == 0 and "no per-step callback" in hf.step_trace_gap
 
 
 @pytest.mark.engine
@@ -151,7 +154,7 @@ def test_static_matches_plain_generate_for_one_request(tiny, static):
     from transformers import AutoModelForCausalLM
 
     requests = _requests()
-    outputs, _ = static[True]   # batch_size 4, early stop on (the knob's default)
+    outputs, _, _ = static[True]   # batch_size 4, early stop on (the knob's default)
     longest = max(range(len(requests)), key=lambda i: requests[i].max_tokens)
     request = requests[longest]
     model = AutoModelForCausalLM.from_pretrained(tiny["path"], dtype=torch.float32).eval()
@@ -164,7 +167,7 @@ def test_static_matches_plain_generate_for_one_request(tiny, static):
 def test_early_stop_does_fewer_padded_decode_slots(static):
     requests = _requests()
     batches = [requests[:4], requests[4:]]
-    (_, idle), (_, stop) = static[False], static[True]
+    (_, idle, _), (_, stop, _) = static[False], static[True]
     longest = [max(r.max_tokens for r in batch) for batch in batches]
     # Without early stop every row rides along until its batch's longest row ends.
     assert idle.extra["padded_decode_slots"] == sum(n - r.max_tokens for n, b in zip(longest, batches) for r in b) > 0
@@ -174,6 +177,40 @@ def test_early_stop_does_fewer_padded_decode_slots(static):
         len(b) * max(len(r.prompt_token_ids) for r in b) - sum(len(r.prompt_token_ids) for r in b) for b in batches)
     assert stop.extra["useful_slots"] == sum(len(r.prompt_token_ids) + r.max_tokens - 1 for r in requests)
     assert stop.extra["padding_waste"] < idle.extra["padding_waste"]
+
+
+@pytest.mark.engine
+@pytest.mark.parametrize("early_stop", [True, False])
+def test_every_forward_pass_of_the_static_loop_is_one_step(static, early_stop):
+    """Per batch: a prefill step of its rows and prompt tokens, then one decode step per further token of its
+    longest row, with the rows still generating (and, without early stop, every row of the batch riding along)."""
+    requests = _requests()
+    trace = static[early_stop][2]
+    expected = {"running": [], "decode": [], "prefill": [], "prefill_seqs": [], "waiting": [], "kv_tokens": []}
+    for start in (0, 4):
+        batch = requests[start:start + 4]
+        width, longest = max(len(r.prompt_token_ids) for r in batch), max(r.max_tokens for r in batch)
+        waiting = len(requests) - start - len(batch)
+        for name, value in (("running", len(batch)), ("decode", 0), ("prefill_seqs", len(batch)),
+                            ("prefill", sum(len(r.prompt_token_ids) for r in batch)), ("waiting", waiting),
+                            ("kv_tokens", len(batch) * width)):
+            expected[name].append(value)
+        for k in range(1, longest):
+            generating = sum(r.max_tokens > k for r in batch)
+            rows = generating if early_stop else len(batch)
+            for name, value in (("running", rows), ("decode", generating), ("prefill", 0), ("prefill_seqs", 0),
+                                ("waiting", waiting), ("kv_tokens", rows * (width + k))):
+                expected[name].append(value)
+    assert {name: trace[name] for name in expected} == expected
+    assert trace["context"] == trace["kv_tokens"], "no prefix is shared: every row attends what it holds"
+    assert trace["weight"] == [1.0] * len(trace["running"]) and all(dt > 0 for dt in trace["dt"])
+    assert trace["t"] == sorted(trace["t"])
+
+
+def test_only_the_static_loop_records_steps():
+    assert HfEngine.records_steps and engine({}).records_steps
+    gap = engine(CONTINUOUS).step_trace_gap
+    assert not engine(CONTINUOUS).records_steps and "ContinuousBatchingManager" in gap and "register_result_handler" in gap
 
 
 @pytest.mark.engine

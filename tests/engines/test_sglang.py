@@ -8,7 +8,10 @@ adapter reads a ``meta_info`` or ``startup_time`` key SGLang does not write.
 """
 
 import importlib.util
+import json
+import os
 import sys
+import time
 import types
 
 import pytest
@@ -19,6 +22,8 @@ from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
 from engines.sglang import SglangEngine, flush_radix_cache, to_completion
 from engines.snapshots import load
+from engines.sglang_steps import FPM_MODULE, fpm_step
+from engines.statread import StatReader
 from tests.engines.conftest import (RecordedDict, RecordedObject, UnrecordedName, check_fields, checked_method,
                                     collect_shards, fake_class, run_worker)
 
@@ -39,15 +44,80 @@ def flush_result(success, message=""):
     return RecordedObject(SNAPSHOT, "FlushCacheReqOutput", success=success, message=message)
 
 
+def fpm(prefill=(0, 0, 0), decode=(0, 0), queued=(0, 0), wall=0.01):
+    """A ``ForwardPassMetrics`` message's fields: ``prefill`` = (requests, new tokens, prefix KV tokens),
+    ``decode`` = (requests, their KV tokens), ``queued`` = (prefill, decode) requests waiting; all zeros: idle."""
+    return {"wall_time": wall, "counter_id": 0, "dp_rank": 0,
+            "scheduled_requests": {"num_prefill_requests": prefill[0], "sum_prefill_tokens": prefill[1],
+                                   "sum_prefill_kv_tokens": prefill[2], "num_decode_requests": decode[0],
+                                   "sum_decode_kv_tokens": decode[1], "var_decode_kv_tokens": 0.0},
+            "queued_requests": {"num_prefill_requests": queued[0], "num_decode_requests": queued[1]}}
+
+
+def decode_fpm(payload: bytes):
+    """The stand-in of ``forward_pass_metrics.decode`` (msgpack in SGLang, JSON here): the recorded structs, whose
+    unrecorded attributes fail the test."""
+    data = json.loads(payload)
+    return RecordedObject(SNAPSHOT, "ForwardPassMetrics", **{
+        **data, "scheduled_requests": RecordedObject(SNAPSHOT, "ScheduledRequestMetrics", **data["scheduled_requests"]),
+        "queued_requests": RecordedObject(SNAPSHOT, "QueuedRequestMetrics", **data["queued_requests"])})
+
+
+class Publisher:
+    """The scheduler's FPM socket at ``<forward_pass_metrics_ipc_name>.0``: ``(b"", sequence, payload)`` per pass.
+
+    An XPUB, so that it can wait for the adapter's subscription before the first pass (a PUB drops what is sent
+    before a subscriber joins; a real run's warm-up passes precede the timed ones)."""
+
+    def __init__(self, address):
+        import zmq
+
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.XPUB)
+        self.socket.bind(address)
+        self.seq, self.subscribed, self.wait_ms = 0, False, 5000
+
+    def publish(self, messages, skip=0):
+        if not self.subscribed:
+            if not self.socket.poll(self.wait_ms):
+                return   # nobody subscribed: dropped, as by a PUB
+            self.socket.recv()
+            self.subscribed = True
+        self.seq += skip   # messages dropped past the high-water mark
+        for message in messages:
+            self.socket.send_multipart([b"", self.seq.to_bytes(8, "big"), json.dumps(message).encode()])
+            self.seq += 1
+
+    def close(self):
+        self.socket.close(linger=0)
+        self.context.term()
+
+
+def passes(requests):
+    """What the stand-in scheduler runs for a batch: one prefill pass of every request, then one decode pass per
+    further token of the longest, then the idle heartbeat."""
+    lengths, outputs = [len(ids) for ids, _ in requests], [p["max_new_tokens"] for _, p in requests]
+    out = [fpm(prefill=(len(requests), sum(lengths), 0), wall=0.02)]
+    for k in range(1, max(outputs)):
+        going = [n for n, m in zip(lengths, outputs) if m > k]
+        out.append(fpm(decode=(len(going), sum(going) + k * len(going)), wall=0.005))
+    return [*out, fpm(wall=0.0)]
+
+
 def _init(self, **kwargs):
     check_fields(SNAPSHOT, "ServerArgs", kwargs)   # sglang.Engine(**kwargs) builds ServerArgs(**kwargs)
     self.kwargs, self.calls, self.flushes, self.busy_flushes, self.shut = kwargs, [], 0, 0, False
+    self.skip = 0
+    if kwargs.get("enable_forward_pass_metrics"):
+        self.publisher = Publisher(f"{kwargs['forward_pass_metrics_ipc_name']}.0")
 
 
 def _generate(self, prompt=None, sampling_params=None, input_ids=None, image_data=None, **rest):
     for params in sampling_params:
         check_fields(SNAPSHOT, "SamplingParams", params)
     self.calls.append({"input_ids": input_ids, "sampling_params": sampling_params, "image_data": image_data})
+    if hasattr(self, "publisher"):
+        self.publisher.publish(passes(list(zip(input_ids, sampling_params))), skip=self.skip)
     return [output([7] * p["max_new_tokens"], len(ids), cached=len(ids) // 2, retractions=i % 2)
             for i, (ids, p) in enumerate(zip(input_ids, sampling_params))]
 
@@ -75,6 +145,8 @@ def _flush_cache(self):
 
 def _shutdown(self):
     self.shut = True
+    if hasattr(self, "publisher"):
+        self.publisher.close()
 
 
 FakeSglangEngine = fake_class(SNAPSHOT, "Engine", {
@@ -82,11 +154,26 @@ FakeSglangEngine = fake_class(SNAPSHOT, "Engine", {
     "shutdown": _shutdown}, init=_init)
 
 
+def install(monkeypatch, engine_class):
+    """The stand-in ``sglang`` with ``engine_class`` as its ``Engine``, and its FPM module's ``decode``."""
+    module = types.SimpleNamespace(Engine=engine_class, __version__="0.5.23-fake")
+    monkeypatch.setitem(sys.modules, "sglang", module)
+    monkeypatch.setitem(sys.modules, FPM_MODULE, types.SimpleNamespace(decode=decode_fpm))
+    return module
+
+
 @pytest.fixture
 def fake_sglang(monkeypatch):
-    module = types.SimpleNamespace(Engine=FakeSglangEngine, __version__="0.5.23-fake")
-    monkeypatch.setitem(sys.modules, "sglang", module)
-    return module
+    return install(monkeypatch, FakeSglangEngine)
+
+
+def steps_in(engine, count, timeout_s=10.0):
+    """The engine's step trace once ``count`` steps were recorded (the messages cross a socket)."""
+    deadline = time.monotonic() + timeout_s
+    while len(engine.step_trace) < count and time.monotonic() < deadline:
+        engine.fpm.drain()
+        time.sleep(0.01)
+    return engine.step_trace.take()
 
 
 def test_the_stand_in_rejects_what_sglang_rejects():
@@ -178,6 +265,7 @@ def test_own_sampling_and_constraints_become_recorded_sampling_keys(fake_sglang)
     assert params[0]["json_schema"] == '{"type": "object"}' and params[0]["ignore_eos"] is False
     assert params[1]["regex"] == r"(a\.b|c)" and (params[1]["top_p"], params[1]["sampling_seed"]) == (0.9, 3)
     assert params[2]["regex"] == "[0-9]+" and params[3]["json_schema"] == '{"type": "object"}'
+    engine.stop()
 
 
 def test_to_completion_reads_meta_info():
@@ -193,7 +281,8 @@ def test_start_generate_stats_and_stop_through_a_stand_in_engine(fake_sglang, tm
     engine = SglangEngine(MODEL, {"max_running_requests": 4})
     info = engine.start()
     assert engine.llm.kwargs == {"model_path": "/models/llama", "skip_tokenizer_init": True,
-                                 "max_running_requests": 4}
+                                 "max_running_requests": 4, "enable_forward_pass_metrics": True,
+                                 "forward_pass_metrics_ipc_name": f"ipc://{engine.fpm_dir}/fpm"}
     assert info.engine_version == "0.5.23-fake" and info.compile_s == pytest.approx(5.5)
     assert info.extra == {"load_weight_s": 3.0, "kv_cache_allocation_s": 0.5}
 
@@ -204,6 +293,15 @@ def test_start_generate_stats_and_stop_through_a_stand_in_engine(fake_sglang, tm
     assert call["input_ids"] == [r.prompt_token_ids for r in requests] and call["image_data"] is None
     assert call["sampling_params"][1] == {"max_new_tokens": 3, "ignore_eos": True, "temperature": 0.0}
     assert [len(c.output_token_ids) for c in completions] == [2, 3, 4] and sum(finished) == 3
+    # one prefill pass of the three prompts (10, 11, 12 tokens), decode passes while outputs of 2, 3, 4 tokens
+    # go on, and the idle heartbeat, which is no step
+    trace = steps_in(engine, 4)
+    assert trace["running"] == [3, 3, 2, 1] and trace["decode"] == [0, 3, 2, 1]
+    assert trace["prefill"] == [33, 0, 0, 0] and trace["prefill_seqs"] == [3, 0, 0, 0]
+    assert trace["context"] == [33, 33 + 3, 11 + 12 + 2 * 2, 12 + 3] and trace["waiting"] == [0] * 4
+    assert trace["kv_tokens"] == [-1] * 4, "the KV pool's use is not in the messages"
+    assert trace["dt"] == pytest.approx([0.02, 0.005, 0.005, 0.005]) and trace["t"] == sorted(trace["t"])
+    assert SglangEngine.records_steps and engine.stat_reader.warnings == []
 
     stats = engine.stats()
     assert stats.preemptions == 1, "preemptions are the requests' retractions"
@@ -213,9 +311,60 @@ def test_start_generate_stats_and_stop_through_a_stand_in_engine(fake_sglang, tm
     assert engine.llm.calls[1]["image_data"] == [[str(tmp_path / "a.png")], []]
     engine.reset_caches()
     assert engine.llm.flushes == 1
-    llm = engine.llm
+    llm, folder = engine.llm, engine.fpm_dir
     engine.stop()
-    assert llm.shut and not engine.started
+    assert llm.shut and not engine.started and not os.path.exists(folder)
+
+
+def test_steps_missing_from_the_sequence_are_counted_and_said(fake_sglang):
+    engine = SglangEngine(MODEL, {})
+    engine.start()
+    engine.generate([Request("a", [1, 2], 2)])
+    steps_in(engine, 2)
+    engine.llm.skip = 3
+    engine.generate([Request("b", [1, 2], 2)])
+    steps_in(engine, 2)
+    stats = engine.stats()
+    assert stats.extra["forward_pass_metrics_lost"] == 3.0
+    assert any("3 forward pass metrics messages were lost" in w for w in engine.stat_reader.warnings)
+    engine.stop()
+
+
+def test_a_pass_reads_as_a_step_by_its_recorded_names():
+    reader = StatReader("SGLang")
+    step = fpm_step(decode_fpm(json.dumps(fpm(prefill=(2, 90, 30), decode=(5, 700), queued=(4, 1), wall=0.03))),
+                    reader)
+    assert step == {"dt": 0.03, "running": 7, "decode": 5, "prefill": 90, "prefill_seqs": 2, "waiting": 5,
+                    "context": 700 + 30 + 90}
+    assert fpm_step(decode_fpm(json.dumps(fpm())), reader) is None, "the idle heartbeat is no step"
+    partial = RecordedObject(SNAPSHOT, "ForwardPassMetrics", wall_time=0.01, queued_requests=None,
+                             scheduled_requests=RecordedObject(SNAPSHOT, "ScheduledRequestMetrics",
+                                                               num_decode_requests=3))
+    assert fpm_step(partial, reader) is None
+    assert any("scheduled_requests.num_prefill_requests is missing" in w for w in reader.warnings)
+    with pytest.raises(UnrecordedName, match="ScheduledRequestMetrics.num_running"):
+        decode_fpm(json.dumps(fpm())).scheduled_requests.num_running   # noqa: B018
+
+
+def test_knobs_that_turn_the_metrics_off_leave_no_trace_and_say_why(fake_sglang):
+    engine = SglangEngine(MODEL, {"enable_forward_pass_metrics": False})
+    engine.start()
+    assert engine.llm.kwargs["enable_forward_pass_metrics"] is False and engine.fpm is None
+    assert not engine.records_steps and "enable_forward_pass_metrics is off" in engine.step_trace_gap
+    engine.generate([Request("a", [1, 2], 2)])
+    assert len(engine.step_trace) == 0
+    engine.stop()
+
+
+def test_an_sglang_without_the_metrics_module_runs_without_steps_and_says_so(fake_sglang, monkeypatch):
+    monkeypatch.setitem(sys.modules, FPM_MODULE, types.SimpleNamespace())   # no decode
+    engine = SglangEngine(MODEL, {})
+    engine.start()
+    engine.llm.publisher.wait_ms = 0   # the scheduler publishes; nobody listens
+    assert engine.fpm is None and not engine.records_steps
+    assert engine.stat_reader.warnings == [engine.step_trace_gap] and "cannot be read here" in engine.step_trace_gap
+    assert len(engine.generate([Request("a", [1, 2], 2)])) == 1
+    engine.stop()
 
 
 def test_the_stand_in_holds_names_and_value_kinds_to_the_recording():
@@ -268,6 +417,7 @@ def test_the_flush_is_retried_while_the_scheduler_is_busy(fake_sglang):
     engine.reset_caches()
     assert engine.llm.flushes == 4 and engine.unflushed is None
     engine.generate([Request("r", [1, 2], 1)])
+    engine.stop()
 
 
 def test_a_cache_that_never_flushes_is_never_timed(fake_sglang, monkeypatch):
@@ -280,6 +430,7 @@ def test_a_cache_that_never_flushes_is_never_timed(fake_sglang, monkeypatch):
     with pytest.raises(adapter.CacheNotFlushed, match=r"did not flush its radix cache .*pending requests.*not timed"):
         engine.generate([Request("r", [1, 2], 1)])
     assert len(engine.llm.calls) == 0, "nothing ran on the warm cache"
+    engine.stop()
 
 
 def test_flush_backs_off_within_its_bound():
@@ -315,8 +466,7 @@ FakeAsyncSglangEngine = fake_class(SNAPSHOT, "Engine", {"async_generate": _async
 
 
 def test_the_feeder_runs_one_async_generate_per_request_and_returns_whole_shards(monkeypatch, tmp_path):
-    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=FakeAsyncSglangEngine,
-                                                                     __version__="0.5.23-fake"))
+    install(monkeypatch, FakeAsyncSglangEngine)
     engine = SglangEngine(MODEL, {})
     engine.start()
     feeder = engine.feeder()
@@ -329,3 +479,4 @@ def test_the_feeder_runs_one_async_generate_per_request_and_returns_whole_shards
     image_call = next(c for c in engine.llm.calls if c["input_ids"] == [4])
     assert image_call["image_data"] == [str(tmp_path / "x.png")]
     assert engine.stats().prefix_cache_queries == 3 + 1
+    engine.stop()

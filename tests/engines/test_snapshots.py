@@ -52,6 +52,11 @@ SGLANG_FILES = {
         "def g(load: float):\n    result = {'load_weight': load, 'cuda_graph': empty(), 'scheduler_e2e': 0.0}\n"
         "    result['tokenizer_e2e'] = load\n    return result\n"
         "def h(graphs):\n    return {'cuda_graph': graphs}\n"),
+    "sglang/srt/observability/forward_pass_metrics.py": (
+        "class ScheduledRequestMetrics(msgspec.Struct, frozen=True):\n    num_decode_requests: int = 0\n"
+        "class QueuedRequestMetrics(msgspec.Struct, frozen=True):\n    num_prefill_requests: int = 0\n"
+        "class ForwardPassMetrics(msgspec.Struct, frozen=True):\n    wall_time: float = 0.0\n"
+        "    scheduled_requests: ScheduledRequestMetrics = ScheduledRequestMetrics()\n"),
     "sglang/srt/models/llama.py": "class LlamaForCausalLM: pass\nEntryClass = LlamaForCausalLM\n",
     "sglang/srt/models/qwen.py": "EntryClass = [Qwen2ForCausalLM, m.Qwen2VLForConditionalGeneration]\n",
     "sglang/srt/models/helper.py": "x = 1\n",
@@ -72,6 +77,9 @@ def test_sglang_snapshot_from_a_wheel(tmp_path):
         "flush_cache": {"params": [], "var_keyword": False}, "shutdown": {"params": [], "var_keyword": False},
         "get_server_info": {"params": [], "var_keyword": False}}
     assert classes["FlushCacheReqOutput"]["fields"] == ["rid", "success"]
+    assert classes["ForwardPassMetrics"]["fields"] == ["wall_time", "scheduled_requests"]
+    assert classes["ScheduledRequestMetrics"]["fields"] == ["num_decode_requests"]
+    assert classes["QueuedRequestMetrics"]["fields"] == ["num_prefill_requests"]
     assert snap["keys"]["meta_info"] == ["cached_tokens", "e2e_latency", "id", "prompt_tokens"]
     assert snap["keys"]["startup_time"] == ["cuda_graph", "load_weight", "scheduler_e2e", "tokenizer_e2e"]
     # kinds where the source shows them: a constant, an annotated parameter, a function's return annotation

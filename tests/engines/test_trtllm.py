@@ -22,6 +22,8 @@ from engines import common
 from engines.base import EngineUnavailable, KnobError, Request
 from engines.knobs import to_native
 from engines.snapshots import Snapshot, load
+from engines.statread import StatReader
+from engines.steptrace import StepRecorder
 from engines.trtllm import IterationTally, TrtllmEngine, to_completion
 from tests.engines.conftest import (RecordedDict, RecordedObject, UnrecordedName, check_fields, collect_shards,
                                     fake_class, run_worker)
@@ -61,13 +63,21 @@ def _running_loop() -> bool:
     return True
 
 
-def iteration(n, paused=None, reused=None):
-    """One ``get_stats()`` entry with the recorded JSON keys."""
-    entry = {"iter": n, "numActiveRequests": 1}
+def iteration(n, paused=None, reused=None, ctx=(0, 0), gen=1, latency_ms=10.0, queued=0, active=None, used=None):
+    """One ``get_stats()`` entry with the recorded JSON keys: ``ctx`` = (context requests, their tokens), ``gen``
+    generation requests, ``used`` KV blocks of 16 tokens."""
+    batch = {"numScheduledRequests": ctx[0] + gen, "numContextRequests": ctx[0], "numCtxTokens": ctx[1],
+             "numGenRequests": gen}
     if paused is not None:
-        entry["inflightBatchingStats"] = RecordedDict(SNAPSHOT, "InflightBatchingStats", {"numPausedRequests": paused})
-    if reused is not None:
-        entry["kvCacheStats"] = RecordedDict(SNAPSHOT, "KvCacheStats", {"reusedBlocks": reused})
+        batch["numPausedRequests"] = paused
+    entry = {"iter": n, "iterLatencyMS": latency_ms, "numQueuedRequests": queued,
+             "numActiveRequests": ctx[0] + gen if active is None else active,
+             "inflightBatchingStats": RecordedDict(SNAPSHOT, "InflightBatchingStats", batch)}
+    kv = {} if reused is None else {"reusedBlocks": reused}
+    if used is not None:
+        kv.update(usedNumBlocks=used, tokensPerBlock=16)
+    if kv:
+        entry["kvCacheStats"] = RecordedDict(SNAPSHOT, "KvCacheStats", kv)
     return RecordedDict(SNAPSHOT, "IterationStats", entry)
 
 
@@ -286,6 +296,53 @@ def test_to_completion_counts_reused_blocks_and_maps_the_finish_time():
     assert bare.cached_tokens is None and bare.finished_at is None
 
 
+class Clock:
+    """A ``StepRecorder`` clock that reads ``now``."""
+
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def test_each_iteration_is_one_step_with_the_engines_own_latency_and_counts():
+    clock = Clock()
+    steps = StepRecorder(clock=clock)
+    tally = IterationTally(StatReader("TensorRT-LLM"), steps)
+    clock.now = 101.0
+    tally.add([json.dumps(iteration(1, ctx=(2, 300), gen=0, latency_ms=40.0, queued=3, active=5, used=20)),
+               iteration(2, ctx=(1, 100), gen=2, latency_ms=15.0, paused=1, used=27),
+               iteration(3, gen=3, latency_ms=10.0, used=28)])
+    clock.now = 101.02   # the next batch's laid-back ends would reach before 101.0: held at the last step's end
+    tally.add([iteration(4, gen=3, latency_ms=30.0), iteration(5, gen=2, latency_ms=20.0, queued=1)])
+    trace = steps.take()
+    assert trace["running"] == [2, 3, 3, 3, 2] and trace["decode"] == [0, 2, 3, 3, 2]
+    assert trace["prefill"] == [300, 100, 0, 0, 0] and trace["prefill_seqs"] == [2, 1, 0, 0, 0]
+    assert trace["waiting"] == [3 + 3, 0, 0, 0, 1], "queued plus active but not scheduled"
+    assert trace["kv_tokens"] == [320, 432, 448, -1, -1] and trace["preempted"] == [0, 1, 0, 0, 0]
+    assert trace["context"] == [-1] * 5, "1.2.1's iteration stats sum no context"
+    assert trace["dt"] == pytest.approx([0.04, 0.015, 0.01, 0.03, 0.02])
+    assert trace["t"] == pytest.approx([0.975, 0.99, 1.0, 1.0, 1.02]), "ends laid back from each drain"
+    assert tally.paused == 1 and tally.reader.warnings == []
+
+
+def test_an_iteration_without_its_latency_or_batch_counts_is_no_step_and_a_warning():
+    steps = StepRecorder()
+    tally = IterationTally(StatReader("TensorRT-LLM"), steps)
+    no_latency = RecordedDict(SNAPSHOT, "IterationStats", {k: v for k, v in iteration(1).items()
+                                                           if k != "iterLatencyMS"})
+    no_batch = RecordedDict(SNAPSHOT, "IterationStats", {"iter": 2, "iterLatencyMS": 5.0})
+    no_counts = RecordedDict(SNAPSHOT, "IterationStats", {"iter": 3, "iterLatencyMS": 5.0, "inflightBatchingStats":
+                                                          RecordedDict(SNAPSHOT, "InflightBatchingStats",
+                                                                       {"numPausedRequests": 2})})
+    tally.add([no_latency, no_batch, no_counts, iteration(4)])
+    assert len(steps) == 1 and tally.paused == 2
+    warnings = " | ".join(tally.reader.warnings)
+    assert "['iterLatencyMS'] is missing" in warnings and "['inflightBatchingStats'] is missing" in warnings
+    assert "['numScheduledRequests'] is missing" in warnings
+
+
 def test_iteration_stats_as_dicts_or_json_strings():
     tally = IterationTally()
     tally.add([json.dumps(iteration(1, paused=2, reused=2)), iteration(2, paused=0, reused=5), iteration(3)])
@@ -323,6 +380,7 @@ def test_generate_stats_reset_and_stop_through_a_stand_in_llm(fake_trtllm):
     assert stats.preemptions == 3, "numPausedRequests summed: 0 + 2 + 1"
     assert stats.extra == {"kv_reused_blocks": 3.0, "iterations": 3.0, "iteration_stats_lost": 0.0}
     assert engine.stat_reader.warnings == [], "recorded shapes (dicts and JSON strings) read without a warning"
+    assert TrtllmEngine.records_steps and engine.step_trace.take()["preempted"] == [0, 2, 1], "one step an iteration"
 
     engine.reset_caches()
     engine.generate(requests[:1])
@@ -432,6 +490,15 @@ def test_iteration_stats_of_another_shape_leave_an_ok_row_with_a_warning(fake_tr
     assert result["status"] == "ok", result.get("error")
     assert any(warning in w for w in columns["engine_info.stat_warnings"]), columns["engine_info.stat_warnings"]
     assert columns["output_tokens"] == 2
+
+
+def test_a_pass_carries_the_iterations_drained_during_it_as_its_steps(fake_trtllm, past_env_checks, tmp_path):
+    fake_trtllm.LLM = odd_stats_llm([[iteration(1, ctx=(1, 3), gen=0)],   # drained before the pass: not its steps
+                                     [iteration(2, gen=1, latency_ms=7.0), iteration(3, gen=1, latency_ms=8.0)]])
+    result, _ = run_worker(tmp_path, "trtllm", MODEL, [Request("r", [1, 2, 3], 2)])
+    steps = result["passes"][0]["steps"]
+    assert result["status"] == "ok" and result["passes"][0]["step_trace_gap"] is None
+    assert steps["decode"] == [1, 1] and steps["dt"] == pytest.approx([0.007, 0.008])
 
 
 def test_iterations_lost_past_the_queue_are_a_warning_with_the_count(fake_trtllm, past_env_checks, tmp_path):
