@@ -19,10 +19,10 @@ from harness.batch.job import ShardsRun
 from harness.batch.plan import Plan
 from harness.batch.shards import Index
 from harness.run import environment
-from harness.run.results import prefixed
+from harness.run.results import BATCH_DIR, prefixed
 from harness.steps.predict import prediction_columns
 
-BATCH_TABLE = "batch"
+BATCH_TABLE = BATCH_DIR
 
 
 def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: ShardsRun, committed: int,

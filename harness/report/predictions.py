@@ -19,7 +19,7 @@ import pandas as pd
 from harness.report.data import Filters, filter_runs
 from harness.report.document import (Figure, Paragraph, RowLink, Section, Table, first_line, fmt,
                                      fmt_interval)
-from harness.run.results import read_rows
+from harness.run.results import BATCH_DIR, read_rows
 
 PREFIX = "prediction."
 FIELDS = ("predicted", "measured", "unit", "error", "lo", "hi", "note")
@@ -73,15 +73,13 @@ def _record(row: dict[str, Any], name: str, table: str) -> dict[str, Any] | None
 
 def collect(results_dir: str | Path, runs: pd.DataFrame, filters: Filters = Filters()) -> pd.DataFrame:
     """The predictions of the report's (filtered) run rows and of the batch rows the same filters keep."""
-    from harness.batch.row import BATCH_TABLE
-
-    batch = [r for r in read_rows(results_dir, BATCH_TABLE) if predictor_names(r)]
+    batch = [r for r in read_rows(results_dir, BATCH_DIR) if predictor_names(r)]
     frames = [records(runs.to_dict("records"), "runs")]
     if batch:
         kept = pd.DataFrame.from_records(batch)
         kept["run_id"] = kept.get("run_id")
         kept["_time"] = pd.to_datetime(kept.get("timestamp"), utc=True, errors="coerce", format="ISO8601")
-        frames.append(records(filter_runs(kept, filters).to_dict("records"), BATCH_TABLE))
+        frames.append(records(filter_runs(kept, filters).to_dict("records"), BATCH_DIR))
     found = [f for f in frames if len(f)]
     if not found:
         return frames[0]
