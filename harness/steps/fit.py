@@ -69,7 +69,7 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
     solution = lsq_linear(design.matrix[:, used] * w[:, None], y * w, bounds=(0.0, np.inf), method="bvls")
     coef = np.zeros(design.matrix.shape[1])
     coef[used] = solution.x
-    values = {name: float(v) for name, v in zip(design.names, coef)}
+    values = {name: max(0.0, float(v)) for name, v in zip(design.names, coef)}  # BVLS can end a hair below 0
     at_bound = [name for name, i in zip(design.names, range(len(coef))) if i in used and coef[i] <= 0.0
                 and not name.startswith("knee")]
     predicted = design.matrix @ coef
