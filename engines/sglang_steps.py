@@ -62,7 +62,7 @@ def fpm_step(metrics: Any, reader: StatReader) -> dict[str, Any] | None:
         return None   # the idle heartbeat
     return {"dt": float(wall), "running": prefill_seqs + decode, "decode": decode, "prefill": prefill,
             "prefill_seqs": prefill_seqs, "waiting": -1 if None in waiting else int(sum(waiting)),
-            "context": decode_kv + prefix + prefill}
+            "context": decode_kv + prefix + prefill, "decode_context": decode_kv}
 
 
 class FpmListener:

@@ -244,7 +244,7 @@ class SimEngine(Engine):
         def on_step(step: StepShape, seconds: float, preempted: int) -> None:
             self.step_trace.record(running=step.seqs, decode=step.decode, prefill=step.prefill,
                                    prefill_seqs=step.seqs - step.decode, kv_tokens=step.kv_tokens,
-                                   context=step.context,
+                                   context=step.context, decode_context=step.decode_context,
                                    encoder_tokens=step.encoder_tokens, preempted=preempted, dt=seconds,
                                    end=(self.step_trace.last_end or 0.0) + seconds)
 

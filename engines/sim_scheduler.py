@@ -220,11 +220,13 @@ class Scheduler:
 
     def _shape(self, scheduled: list[tuple[SimRequest, int]]) -> StepShape:
         """What a step holds; a request counts as prefilling until its first token (as vLLM counts it)."""
-        tokens, pairs, context, prefill, prefill_seqs, encoder = 0, 0.0, 0, 0, 0, 0
+        tokens, pairs, context, decode_context, prefill, prefill_seqs, encoder = 0, 0.0, 0, 0, 0, 0, 0
         for r, n in scheduled:
             tokens += n
             pairs += n * (r.computed + (n + 1) / 2)
             context += r.computed + n
+            if r.generated > 0:
+                decode_context += r.computed + n
             if r.generated == 0:
                 prefill += n
                 prefill_seqs += 1
@@ -233,7 +235,7 @@ class Scheduler:
                 r.encode = False
         held = (self.config.num_blocks - 1 - self.pool.num_free()) * self.config.block_size
         return StepShape(tokens, len(scheduled), pairs, float(held), prefill, len(scheduled) - prefill_seqs, encoder,
-                         float(context))
+                         float(context), float(decode_context))
 
     def _schedule(self, waiting: deque[SimRequest], running: list[SimRequest]) -> list[tuple[SimRequest, int]]:
         cfg, pool, bs = self.config, self.pool, self.config.block_size

@@ -10,7 +10,9 @@ steps of the real engine (``engines.steptrace``), not operators:
   curve, ``token_s`` per token plus ``Σ slope·max(0, tokens − knee)`` (flat-then-rising on a GPU,
   growing with the batch on a CPU);
 - ``prefill``: extra per prompt token computed (attention over the prompt);
-- ``attention``: per context token the step's sequences attend over (``StepShape.attended``);
+- ``prefill_attention``: per (prompt token, context token) pair of the step's prefill chunks
+  (``StepShape.prefill_pairs``: quadratic in the prompt's length);
+- ``attention``: per context token the decoding sequences attend over (``StepShape.attended``);
 - ``kv_cache``: per token of KV cache in use (a prefix shared by many sequences counts once: on a
   CPU its blocks stay in cache while every sequence reads them);
 - ``vision``: per vision-encoder output token (images).
@@ -25,7 +27,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, NamedTuple
 
-PARTS = ("step", "sequences", "linear", "prefill", "attention", "kv_cache", "vision")
+PARTS = ("step", "sequences", "linear", "prefill", "prefill_attention", "attention", "kv_cache", "vision")
 
 
 class StepShape(NamedTuple):
@@ -39,11 +41,23 @@ class StepShape(NamedTuple):
     decode: int = 0           # sequences generating a token
     encoder_tokens: int = 0   # vision-encoder output tokens computed
     context: float = -1.0     # the sequences' context tokens, summed (-1: unknown; then ``kv_tokens`` stands in)
+    decode_context: float = -1.0  # the decoding sequences' part of ``context`` (-1: unknown)
 
     @property
     def attended(self) -> float:
-        """What attention reads: the summed context where known, else the KV cache in use."""
-        return self.context if self.context >= 0 else self.kv_tokens
+        """What decode attention reads: the decoding sequences' context where known, else all the step's
+        context, else the KV cache in use."""
+        if self.decode_context >= 0:
+            return self.decode_context
+        return self.context if self.context >= 0 else max(self.kv_tokens, 0.0)
+
+    @property
+    def prefill_pairs(self) -> float:
+        """Prefill attention's (query, context) pairs, about: prefill tokens × the prefilling sequences' mean
+        context (0 where the split of context is unknown)."""
+        if self.decode_context < 0 or self.context < 0 or self.prefill <= 0:
+            return 0.0
+        return self.prefill * max(self.context - self.decode_context, 0.0) / max(self.seqs - self.decode, 1)
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,7 @@ class StepModel:
     token_s: float = 0.0
     knees: tuple[tuple[float, float], ...] = ()   # (tokens, added seconds per token beyond)
     prefill_token_s: float = 0.0
+    prefill_pair_s: float = 0.0   # per prefill attention pair
     kv_token_s: float = 0.0       # per context token attended
     kv_held_s: float = 0.0        # per token of KV cache in use
     encoder_token_s: float = 0.0
@@ -68,7 +83,8 @@ class StepModel:
         """Seconds of each named part of step ``s``."""
         linear = self.token_s * s.tokens + sum(slope * max(0.0, s.tokens - knee) for knee, slope in self.knees)
         return {"step": self.step_s, "sequences": self.seq_s * s.seqs, "linear": linear,
-                "prefill": self.prefill_token_s * s.prefill, "attention": self.kv_token_s * s.attended,
+                "prefill": self.prefill_token_s * s.prefill, "prefill_attention": self.prefill_pair_s * s.prefill_pairs,
+                "attention": self.kv_token_s * s.attended,
                 "kv_cache": self.kv_held_s * max(s.kv_tokens, 0.0),
                 "vision": self.encoder_token_s * s.encoder_tokens}
 
@@ -96,7 +112,8 @@ class StepModel:
         values["knees"] = tuple((float(k), float(v)) for k, v in values.get("knees") or ())
         values["at_bound"] = tuple(values.get("at_bound") or ())
         values["seen"] = {k: float(v) for k, v in (values.get("seen") or {}).items()}
-        for name in ("step_s", "seq_s", "token_s", "prefill_token_s", "kv_token_s", "kv_held_s", "encoder_token_s"):
+        for name in ("step_s", "seq_s", "token_s", "prefill_token_s", "prefill_pair_s", "kv_token_s", "kv_held_s",
+                     "encoder_token_s"):
             if float(values.get(name) or 0.0) < 0:
                 raise ValueError(f"step-model {name} = {values[name]} is negative; every part is >= 0")
         if any(slope < 0 for _, slope in values["knees"]):

@@ -17,7 +17,8 @@ Columns (``STEP_FIELDS``), one value per step:
   ``prefill_seqs``: sequences prefilling;
 - ``kv_tokens``: tokens of KV cache in use after the step (-1: unknown);
 - ``context``: the step's sequences' context tokens, summed (what attention reads; a prefix shared by
-  many sequences counts once per sequence, unlike ``kv_tokens``; -1: unknown);
+  many sequences counts once per sequence, unlike ``kv_tokens``; -1: unknown); ``decode_context``:
+  the decoding sequences' part of it (-1: unknown);
 - ``encoder_tokens``: vision-encoder output tokens computed in the step (images);
 - ``preempted``: requests preempted in the step.
 
@@ -34,7 +35,7 @@ import time
 from typing import Any
 
 STEP_FIELDS = ("weight", "t", "dt", "running", "waiting", "decode", "prefill", "prefill_seqs", "kv_tokens",
-               "context", "encoder_tokens", "preempted")
+               "context", "decode_context", "encoder_tokens", "preempted")
 RAW_LIMIT = 100_000
 _SUMMED = STEP_FIELDS[1:]
 
@@ -63,7 +64,8 @@ class StepRecorder:
         self.last_end = self.clock()
 
     def record(self, *, running: int, decode: int, prefill: int, prefill_seqs: int = 0, waiting: int = -1,
-               kv_tokens: float = -1, context: float = -1, encoder_tokens: int = 0, preempted: int = 0,
+               kv_tokens: float = -1, context: float = -1, decode_context: float = -1, encoder_tokens: int = 0,
+               preempted: int = 0,
                dt: float | None = None, end: float | None = None) -> None:
         """One step that ended at ``end`` (default: now). ``dt`` default: since the previous step's end
         (or ``begin``); give it where the engine timed the step itself."""
@@ -72,7 +74,7 @@ class StepRecorder:
             dt = end - self.last_end if self.last_end is not None else 0.0
         self.last_end = end
         self._add((1.0, end - self.origin, max(dt, 0.0), running, waiting, decode, prefill, prefill_seqs, kv_tokens,
-                   context, encoder_tokens, preempted))
+                   context, decode_context, encoder_tokens, preempted))
 
     def extend(self, trace: dict[str, list[float]] | None) -> None:
         """Add a taken trace's lines (another recorder's, e.g. a shard's), aggregating past the limit as ``record``."""
@@ -84,7 +86,7 @@ class StepRecorder:
             self.rows.append(row)
             return
         n = row[0]
-        key = (_bucket(row[5]), _bucket(row[6]), _bucket(max(row[9], row[8], 0)), row[10] > 0)
+        key = (_bucket(row[5]), _bucket(row[6]), _bucket(max(row[9], row[8], 0)), row[11] > 0)
         sums = self.bins.setdefault(key, [0.0] * len(STEP_FIELDS))
         sums[0] += n
         for i in range(1, len(row)):

@@ -194,19 +194,22 @@ class StepLogger:
             decode=details.num_generation_requests, prefill=details.num_ctx_tokens,
             prefill_seqs=details.num_ctx_requests,
             kv_tokens=usage * self.kv_tokens if usage is not None and self.kv_tokens else -1,
-            context=self.context(), encoder_tokens=getattr(details, "num_encoder_output_tokens", 0) or 0,
+            **self.context(), encoder_tokens=getattr(details, "num_encoder_output_tokens", 0) or 0,
             preempted=getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
 
-    def context(self) -> float:
-        """The running requests' computed tokens, summed, where the engine core is in this process (its
-        scheduler's ``running`` list); -1 where it is a child process (the trace's KV usage stands in)."""
+    def context(self) -> dict[str, float]:
+        """``context``: the running requests' computed tokens, summed, and ``decode_context``: those of the
+        requests that decoded in this step (two or more output tokens now), where the engine core is in this
+        process (its scheduler's ``running`` list); -1 where it is a child process (KV usage stands in)."""
         running = getattr(self.scheduler, "running", None)
         if running is None:
-            return -1
+            return {"context": -1, "decode_context": -1}
         try:
-            return float(sum(r.num_computed_tokens for r in running))
+            computed = [(r.num_computed_tokens, r.num_output_tokens) for r in running]
         except (AttributeError, TypeError):
-            return -1
+            return {"context": -1, "decode_context": -1}
+        return {"context": float(sum(c for c, _ in computed)),
+                "decode_context": float(sum(c for c, out in computed if out >= 2))}
 
     def log(self) -> None:
         """Nothing to print: the trace goes to the worker."""

@@ -22,7 +22,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import lsq_linear
 
-from engines.stepmodel import StepModel
+from engines.stepmodel import StepModel, StepShape
 
 KNEE_FRACTIONS = (0.125, 0.25, 0.5, 0.75)  # knees at these fractions of the largest step's tokens
 MIN_INTERVAL = 0.02
@@ -43,10 +43,13 @@ def features(frame: pd.DataFrame, knees: list[float]) -> Design:
     for i, knee in enumerate(knees):
         columns[f"knee{i}"] = np.maximum(0.0, tokens - knee)
     columns["prefill_token_s"] = frame["prefill"].to_numpy(float)
-    context = frame["context"].to_numpy(float) if "context" in frame else np.full(len(frame), -1.0)
-    held = np.clip(frame["kv_tokens"].to_numpy(float), 0, None)
-    columns["kv_token_s"] = np.clip(np.where(context >= 0, context, held), 0, None)
-    columns["kv_held_s"] = held
+    shapes = [StepShape(tokens=0, seqs=int(r.running), kv_tokens=float(r.kv_tokens), prefill=int(r.prefill),
+                        decode=int(r.decode), context=float(getattr(r, "context", -1.0)),
+                        decode_context=float(getattr(r, "decode_context", -1.0)))
+              for r in frame.itertuples(index=False)]
+    columns["prefill_pair_s"] = np.array([s.prefill_pairs for s in shapes])
+    columns["kv_token_s"] = np.array([s.attended for s in shapes])
+    columns["kv_held_s"] = np.clip(frame["kv_tokens"].to_numpy(float), 0, None)
     columns["encoder_token_s"] = frame["encoder_tokens"].to_numpy(float)
     return Design(np.column_stack(list(columns.values())), list(columns), knees)
 
@@ -80,9 +83,10 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
     return StepModel(
         step_s=values["step_s"], seq_s=values["seq_s"], token_s=values["token_s"],
         knees=tuple((k, values[f"knee{i}"]) for i, k in enumerate(knees) if values[f"knee{i}"] > 0),
-        prefill_token_s=values["prefill_token_s"], kv_token_s=values["kv_token_s"], kv_held_s=values["kv_held_s"],
+        prefill_token_s=values["prefill_token_s"], prefill_pair_s=values["prefill_pair_s"],
+        kv_token_s=values["kv_token_s"], kv_held_s=values["kv_held_s"],
         encoder_token_s=values["encoder_token_s"],
-        seen={"tokens": top, "seqs": float(frame["running"].max()), "context": float(design.matrix[:, -3].max())},
+        seen={"tokens": top, "seqs": float(frame["running"].max()), "context": float(design.matrix[:, design.names.index("kv_token_s")].max())},
         interval=interval, at_bound=tuple(at_bound), host_id=host_id,
         source=source or f"{len(traces)} run(s), {int(weight.sum())} steps, fitted "
                          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
@@ -94,7 +98,8 @@ def run_errors(model: StepModel, traces: dict[str, pd.DataFrame]) -> dict[str, f
     for run, trace in traces.items():
         design = features(trace, [k for k, _ in model.knees])
         coef = np.array([model.step_s, model.seq_s, model.token_s, *[s for _, s in model.knees],
-                         model.prefill_token_s, model.kv_token_s, model.kv_held_s, model.encoder_token_s])
+                         model.prefill_token_s, model.prefill_pair_s, model.kv_token_s, model.kv_held_s,
+                         model.encoder_token_s])
         predicted = float(np.sum(design.matrix @ coef * trace["weight"].to_numpy(float)))
         out[run] = predicted / float(np.sum(trace["dt"] * trace["weight"])) - 1
     return out

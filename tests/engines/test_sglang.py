@@ -335,7 +335,7 @@ def test_a_pass_reads_as_a_step_by_its_recorded_names():
     step = fpm_step(decode_fpm(json.dumps(fpm(prefill=(2, 90, 30), decode=(5, 700), queued=(4, 1), wall=0.03))),
                     reader)
     assert step == {"dt": 0.03, "running": 7, "decode": 5, "prefill": 90, "prefill_seqs": 2, "waiting": 5,
-                    "context": 700 + 30 + 90}
+                    "context": 700 + 30 + 90, "decode_context": 700}
     assert fpm_step(decode_fpm(json.dumps(fpm())), reader) is None, "the idle heartbeat is no step"
     partial = RecordedObject(SNAPSHOT, "ForwardPassMetrics", wall_time=0.01, queued_requests=None,
                              scheduled_requests=RecordedObject(SNAPSHOT, "ScheduledRequestMetrics",
