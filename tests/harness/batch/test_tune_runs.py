@@ -136,3 +136,22 @@ def test_the_run_log_reads_lines_with_derived_or_unknown_keys_and_old_lines_with
         f.write(json.dumps(old) + "\n" + json.dumps(newer) + "\n")
     kept, before, after = log.read()
     assert kept.engines_kept and not before.engines_kept and after.label == "trial 1"
+
+
+def test_a_draining_runs_full_engine_rate_is_what_the_engine_keeps_fed_without_end(tmp_path, model_dir) -> None:
+    """A 320-request trial on 256 seats is about one draining batch: its own rate reads the config low. Its
+    full-engine rate, from its steps, is within 10% of a 20,000-request run of the same config (ramp-up and drain
+    a small part of it); the trial's plain rate is well below."""
+    from harness.batch.tune_predict import full_engine_rate, save_run
+
+    knobs = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 1024, "kv_cache_memory_bytes": 1 << 34}
+    hardware = {"name": "cpu", "kind": "cpu", "peak_flops_bf16": 1e12, "bandwidth_bytes_s": 1e11}
+    trial = _requests(_lengths(320, 0), 0)
+    trace, seconds = _sim_run(trial, 256)
+    save_run(tmp_path, "trial 0", trace, knobs, 1, [0])
+    full = full_engine_rate(tmp_path, "trial 0", trial, {"name": "t", "local_dir": str(model_dir)}, hardware)
+    long = _requests(_lengths(20_000, 7), 7)
+    _, long_seconds = _sim_run(long, 256)
+    fed = sum(r.max_tokens for r in long) / long_seconds
+    assert full / fed == pytest.approx(1.0, abs=0.10)
+    assert sum(r.max_tokens for r in trial) / seconds < 0.8 * fed, "the trial's own rate is its drain"
