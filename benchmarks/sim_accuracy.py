@@ -78,11 +78,42 @@ def settings(batch_file: Path) -> list[tuple[str, str, list[str]]]:
     ]
 
 
+def fresh_settings(batch_file: Path) -> list[tuple[str, str, list[str]]]:
+    """A second held-out set, for a model structure settled on ``settings``' held-out set: other seeds,
+    knob values and shapes, none of them looked at while the step model's parts were chosen."""
+    file = ["workload=file", f"workload.path={batch_file}", "workload.sampling=benchmark", "run.warmup_requests=0"]
+    return [
+        ("unique seqs=6 n=48", "held", [*UNIQUE, "engine.knobs.max_num_seqs=6", "workload.num_requests=48",
+                                        "workload.seed=11"]),
+        ("unique seqs=24 outputs 64-160", "held", [*UNIQUE, "engine.knobs.max_num_seqs=24", "workload.seed=12",
+                                                   "workload.output_len={kind: uniform, low: 64, high: 160}"]),
+        ("unique seqs=96 tokens=1024", "held", [*UNIQUE, "engine.knobs.max_num_seqs=96", "workload.seed=13",
+                                                "engine.knobs.max_num_batched_tokens=1024"]),
+        ("unique seqs=256 n=600 prompts 16-96", "held", [*UNIQUE, "workload.num_requests=600", "workload.seed=14",
+                                                         "workload.input_len={kind: uniform, low: 16, high: 96}"]),
+        ("unique KV 3 MiB seqs=48 (preempts)", "held", [*UNIQUE, f"hardware.canonical.kv_memory_bytes={3 * MiB}",
+                                                        "engine.knobs.max_num_seqs=48", "workload.seed=15",
+                                                        "model.canonical.context_length=512"]),
+        ("prefix_heavy 16 groups of 384", "held", ["workload=prefix_heavy", "workload.num_groups=16",
+                                                   "workload.prompts_per_group=8", "workload.seed=16",
+                                                   "workload.prefix_len={kind: fixed, value: 384}"]),
+        ("prefix_heavy seqs=48 grouped", "held", ["workload=prefix_heavy", "engine.knobs.max_num_seqs=48",
+                                                  "workload.arrival=grouped", "workload.seed=17"]),
+        ("openai batch long-tailed seqs=64", "held", [*file, "engine.knobs.max_num_seqs=64"]),
+        ("multimodal seqs=32 n=96", "held", [*MM, "engine.knobs.max_num_seqs=32", "workload.num_requests=96",
+                                             "workload.seed=18"]),
+        ("multimodal seqs=4 3 images", "held", [*MM, "engine.knobs.max_num_seqs=4", "workload.images_per_request=3",
+                                                "workload.seed=19", "workload.num_requests=32"]),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="sim_accuracy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--only-fit", action="store_true", help="reuse rows already in --results (no new runs)")
+    parser.add_argument("--fresh", type=Path, default=None,
+                        help="a results folder whose fit rows are reused: run and judge fresh_settings instead")
     parser.add_argument("--passes", choices=["best", "median"], default="best",
                         help="each run's fastest timed pass (default: on a shared host other work only slows a "
                              "pass down), both for the steps fitted and the rate measured; or the row's median")
@@ -95,7 +126,17 @@ def main(argv: list[str] | None = None) -> int:
     done = args.results / "rows.json"
     if done.exists():
         rows = json.loads(done.read_text())
-    for name, role, overrides in settings(batch_file):
+    todo = settings(batch_file)
+    if args.fresh is not None:   # the fit rows (and their traces) of an earlier results folder, and a fresh held-out set
+        earlier = json.loads((args.fresh / "rows.json").read_text())
+        rows = {**{n: r for n, r in earlier.items() if r["role"] == "fit"}, **rows}
+        for row in rows.values():
+            source = args.fresh / "steps" / f"{row['run_id']}.parquet"
+            if row["role"] == "fit" and source.exists() and not (args.results / "steps" / source.name).exists():
+                (args.results / "steps").mkdir(parents=True, exist_ok=True)
+                (args.results / "steps" / source.name).write_bytes(source.read_bytes())
+        todo = fresh_settings(batch_file)
+    for name, role, overrides in todo:
         if name in rows or args.only_fit:
             continue
         cfg = compose(*overrides, f"run.results_dir={args.results}", f"run.repeats={args.repeats}",

@@ -26,7 +26,7 @@ import pandas as pd
 from engines.base import Request
 from harness.steps.fit import fit_step_model
 from harness.steps.predict import full_engine_rate as replayed_full_rate
-from harness.steps.predict import cycled, replay
+from harness.steps.predict import cycled, replay, sim_engine
 from harness.steps.store import trace_frame
 
 log = logging.getLogger("troughput.batch.tune")
@@ -102,7 +102,8 @@ def predict_rest(root: Path, labels: Sequence[str], load_requests: Callable[[set
         return empty
     model = fit_step_model(traces)
     share = -(-requests_left // max(engines, 1))
-    rest = cycled(sample, min(share, REPLAY_CAP), prefix="rest-")
+    keep = sim_engine(None, main_knobs, model_cfg, hardware_spec).setup.image_token_id()
+    rest = cycled(sample, min(share, REPLAY_CAP), prefix="rest-", keep=keep)
     run = replay(model, rest, main_knobs, model_cfg, hardware_spec)
     seconds, tokens = run.seconds, run.output_tokens
     if share > len(rest):  # the requests past the cap at the full-engine rate (no second drain)

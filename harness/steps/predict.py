@@ -88,20 +88,27 @@ def full_engine_rate(model: StepModel | None, requests: Sequence[Request], knobs
     """Output tok/s with the engine kept full: (tokens(2n) − tokens(n)) ÷ (seconds(2n) − seconds(n))."""
     probe = sim_engine(model, knobs, model_cfg, hardware_spec)
     n = max(len(requests), CYCLE_MIN_FILLS * probe.setup.max_seqs)
-    first = replay(model, cycled(requests, n), knobs, model_cfg, hardware_spec)
-    second = replay(model, cycled(requests, 2 * n), knobs, model_cfg, hardware_spec)
+    keep = probe.setup.image_token_id()
+    first = replay(model, cycled(requests, n, keep=keep), knobs, model_cfg, hardware_spec)
+    second = replay(model, cycled(requests, 2 * n, keep=keep), knobs, model_cfg, hardware_spec)
     span = second.seconds - first.seconds
     rate = (second.output_tokens - first.output_tokens) / span if span > 0 else second.rate
     return rate, second
 
 
-def cycled(requests: Sequence[Request], n: int, prefix: str = "c") -> list[Request]:
+def cycled(requests: Sequence[Request], n: int, prefix: str = "c", keep: int | None = None) -> list[Request]:
     """``n`` requests, cycling through ``requests``. Each pass over them is a new set of prompts (token ids
-    shifted per pass), so that a prompt never hits the prefix cache on its own earlier copy; prompts that
-    share a prefix within one pass still share it, as a new group would in the rest of a job."""
+    shifted per pass, but the image placeholder ``keep``, and images renamed), so that a prompt never hits the
+    prefix cache, nor an image the encoder cache, on its own earlier copy; prompts that share a prefix within
+    one pass still share it, as a new group would in the rest of a job."""
     size = len(requests)
-    return [replace(r, id=f"{prefix}{i}", prompt_token_ids=[t + (i // size) * CYCLE_SHIFT for t in r.prompt_token_ids])
-            if i >= size else replace(r, id=f"{prefix}{i}") for i in range(n) for r in [requests[i % size]]]
+
+    def shifted(r: Request, k: int) -> Request:
+        return replace(r, prompt_token_ids=[t if t == keep else t + k * CYCLE_SHIFT for t in r.prompt_token_ids],
+                       images=[f"{path}#{k}" for path in r.images])
+
+    return [replace(shifted(requests[i % size], i // size) if i >= size else requests[i], id=f"{prefix}{i}")
+            for i in range(n)]
 
 
 def prediction_columns(name: str, predicted: float | None, measured: float | None, unit: str,
