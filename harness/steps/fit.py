@@ -10,7 +10,8 @@ an outlier: a slow step (the first large batch of a process, a pause of the host
 what a run costs, and small batches, rare in a trace, are exactly where a prediction of a
 draining run needs them. The interval of
 a run-total prediction is taken from the fit's residuals over whole runs: twice the
-root-mean-square relative error of each training run's summed step seconds, at least 2%.
+root-mean-square relative error of each training run's summed step seconds, each run predicted by a fit
+without it (k-fold over runs, from 3 runs; at least 2%).
 """
 
 from __future__ import annotations
@@ -68,18 +69,11 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
     used = [i for i in range(design.matrix.shape[1]) if np.any(design.matrix[:, i] != design.matrix[0, i]) or i == 0]
     weight = frame["weight"].to_numpy(float)
     y = frame["dt"].to_numpy(float)
-    w = np.sqrt(weight)
-    solution = lsq_linear(design.matrix[:, used] * w[:, None], y * w, bounds=(0.0, np.inf), method="bvls")
-    coef = np.zeros(design.matrix.shape[1])
-    coef[used] = solution.x
+    coef = _solve(design.matrix, y, weight, used)
     values = {name: max(0.0, float(v)) for name, v in zip(design.names, coef)}  # BVLS can end a hair below 0
     at_bound = [name for name, i in zip(design.names, range(len(coef))) if i in used and coef[i] <= 0.0
                 and not name.startswith("knee")]
-    predicted = design.matrix @ coef
-    frame = frame.assign(predicted=predicted * weight, measured=y * weight)
-    totals = frame.groupby("run")[["predicted", "measured"]].sum()
-    errors = (totals["predicted"] / totals["measured"] - 1).to_numpy()
-    interval = max(MIN_INTERVAL, 2 * float(np.sqrt(np.mean(errors ** 2))))
+    interval = _interval(frame["run"].to_numpy(), design.matrix, y, weight, used, coef)
     return StepModel(
         step_s=values["step_s"], seq_s=values["seq_s"], token_s=values["token_s"],
         knees=tuple((k, values[f"knee{i}"]) for i, k in enumerate(knees) if values[f"knee{i}"] > 0),
@@ -90,6 +84,31 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
         interval=interval, at_bound=tuple(at_bound), host_id=host_id,
         source=source or f"{len(traces)} run(s), {int(weight.sum())} steps, fitted "
                          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+
+
+def _solve(matrix: np.ndarray, y: np.ndarray, weight: np.ndarray, used: list[int]) -> np.ndarray:
+    """Weighted least squares with every coefficient ≥ 0 (bounded-variable least squares)."""
+    w = np.sqrt(weight)
+    coef = np.zeros(matrix.shape[1])
+    coef[used] = lsq_linear(matrix[:, used] * w[:, None], y * w, bounds=(0.0, np.inf), method="bvls").x
+    return coef
+
+
+def _interval(runs: np.ndarray, matrix: np.ndarray, y: np.ndarray, weight: np.ndarray, used: list[int],
+              coef: np.ndarray) -> float:
+    """Relative half-width of a run-total prediction: twice the root-mean-square error of each run's summed
+    step seconds, each run predicted by a fit without it (up to 5 folds) where there are 3 runs or more, else
+    by the fit itself (in sample, too narrow); at least ``MIN_INTERVAL``."""
+    names = sorted(set(runs))
+    folds = [names[i::min(len(names), 5)] for i in range(min(len(names), 5))] if len(names) >= 3 else [[]]
+    errors = []
+    for fold in folds:
+        out = np.isin(runs, fold)
+        fitted = _solve(matrix[~out], y[~out], weight[~out], used) if fold else coef
+        for run in fold or names:
+            mine = runs == run
+            errors.append(float(np.sum(matrix[mine] @ fitted * weight[mine]) / np.sum(y[mine] * weight[mine]) - 1))
+    return max(MIN_INTERVAL, 2 * float(np.sqrt(np.mean(np.square(errors)))))
 
 
 def run_errors(model: StepModel, traces: dict[str, pd.DataFrame]) -> dict[str, float]:
