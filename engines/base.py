@@ -149,6 +149,9 @@ class Engine(abc.ABC):
     # worker takes each timed pass's steps from it. An adapter that cannot says why in ``step_trace_gap``.
     records_steps: bool = False
     step_trace_gap: str = "this adapter does not record engine steps"
+    # "vllm-v1" where the simulator's scheduler (engines.sim_scheduler) replays how it schedules, so that its
+    # step trace may be replayed for predictions (a full-engine rate, the rest of a job); None: not replayed.
+    schedules_like: str | None = None
 
     def __init__(self, model: dict[str, Any], knobs: dict[str, Any]):
         self.model = model

@@ -47,7 +47,9 @@ def start_engine(job: dict[str, Any]) -> tuple[Engine, dict[str, Any]]:
     """The job's engine, validated and started; with its ``StartInfo`` as a dict."""
     engine = get_engine_class(job["engine"])(job["model"], job.get("knobs") or {})
     engine.validate()
-    return engine, asdict(engine.start())
+    start = asdict(engine.start())
+    start["extra"]["scheduler"] = engine.schedules_like   # whether the simulator can replay its steps
+    return engine, start
 
 
 def screen(engine: Engine, requests: list[Request]) -> dict[str, str]:

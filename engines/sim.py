@@ -198,6 +198,7 @@ class SimEngine(Engine):
 
     name = "sim"
     records_steps = True
+    schedules_like = "vllm-v1"
 
     def validate(self) -> None:
         """Knob names and values, and that the model's architecture is known; no simulation yet."""

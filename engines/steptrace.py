@@ -31,6 +31,7 @@ not): each such line is the mean of its steps with ``weight`` = their count, so 
 from __future__ import annotations
 
 import math
+import threading
 import time
 from typing import Any
 
@@ -52,6 +53,7 @@ class StepRecorder:
         self.limit, self.clock = limit, clock
         self.origin = clock()
         self.last_end: float | None = None
+        self.lock = threading.Lock()   # an engine's feeder thread records while the worker takes
         self._reset()
 
     def _reset(self) -> None:
@@ -70,16 +72,19 @@ class StepRecorder:
         """One step that ended at ``end`` (default: now). ``dt`` default: since the previous step's end
         (or ``begin``); give it where the engine timed the step itself."""
         end = self.clock() if end is None else end
-        if dt is None:
-            dt = end - self.last_end if self.last_end is not None else 0.0
-        self.last_end = end
-        self._add((1.0, end - self.origin, max(dt, 0.0), running, waiting, decode, prefill, prefill_seqs, kv_tokens,
-                   context, decode_context, encoder_tokens, preempted))
+        with self.lock:
+            if dt is None:
+                dt = end - self.last_end if self.last_end is not None else 0.0
+            self.last_end = end
+            self._add((1.0, end - self.origin, max(dt, 0.0), running, waiting, decode, prefill, prefill_seqs, kv_tokens,
+                       context, decode_context, encoder_tokens, preempted))
 
     def extend(self, trace: dict[str, list[float]] | None) -> None:
         """Add a taken trace's lines (another recorder's, e.g. a shard's), aggregating past the limit as ``record``."""
-        for row in zip(*(trace[name] for name in STEP_FIELDS)) if trace and trace.get("weight") else ():
-            self._add(tuple(float(v) for v in row))
+        rows = list(zip(*(trace[name] for name in STEP_FIELDS))) if trace and trace.get("weight") else []
+        with self.lock:
+            for row in rows:
+                self._add(tuple(float(v) for v in row))
 
     def _add(self, row: tuple[float, ...]) -> None:
         if len(self.rows) < self.limit and row[0] == 1.0:
@@ -97,17 +102,22 @@ class StepRecorder:
 
     def snapshot(self) -> dict[str, list[float]]:
         """The steps since the last take, as columns (``STEP_FIELDS``); an aggregated line holds its steps' means."""
+        with self.lock:
+            return self._columns()
+
+    def take(self) -> dict[str, list[float]]:
+        """``snapshot``, and the recorder starts empty again."""
+        with self.lock:
+            trace = self._columns()
+            self._reset()
+        return trace
+
+    def _columns(self) -> dict[str, list[float]]:
         rows = list(self.rows)
         for sums in self.bins.values():
             n = sums[0]
             rows.append((n, *(v / n for v in sums[1:])))
         return {name: [row[i] for row in rows] for i, name in enumerate(STEP_FIELDS)}
-
-    def take(self) -> dict[str, list[float]]:
-        """``snapshot``, and the recorder starts empty again."""
-        trace = self.snapshot()
-        self._reset()
-        return trace
 
 
 def empty_trace() -> dict[str, list[float]]:

@@ -34,6 +34,7 @@ class VllmEngine(Engine):
     name = "vllm"
     label = "vLLM"
     records_steps = True
+    schedules_like = "vllm-v1"
     supports_sampling = True
     supports_constraints = True
     preload_modules = ("vllm.entrypoints.llm",)   # `from vllm import LLM`: torch, transformers and vLLM
@@ -68,7 +69,7 @@ class VllmEngine(Engine):
         startup_s = time.perf_counter() - t0
         self.started = True
         config = self.llm.llm_engine.vllm_config
-        attach_step_logger(self.llm.llm_engine, self.step_trace, config, self.stat_reader)
+        self.step_logger = attach_step_logger(self.llm.llm_engine, self.step_trace, config, self.stat_reader)
         compilation = config.compilation_config
         compile_s = compilation.compilation_time + compilation.encoder_compilation_time
         # The dtype that runs, as resolved by vLLM: "auto" turns a float32 checkpoint into bf16 on CPU.
@@ -76,6 +77,7 @@ class VllmEngine(Engine):
                          extra={"block_size": config.cache_config.block_size,
                                 # what it runs at once: sequences, and tokens of KV cache (in-job tuning's run fill)
                                 "max_num_seqs": config.scheduler_config.max_num_seqs * _dp(config),
+                                "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
                                 "kv_cache_tokens": _kv_cache_tokens(config.cache_config) if _dp(config) == 1 else None,
                                 "dtype": dtype_name(config.model_config.dtype),
                                 "grammar_backend": config.structured_outputs_config.backend})
@@ -85,7 +87,7 @@ class VllmEngine(Engine):
         prompts = [self._prompt(r) for r in requests]
         params = [self._params(r) for r in requests]
         finish_times: list[float] = []
-        self.step_trace.begin()
+        self.arm_steps()
         outputs = self.llm.generate(prompts, params, use_tqdm=_progress_recorder(finish_times, on_finish))
         # vLLM returns outputs in request order; finish times are known in finishing order only.
         completions = [to_completion(request.id, output, param.detokenize, self.stat_reader)
@@ -93,6 +95,11 @@ class VllmEngine(Engine):
         for completion, finished in zip(completions, finish_times):
             completion.finished_at = finished
         return completions
+
+    def arm_steps(self) -> None:
+        """Work is about to arrive at the idle engine: its first step's time counts from then."""
+        if getattr(self, "step_logger", None) is not None:
+            self.step_logger.arm()
 
     def feeder(self) -> VllmFeeder:
         """Requests added to the running ``LLMEngine`` and stepped, shard after shard (no drain at boundaries)."""
@@ -172,15 +179,47 @@ class StepLogger:
     generation requests and tokens, encoder inputs and output tokens) and the KV-cache usage;
     they reach the front end with the step's outputs, whether the engine core runs in this
     process or in a child process, and ``LLMEngine.step`` hands them to every stat logger.
-    A step's seconds are the time between successive steps' arrivals while the engine is busy
-    (``StepRecorder.begin`` marks work arriving at an idle engine): the period at which the
-    engine completes steps, which is what its throughput is made of. (vLLM's own
-    ``elapsed_ms`` times only the wait on the model's output, which in-process on CPU has
-    already run: it misses the forward pass.)
+
+    A step ends when the engine core made its outputs (``EngineCoreOutputs.timestamp``, the
+    core's monotonic clock, read as the outputs come back: ``watch``), not when the front end
+    reads them, so steps the core ran while the front end was still adding requests keep their
+    own times. Its seconds run from the previous step's end, or from when work arrived at an
+    idle engine (``arm``): in this process, the first ``step()`` call (the core runs nothing
+    before it); in a child process, the first request handed over. A step's seconds are then
+    the period at which the engine completes steps, which is what its throughput is made of.
+    (vLLM's own ``elapsed_ms`` times only the wait on the model's output, which in-process on
+    CPU has already run: it misses the forward pass.)
     """
 
     def __init__(self, recorder: StepRecorder, kv_tokens: int | None, scheduler: Any = None):
         self.recorder, self.kv_tokens, self.scheduler = recorder, kv_tokens, scheduler
+        self.in_process = scheduler is not None
+        self.armed = False
+        self.core_end: float | None = None
+        # the core's timestamps are time.monotonic(); the recorder's clock is perf_counter: one clock on Linux
+        self.same_clock = abs(time.monotonic() - time.perf_counter()) < 1e-3
+
+    def arm(self) -> None:
+        """Work is about to arrive at an idle engine (``generate``, or a shard fed to an empty engine)."""
+        if self.in_process:
+            self.armed = True
+        else:
+            self.recorder.begin()
+
+    def watch(self, client: Any) -> None:
+        """Wrap the engine-core client's ``get_output`` to keep each step's end (its outputs' timestamp)."""
+        get_output = client.get_output
+
+        def timed_get_output(*args: Any, **kwargs: Any) -> Any:
+            if self.armed:   # in process: the core starts on the work now
+                self.recorder.begin()
+                self.armed = False
+            outputs = get_output(*args, **kwargs)
+            stamp = getattr(outputs, "timestamp", None)
+            self.core_end = float(stamp) if self.same_clock and isinstance(stamp, (int, float)) and stamp else None
+            return outputs
+
+        client.get_output = timed_get_output
 
     def record(self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None,
                engine_idx: int = 0) -> None:
@@ -195,7 +234,7 @@ class StepLogger:
             prefill_seqs=details.num_ctx_requests,
             kv_tokens=usage * self.kv_tokens if usage is not None and self.kv_tokens else -1,
             **self.context(), encoder_tokens=getattr(details, "num_encoder_output_tokens", 0) or 0,
-            preempted=getattr(iteration_stats, "num_preempted_reqs", 0) or 0)
+            preempted=getattr(iteration_stats, "num_preempted_reqs", 0) or 0, end=self.core_end)
 
     def context(self) -> dict[str, float]:
         """``context``: the running requests' computed tokens, summed, and ``decode_context``: those of the
@@ -224,18 +263,23 @@ class StepLogger:
         """Rejections are not steps."""
 
 
-def attach_step_logger(llm_engine: Any, recorder: StepRecorder, config: Any, reader: StatReader) -> None:
+def attach_step_logger(llm_engine: Any, recorder: StepRecorder, config: Any, reader: StatReader) -> StepLogger | None:
     """Add a ``StepLogger`` to the engine's stat loggers (``LLM`` takes no ``stat_loggers``; ``LLMEngine``'s
     ``logger_manager.stat_loggers`` is the list it records to), and quiet vLLM's per-step log lines."""
     manager = getattr(llm_engine, "logger_manager", None)
     loggers = getattr(manager, "stat_loggers", None)
-    if not isinstance(loggers, list):
-        reader.warn("vLLM's LLMEngine has no logger_manager.stat_loggers list: no step trace for this run")
-        return
+    client = getattr(llm_engine, "engine_core", None)
+    if not isinstance(loggers, list) or not callable(getattr(client, "get_output", None)):
+        reader.warn("vLLM's LLMEngine has no logger_manager.stat_loggers list or engine_core.get_output: "
+                    "no step trace for this run")
+        return None
     logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)  # one INFO line per step otherwise
-    core = getattr(getattr(llm_engine, "engine_core", None), "engine_core", None)  # in-process client only
-    loggers.append(StepLogger(recorder, _kv_cache_tokens(config.cache_config) if _dp(config) == 1 else None,
-                              getattr(core, "scheduler", None)))
+    core = getattr(client, "engine_core", None)  # the in-process client's EngineCore (a child process: none)
+    step_logger = StepLogger(recorder, _kv_cache_tokens(config.cache_config) if _dp(config) == 1 else None,
+                             getattr(core, "scheduler", None))
+    step_logger.watch(client)
+    loggers.append(step_logger)
+    return step_logger
 
 
 class VllmFeeder(Feeder):
@@ -262,7 +306,7 @@ class VllmFeeder(Feeder):
         self.open[shard] = state
         self.fed += 1
         if not self.llm_engine.has_unfinished_requests():
-            self.engine.step_trace.begin()  # the engine was idle: its next step counts from now
+            self.engine.arm_steps()  # the engine was idle: its next step counts from when work arrives
         for i, request in enumerate(requests):
             rid = f"{self.fed}:{i}"
             try:

@@ -170,6 +170,7 @@ def run_job(job_dir: Path) -> int:
         result["phase"] = "start"
         emit("phase", phase="start")
         result["start"] = asdict(engine.start())
+        result["start"]["extra"]["scheduler"] = engine.schedules_like   # whether the simulator can replay its steps
         warmup = requests[: int(job.get("warmup_requests", 0))]
         if warmup:
             result["phase"] = "warmup"

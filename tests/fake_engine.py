@@ -52,6 +52,8 @@ class FakeEngine(Engine):
         self._hang("start")
         self.started = True
         self.generated = 0
+        if "token_s" in self.knobs:   # it streams: a seat limit and a token a step, which the simulator replays
+            self.records_steps, self.schedules_like = True, "vllm-v1"
         cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
         return StartInfo(startup_s=0.01, engine_version="fake-1",
                          extra={"cores": cores, "replica": os.environ.get("TROUGHPUT_REPLICA", "1/1"),
@@ -96,7 +98,6 @@ class FakeEngine(Engine):
 
         from engines.feeding import AsyncFeeder
 
-        self.records_steps = True
         seats = asyncio.Semaphore(int(self.knobs.get("max_num_seqs", 8)))  # bound to the feeder's loop on first use
         running: dict[str, list] = {}   # request id -> [tokens left, its event]
         stepping: list[asyncio.Task] = []

@@ -264,7 +264,8 @@ class _Runner:
             self.started[worker] = time.monotonic()
             self.run.startup_s = max(self.run.startup_s or 0.0, event["start"].get("startup_s") or 0.0)
             extra = event["start"].get("extra") or {}
-            self.run.engine_limits.append({k: extra.get(k) for k in ("max_num_seqs", "kv_cache_tokens", "block_size")})
+            self.run.engine_limits.append({k: extra.get(k) for k in ("max_num_seqs", "kv_cache_tokens", "block_size",
+                                                                         "max_num_batched_tokens", "scheduler")})
             if len(self.started) == pool.engines:  # every worker not parked
                 self.t_ready = time.monotonic()
                 self.bar.engines_up()

@@ -54,6 +54,7 @@ from harness.batch.tune_predict import full_engine_rate, predict_rest, save_run
 from harness.batch.tune_runs import (RunLog, RunRecord, concurrency, confirm_shards, probe_requests, sample_order,
                                      sample_requests, sample_summary, shards_per_run)
 from harness.core.errors import TroughputError
+from harness.run.stepmodels import REPLAYABLE
 from harness.steps.predict import prediction_columns
 from harness.quality.agreement import columns as agreement_columns
 from harness.report.verdict import INSUFFICIENT, Verdict, compare
@@ -299,7 +300,7 @@ class InJobTuning:
         saved = save_run(self.root, label, run.steps.snapshot(),
                          {**plan.knobs, **{f"engine_{k}": v for k, v in limits.items() if v}},
                          max(len(run.engine_limits), 1), committed)
-        if saved and kind in ("trial", "confirm") and committed:
+        if saved and kind in ("trial", "confirm") and committed and limits.get("scheduler") == REPLAYABLE:
             record.full_engine_tok_s = full_engine_rate(self.root, label, self._requests(set(committed)),
                                                         self.plan.model, self._hardware())
         run.finishes, run.engine_limits, run.lengths = [], [], []  # measured; not carried into the job's totals
@@ -453,7 +454,7 @@ class InJobTuning:
     def _predict_rest(self, chosen: dict[str, Any], requests_left: int) -> dict[str, Any]:
         """The rest of the job, replayed with the step model of the chosen config's runs (``tune_predict``)."""
         labels = [r.label for r in self.log.read() if r.kind in ("trial", "confirm") and r.values == chosen
-                  and r.status == "ok"]
+                  and r.status == "ok" and r.full_engine_tok_s]   # runs whose steps the simulator replays
         main = self.plan_for(chosen, {})
         try:
             limits = json.loads((self.root / "steps" / f"{labels[-1].replace(' ', '_')}.json").read_text())["knobs"] \

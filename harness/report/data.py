@@ -125,8 +125,11 @@ def knob_columns(frame: pd.DataFrame) -> list[str]:
 
 
 def knobs_of(row: dict[str, Any]) -> dict[str, Any]:
-    """The knob values a row set (dotted names without ``knob.``; unset knobs dropped)."""
-    return {k.removeprefix("knob."): v for k, v in sorted(row.items()) if k.startswith("knob.") and not _missing(v)}
+    """The knob values a row set (dotted names without ``knob.``; unset knobs dropped). The simulator's
+    ``calibration`` (the step model it priced steps with, refitted as traces come in) is how a prediction was
+    made, not part of the config."""
+    return {k.removeprefix("knob."): v for k, v in sorted(row.items())
+            if k.startswith("knob.") and not k.startswith("knob.calibration.") and not _missing(v)}
 
 
 def config_id(row: dict[str, Any]) -> str:

@@ -32,6 +32,7 @@ from harness.steps.store import read_trace
 log = logging.getLogger(__name__)
 
 STANDS_FOR = "vllm"   # the engine whose traces the simulator's step model is fitted to
+REPLAYABLE = "vllm-v1"  # an engine's ``schedules_like`` (engine_info.scheduler) whose steps the simulator replays
 MAX_RUNS = 40         # the newest runs a refit reads
 
 
@@ -129,12 +130,14 @@ def full_engine_columns(spec: Any, row: dict[str, Any]) -> dict[str, Any]:
     run kept no trace, failed, or was itself a prediction."""
     from harness.ordering.policies import apply_ordering
 
-    if row.get("status") != "ok" or row.get("predicted") or not row.get("steps.file") or not spec.hardware_spec:
-        return {}
+    if row.get("status") != "ok" or row.get("predicted") or not row.get("steps.file") or not spec.hardware_spec \
+            or row.get("engine_info.scheduler") != REPLAYABLE:
+        return {}   # the simulator replays vLLM's scheduling only: other engines' knobs and steps mean other things
     trace = read_trace(spec.results_dir, row["run_id"])
     if trace is None or trace.empty:
         return {}
-    limits = {f"engine_{k}": row.get(f"engine_info.{k}") for k in ("max_num_seqs", "kv_cache_tokens", "block_size")}
+    limits = {f"engine_{k}": row.get(f"engine_info.{k}")
+              for k in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size")}
     try:
         model = fit_step_model({row["run_id"]: trace[trace["replica"] == 0]})
         requests = shard_requests(apply_ordering(spec.workload.requests, spec.ordering), spec.replicas)[0]

@@ -44,10 +44,11 @@ def sim_engine(model: StepModel | None, knobs: dict[str, Any], model_cfg: dict[s
     """A started simulator for an engine's knobs (those the simulator models), priced by ``model``.
 
     ``knobs`` may also give what the real engine reported at its start, which wins over what the
-    simulator would derive: ``engine_max_num_seqs``, ``engine_kv_cache_tokens``, ``engine_block_size``.
+    simulator would derive: ``engine_max_num_seqs``, ``engine_max_num_batched_tokens``,
+    ``engine_kv_cache_tokens``, ``engine_block_size``.
     """
     sim_knobs = {k: v for k, v in knobs.items() if k in SIM_KNOBS and v is not None}
-    for name in ("max_num_seqs", "block_size"):
+    for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
         if knobs.get(f"engine_{name}"):
             sim_knobs[name] = int(knobs[f"engine_{name}"])
     sim_knobs["hardware_spec"] = hardware_spec
