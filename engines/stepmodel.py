@@ -77,6 +77,7 @@ class StepModel:
     interval: float | None = None   # relative half-width of a run-total prediction (from the fit's residuals)
     at_bound: tuple[str, ...] = ()  # parameters the fit left on their bound (0 or a physical limit)
     host_id: str | None = None      # the host whose traces it was fitted on
+    hardware: str | None = None     # the hardware config of the runs it was fitted on (a simulated H100 is another)
     source: str = ""                # what it was fitted from (runs, engine, date)
 
     def parts(self, s: StepShape) -> dict[str, float]:

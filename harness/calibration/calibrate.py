@@ -31,8 +31,9 @@ from harness.core.errors import TroughputError
 from harness.ordering.policies import apply_ordering
 from harness.run.hostspec import complete_spec
 from harness.run.results import read_rows
+from harness.run.spec import build_spec
+from harness.run.stepmodels import host_traces, spec_speed_key, this_host_id
 from harness.steps.fit import fit_step_model, run_errors
-from harness.run.stepmodels import host_traces, this_host_id
 from harness.steps.predict import replay
 
 
@@ -92,15 +93,20 @@ def calibrate(overrides: Sequence[str], dry_run: bool = False, out_dir: Path | N
 
     with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=list(overrides), return_hydra_config=True)
+        if cfg.engine.name not in ("vllm", "sim"):
+            raise TroughputError(f"the simulator replays vLLM's scheduler: its step model is fitted to vLLM's "
+                                 f"steps, not {cfg.engine.name}'s (use engine=vllm, the default)")
+        vllm_cfg = compose("config", overrides=[*overrides, "engine=vllm"])   # the runs it stands for
     choices = cfg.hydra.runtime.choices
-    engine = "vllm" if cfg.engine.name == "sim" else cfg.engine.name
+    engine = "vllm"
     results = Path(cfg.run.results_dir)
     host = this_host_id()
-    traces = host_traces(results, cfg.model.name, host, engine=engine)
-    cell = f"engine={engine} model={cfg.model.name} host {host}"
+    key = spec_speed_key(build_spec(vllm_cfg))
+    traces = host_traces(results, cfg.model.name, host, engine=engine, key=key)
+    cell = f"engine={engine} model={cfg.model.name} host {host} " + " ".join(f"{k}={v}" for k, v in key.items())
     if not traces:
         raise TroughputError(f"no step trace of {cell} in {results}/steps: run the engine here first (make run)")
-    step_model = fit_step_model(traces, host_id=host,
+    step_model = fit_step_model(traces, host_id=host, hardware=key["hardware"],
                                 source=f"troughput-calibrate, {len(traces)} {engine} run(s) of host {host}, "
                                        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
     lines = [f"Fitted by troughput-calibrate on {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC from the step traces of "

@@ -41,14 +41,36 @@ def this_host_id() -> str:
     return str(capture().get("env.host_id"))
 
 
+def speed_key(row: dict[str, Any]) -> dict[str, Any]:
+    """What besides the host, engine and model changes what a step costs, as a row has it: the hardware
+    config, the engines sharing it (replicas), the KV dtype, tensor parallelism and eager mode."""
+    return {"hardware": _plain(row.get("hardware")), "replicas": int(_plain(row.get("replicas")) or 1),
+            "kv_cache_dtype": _plain(row.get("canon.kv_cache_dtype")),
+            "tensor_parallel": int(_plain(row.get("canon.tensor_parallel")) or 1),
+            "enforce_eager": bool(_plain(row.get("knob.enforce_eager")))}
+
+
+def spec_speed_key(spec: Any) -> dict[str, Any]:
+    """``speed_key`` of a run about to start (a vLLM run, or the simulator standing for one)."""
+    from engines.knobs import canonical_view
+
+    canon = canonical_view(spec.engine, spec.knobs)
+    return speed_key({"hardware": spec.labels.get("hardware"), "replicas": spec.replicas,
+                      "canon.kv_cache_dtype": canon.get("kv_cache_dtype"),
+                      "canon.tensor_parallel": canon.get("tensor_parallel"),
+                      "knob.enforce_eager": spec.knobs.get("enforce_eager")})
+
+
 def host_traces(results_dir: str | os.PathLike, model: str | None, host_id: str, engine: str = STANDS_FOR,
-                exclude: set[str] | frozenset[str] = frozenset(), where: dict[str, Any] | None = None,
+                exclude: set[str] | frozenset[str] = frozenset(), key: dict[str, Any] | None = None,
                 limit: int = MAX_RUNS) -> dict[str, pd.DataFrame]:
-    """``{run_id: trace}`` of ok rows of ``engine`` and ``model`` on ``host_id`` that kept a trace (newest first)."""
+    """``{run_id: trace}`` of ok rows of ``engine`` and ``model`` on ``host_id`` that kept a trace (newest first),
+    and, given ``key``, whose ``speed_key`` is the same (other hardware, dtypes or engines per core cost
+    otherwise)."""
     rows = [r for r in read_rows(results_dir) if r.get("status") == "ok" and r.get("engine") == engine
             and (model is None or r.get("model") == model) and r.get("env.host_id") == host_id
             and _present(r.get("steps.file")) and r.get("run_id") not in exclude
-            and all(r.get(k) == v for k, v in (where or {}).items())]
+            and (key is None or speed_key(r) == key)]
     rows.sort(key=lambda r: str(r.get("timestamp")), reverse=True)
     traces = {}
     for row in rows[:limit]:
@@ -59,19 +81,22 @@ def host_traces(results_dir: str | os.PathLike, model: str | None, host_id: str,
 
 
 def step_model_for(results_dir: str | os.PathLike, model: str | None, given: dict[str, Any] | None = None,
-                   host_id: str | None = None, exclude: set[str] | frozenset[str] = frozenset()
-                   ) -> tuple[StepModel | None, str]:
-    """The step model to use here, and how it was chosen (a sentence for the row)."""
+                   host_id: str | None = None, exclude: set[str] | frozenset[str] = frozenset(),
+                   key: dict[str, Any] | None = None) -> tuple[StepModel | None, str]:
+    """The step model to use here, and how it was chosen (a sentence for the row). ``key`` (``speed_key``): a
+    calibration applies only where it was fitted for the same hardware config, and a refit reads only traces
+    of runs with the same key."""
     host_id = host_id or this_host_id()
-    if given and given.get("host_id") == host_id:
+    if given and given.get("host_id") == host_id and (key is None or given.get("hardware") in (None, key["hardware"])):
         return StepModel.from_dict(given), f"calibration fitted on this host ({host_id})"
-    traces = host_traces(results_dir, model, host_id, exclude=exclude)
+    traces = host_traces(results_dir, model, host_id, exclude=exclude, key=key)
     if traces:
         why = (f"the calibration file was fitted on host {given.get('host_id')}, not this one; "
                if given else "") + f"refitted from {len(traces)} {STANDS_FOR} run(s) of this host ({host_id})"
-        return fit_step_model(traces, host_id=host_id), why
-    return None, (f"calibration fitted on host {given.get('host_id')}, not this one ({host_id}), and " if given
-                  else "") + "no step trace of this host to fit: uncalibrated"
+        return fit_step_model(traces, host_id=host_id, hardware=key["hardware"] if key else None), why
+    where = f" for {key['hardware']} ({', '.join(f'{k}={v}' for k, v in key.items() if k != 'hardware')})" if key else ""
+    return None, (f"calibration fitted on host {given.get('host_id')} (hardware {given.get('hardware')}), not this "
+                  f"one ({host_id}), and " if given else "") + f"no step trace of this host{where} to fit: uncalibrated"
 
 
 def calibrate_sim_spec(spec: Any) -> Any:
@@ -79,12 +104,20 @@ def calibrate_sim_spec(spec: Any) -> Any:
     if spec.engine != "sim":
         return spec
     calibration = dict(spec.knobs.get("calibration") or {})
-    model, why = step_model_for(spec.results_dir, spec.model.get("name"), calibration.pop("step_model", None))
+    model, why = step_model_for(spec.results_dir, spec.model.get("name"), calibration.pop("step_model", None),
+                                key=spec_speed_key(spec))
     if model is not None:
         calibration["step_model"] = model.to_dict()
     knobs = {**spec.knobs, "calibration": calibration or None}
     labels = {**spec.labels, "engine_info.calibration": why}
     return dataclasses.replace(spec, knobs=knobs, labels=labels)
+
+
+def _plain(value: Any) -> Any:
+    """None for a missing value (None, NaN, "auto": the engine's default)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value == "auto":
+        return None
+    return value
 
 
 def _present(value: Any) -> bool:
@@ -109,7 +142,7 @@ def predict_run(spec: Any) -> RunPrediction | None:
     if spec.engine != STANDS_FOR or not spec.hardware_spec:
         return None
     try:
-        model, why = step_model_for(spec.results_dir, spec.model.get("name"))
+        model, why = step_model_for(spec.results_dir, spec.model.get("name"), key=spec_speed_key(spec))
         if model is None:
             return None
         requests = apply_ordering(spec.workload.requests, spec.ordering)

@@ -55,7 +55,8 @@ def features(frame: pd.DataFrame, knees: list[float]) -> Design:
     return Design(np.column_stack(list(columns.values())), list(columns), knees)
 
 
-def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, source: str = "") -> StepModel:
+def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, source: str = "",
+                   hardware: str | None = None) -> StepModel:
     """A step model from ``{run_id: trace}`` (``harness.steps.store`` frames); raises ``ValueError`` on none."""
     frame = pd.concat([t.assign(run=run) for run, t in traces.items() if t is not None and len(t)], ignore_index=True) \
         if traces else pd.DataFrame()
@@ -81,7 +82,7 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
         kv_token_s=values["kv_token_s"], kv_held_s=values["kv_held_s"],
         encoder_token_s=values["encoder_token_s"],
         seen={"tokens": top, "seqs": float(frame["running"].max()), "context": float(design.matrix[:, design.names.index("kv_token_s")].max())},
-        interval=interval, at_bound=tuple(at_bound), host_id=host_id,
+        interval=interval, at_bound=tuple(at_bound), host_id=host_id, hardware=hardware,
         source=source or f"{len(traces)} run(s), {int(weight.sum())} steps, fitted "
                          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
 

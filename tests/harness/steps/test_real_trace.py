@@ -1,9 +1,11 @@
 """A checked-in real vLLM-CPU step trace: the step model fitted to three runs predicts runs it never saw.
 
-``tests/fixtures/vllm_cpu_steps/``: five runs of vllm-cpu 0.32 on the tiny model (``runs.json`` says
-where and how they were measured), each its fastest pass's steps, its knobs, what the engine reported
-at start and its requests' lengths. Three are fitted; two held-out ones (32 sequences at once, and a
-2 MiB KV cache that preempts) are replayed through the simulator's scheduler with the fitted model.
+``tests/fixtures/vllm_cpu_steps/``: six runs of vllm-cpu 0.32 on the tiny model (``runs.json`` says
+where and how they were measured), each its fastest pass's steps (context and decode context from
+vLLM's scheduler, in process), its knobs, what the engine reported at start and, for the held-out ones,
+its requests' lengths. Four are fitted (unique prompts at 256 and 8 sequences, long prompts, a shared
+prefix); two held-out ones (32 sequences at once, and a 2 MiB KV cache that preempts) are replayed
+through the simulator's scheduler with the fitted model.
 """
 
 import json
@@ -42,7 +44,7 @@ def requests(lengths: list[list[int]], seed: int) -> list[Request]:
 
 
 @pytest.mark.parametrize("held", ["unique_seqs32", "unique_KV_2_MiB_preempts"])
-def test_a_step_model_from_three_real_runs_predicts_a_held_out_one(runs, model_cfg, held):
+def test_a_step_model_from_four_real_runs_predicts_a_held_out_one(runs, model_cfg, held):
     fitted = {slug: pd.read_parquet(FIXTURE / f"{slug}.parquet") for slug, run in runs.items() if run["role"] == "fit"}
     assert held not in fitted
     model = fit_step_model(fitted)
@@ -51,6 +53,7 @@ def test_a_step_model_from_three_real_runs_predicts_a_held_out_one(runs, model_c
     got = replay(model, requests(run["lengths"], 0), {**run["knobs"], **engine}, model_cfg, CPU)
     assert got.preemptions == run["preemptions"], "the replayed schedule preempts as vLLM did"
     assert run["output_tok_s"] / got.rate == pytest.approx(1.0, abs=0.10)
+    assert model.kv_token_s + model.kv_held_s + model.prefill_pair_s > 0, "attention is priced from vLLM's context"
 
 
 def test_the_recorded_steps_are_what_the_replay_schedules(runs, model_cfg):
