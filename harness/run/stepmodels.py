@@ -32,6 +32,7 @@ from harness.steps.store import read_trace
 log = logging.getLogger(__name__)
 
 STANDS_FOR = "vllm"   # the engine whose traces the simulator's step model is fitted to
+ANY = "*"   # a speed_key value that any run matches
 REPLAYABLE = "vllm-v1"  # an engine's ``schedules_like`` (engine_info.scheduler) whose steps the simulator replays
 MAX_RUNS = 40         # the newest runs a refit reads
 
@@ -55,10 +56,13 @@ def spec_speed_key(spec: Any) -> dict[str, Any]:
     from engines.knobs import canonical_view
 
     canon = canonical_view(spec.engine, spec.knobs)
-    return speed_key({"hardware": spec.labels.get("hardware"), "replicas": spec.replicas,
-                      "canon.kv_cache_dtype": canon.get("kv_cache_dtype"),
-                      "canon.tensor_parallel": canon.get("tensor_parallel"),
-                      "knob.enforce_eager": spec.knobs.get("enforce_eager")})
+    key = speed_key({"hardware": spec.labels.get("hardware"), "replicas": spec.replicas,
+                     "canon.kv_cache_dtype": canon.get("kv_cache_dtype"),
+                     "canon.tensor_parallel": canon.get("tensor_parallel"),
+                     "knob.enforce_eager": spec.knobs.get("enforce_eager")})
+    if spec.engine == "sim":
+        key["enforce_eager"] = ANY   # the simulator has no eager mode: it stands for the vLLM runs as they ran
+    return key
 
 
 def host_traces(results_dir: str | os.PathLike, model: str | None, host_id: str, engine: str = STANDS_FOR,
@@ -70,7 +74,7 @@ def host_traces(results_dir: str | os.PathLike, model: str | None, host_id: str,
     rows = [r for r in read_rows(results_dir) if r.get("status") == "ok" and r.get("engine") == engine
             and (model is None or r.get("model") == model) and r.get("env.host_id") == host_id
             and _present(r.get("steps.file")) and r.get("run_id") not in exclude
-            and (key is None or speed_key(r) == key)]
+            and (key is None or _matches(speed_key(r), key))]
     rows.sort(key=lambda r: str(r.get("timestamp")), reverse=True)
     traces = {}
     for row in rows[:limit]:
@@ -111,6 +115,10 @@ def calibrate_sim_spec(spec: Any) -> Any:
     knobs = {**spec.knobs, "calibration": calibration or None}
     labels = {**spec.labels, "engine_info.calibration": why}
     return dataclasses.replace(spec, knobs=knobs, labels=labels)
+
+
+def _matches(have: dict[str, Any], want: dict[str, Any]) -> bool:
+    return all(value == ANY or have.get(name) == value for name, value in want.items())
 
 
 def _plain(value: Any) -> Any:

