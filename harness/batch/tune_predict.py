@@ -68,19 +68,20 @@ def engine_share(requests: list[Request], engines: int) -> list[Request]:
 
 
 def full_engine_rate(root: Path, label: str, requests: list[Request], model_cfg: dict[str, Any],
-                     hardware_spec: dict[str, Any]) -> float | None:
-    """The run's config with its engines kept full (output tok/s, all engines), or None where it kept no trace."""
+                     hardware_spec: dict[str, Any]) -> tuple[float | None, list[str]]:
+    """The run's config with its engines kept full (output tok/s, all engines; None where it kept no trace), and
+    what of the replay lay past the run's own steps (a draining run's batch never reached the engine's seats)."""
     traces, metas = load_runs(root, [label])
     if not traces or not requests:
-        return None
+        return None, []
     try:
         model = fit_step_model(traces)
-        rate, _ = replayed_full_rate(model, engine_share(requests, metas[0]["engines"]), metas[0]["knobs"],
-                                     model_cfg, hardware_spec)
+        rate, replayed = replayed_full_rate(model, engine_share(requests, metas[0]["engines"]), metas[0]["knobs"],
+                                            model_cfg, hardware_spec)
     except (ValueError, MemoryError, RuntimeError) as e:
         log.warning("%s: no full-engine rate (%s)", label, e)
-        return None
-    return rate * metas[0]["engines"]
+        return None, []
+    return rate * metas[0]["engines"], replayed.beyond
 
 
 def predict_rest(root: Path, labels: Sequence[str], load_requests: Callable[[set[int]], list[Request]],

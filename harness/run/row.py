@@ -38,7 +38,7 @@ SETTINGS = ("replicas", "repeats", "warmup_requests", "time_limit_s", "memory_li
 MEASUREMENTS = ("startup_s", "compile_s", "engine_version", "peak_rss_bytes", "peak_gpu_bytes",
                 "peak_gpu_process_bytes", "wall_s", "job_wall_s",
                 "requests_done", "input_tokens", "output_tokens", "cached_tokens", "req_s", "output_tok_s",
-                "total_tok_s", "output_tok_s_passes", "full_engine_tok_s", "predicted", "preemptions", "prefix_cache_queries",
+                "total_tok_s", "output_tok_s_passes", "full_engine_tok_s", "full_engine_note", "predicted", "preemptions", "prefix_cache_queries",
                 "prefix_cache_hits", "prefix_cache_hit_rate", "mm_cache_queries", "mm_cache_hits",
                 "completion_p50_s", "completion_p90_s", "completion_p99_s", "energy_j", "j_per_output_token",
                 "energy_source", "energy_reason")

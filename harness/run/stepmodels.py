@@ -182,9 +182,11 @@ def full_engine_columns(spec: Any, row: dict[str, Any]) -> dict[str, Any]:
     try:
         model = fit_step_model({row["run_id"]: trace[trace["replica"] == 0]})
         requests = shard_requests(apply_ordering(spec.workload.requests, spec.ordering), spec.replicas)[0]
-        rate, _ = full_engine_rate(model, requests, {**spec.knobs, **{k: v for k, v in limits.items() if v}},
-                                   spec.model, spec.hardware_spec)
+        rate, replayed = full_engine_rate(model, requests, {**spec.knobs, **{k: v for k, v in limits.items() if v}},
+                                          spec.model, spec.hardware_spec)
     except Exception as e:  # noqa: BLE001 - a derived figure never costs the measured row
         log.warning("no full-engine rate for this run: %s: %s", type(e).__name__, e)
         return {}
-    return {"full_engine_tok_s": rate * spec.replicas}
+    return {"full_engine_tok_s": rate * spec.replicas,
+            "full_engine_note": f"extrapolates past the run's own steps in {', '.join(replayed.beyond)}"
+            if replayed.beyond else None}

@@ -149,7 +149,8 @@ def test_a_draining_runs_full_engine_rate_is_what_the_engine_keeps_fed_without_e
     trial = _requests(_lengths(320, 0), 0)
     trace, seconds = _sim_run(trial, 256)
     save_run(tmp_path, "trial 0", trace, knobs, 1, [0])
-    full = full_engine_rate(tmp_path, "trial 0", trial, {"name": "t", "local_dir": str(model_dir)}, hardware)
+    full, beyond = full_engine_rate(tmp_path, "trial 0", trial, {"name": "t", "local_dir": str(model_dir)}, hardware)
+    assert "seqs" not in beyond, "its steps reached the engine's 256 seats (its context did not: said so)"
     long = _requests(_lengths(20_000, 7), 7)
     _, long_seconds = _sim_run(long, 256)
     fed = sum(r.max_tokens for r in long) / long_seconds
