@@ -66,7 +66,8 @@ def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objecti
     """Run the default config and each candidate side by side for ``rounds`` rounds (order rotating).
 
     Each candidate is judged against the default by ``harness.report.verdict.compare`` on the
-    objective's per-run values (inverted when it is minimised, so a ratio > 1 is better).
+    objective's per-run measured values (inverted when it is minimised, so a ratio > 1 is better): the
+    verdict rests on measurements, not on the full-engine rate the trials were valued by.
     Returns the values per config (``"default"`` and ``"trial <n>"``), each candidate's
     ``verdicts``, and the ``winner``: among candidates the rule calls a clear winner over the
     default, the one with the best ratio; None when none is (the default is kept), with
@@ -83,9 +84,10 @@ def confirm(cfg: DictConfig, candidates: list[optuna.trial.FrozenTrial], objecti
             row = execute(make_spec(run_cfg), progress=False)
             broken = objective.broken(row) if row["status"] == "ok" and which != "default" else []
             if broken:
-                outcome = f"{objective.name}={objective.values(row)[0]:,.1f}, not counted: {'; '.join(broken)}"
+                outcome = f"{objective.name}={objective.values(row, measured=True)[0]:,.1f}, not counted: " \
+                          f"{'; '.join(broken)}"
             elif row["status"] == "ok":
-                measured[which].append(objective.values(row)[0])
+                measured[which].append(objective.values(row, measured=True)[0])
                 outcome = f"{objective.name}={measured[which][-1]:,.1f}"
             else:
                 outcome = (row["error"] or "").splitlines()[0][:200]

@@ -54,16 +54,22 @@ class Objective:
         first = "minimize" if self.name == "job_time" else "maximize"
         return [first, "minimize"] if self.multi else [first]
 
-    def values(self, row: Mapping[str, Any]) -> list[float]:
+    def values(self, row: Mapping[str, Any], measured: bool = False) -> list[float]:
+        """The trial's value(s); ``measured``: the measured rate even where a full-engine rate exists (a
+        verdict rests on measurements)."""
         setup = setup_seconds(row)
         if self.name == "job_time":
             backlog = self.backlog_tokens or float(row["input_tokens"]) + float(row["output_tokens"])
             first = job_seconds(setup, backlog, row["total_tok_s"])
-        elif self.name == "output_tok_s" and row.get("full_engine_tok_s"):
+        elif self.name == "output_tok_s" and row.get("full_engine_tok_s") and not measured:
             first = float(row["full_engine_tok_s"])
         else:
             first = float(row[self.name])
         return [first, setup] if self.multi else [first]
+
+    def value_source(self, row: Mapping[str, Any]) -> str:
+        """Which figure ``values`` took from ``row``: ``full_engine`` (its step model) or ``measured``."""
+        return "full_engine" if self.name == "output_tok_s" and row.get("full_engine_tok_s") else "measured"
 
     @property
     def needs_reference(self) -> bool:

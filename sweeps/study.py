@@ -294,6 +294,7 @@ def _run_one(cfg, study, trial, space, objective, base, make_spec) -> None:
     broken = objective.broken(row)
     if broken:
         trial.set_user_attr("infeasible", "; ".join(broken))
+    trial.set_user_attr("value_from", objective.value_source(row))   # a resumed study can tell its values apart
     study.tell(trial, objective.values(row))
     log.info("%s: %s%s", label, objective.describe(row), f" -- infeasible: {'; '.join(broken)}" if broken else "")
 
