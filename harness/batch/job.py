@@ -77,9 +77,10 @@ class ShardsRun:
         self.engine_idle_s += float(meta.get("idle_before_s") or 0.0)
 
     def to_dict(self) -> dict[str, Any]:
-        """As JSON data (an array task's part), less its step trace (kept in its own file)."""
+        """As JSON data (an array task's part), its step trace as columns (bounded, ``StepRecorder``)."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "steps"}
-        return {**json.loads(json.dumps(data)), "shards_failed": {str(k): v for k, v in self.shards_failed.items()}}
+        return {**json.loads(json.dumps(data)), "shards_failed": {str(k): v for k, v in self.shards_failed.items()},
+                "steps": self.steps.snapshot()}
 
     @classmethod
     def sequential(cls, parts: list[ShardsRun], committed: set[int]) -> ShardsRun:
@@ -112,6 +113,7 @@ class ShardsRun:
             total.startup_s = max(filter(None, [total.startup_s, part["startup_s"]]), default=None)
             total.peak_worker_rss_bytes = max(total.peak_worker_rss_bytes, part["peak_worker_rss_bytes"])
             total.errors += part.get("errors", [])
+            total.steps.extend(part.get("steps"))
         return total
 
 
