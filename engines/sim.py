@@ -13,8 +13,8 @@ class on that hardware) plus ``hardware_spec`` (the hardware config's ``spec:``)
 and ``calibration``. Standard library only (the performance model is ``engines.perfmodel``).
 
 Public interface, besides the ``Engine`` lifecycle: ``SIM_KNOBS`` (the native names it
-takes) and ``SimEngine.schedule`` (a simulated batch's step trace with the step-cost
-model, which calibration re-prices for any efficiency factors).
+takes) and ``SimEngine.schedule`` (a simulated batch's steps, which ``Schedule.seconds``
+prices with any step model without simulating again).
 """
 
 from __future__ import annotations
@@ -37,10 +37,10 @@ GiB = 1 << 30
 MODELLED = {"max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill", "enable_prefix_caching",
             "block_size", "kv_cache_memory_bytes", "gpu_memory_utilization", "max_model_len", "kv_cache_dtype",
             "quantization", "tensor_parallel_size", "scheduling_policy"}
-ACCEPTED_NO_EFFECT = {"enforce_eager"}  # changes real speed only; calibration absorbs it
+ACCEPTED_NO_EFFECT = {"enforce_eager"}  # changes real speed only: the step model fitted to such runs has it
 SIM_KNOBS = frozenset(MODELLED | ACCEPTED_NO_EFFECT)  # vLLM names the simulator takes (besides its own two)
 OWN = {"hardware_spec", "calibration"}
-# conf/calibration/<engine>/<hardware>-<model>.yaml, or a refit from this host's traces (harness.steps.host)
+# conf/calibration/vllm/<hardware>-<model>.yaml, or a refit from this host's traces (harness.run.stepmodels)
 CALIBRATION_KEYS = {"step_model", "efficiency"}
 INT_KNOBS = ("max_num_seqs", "max_num_batched_tokens", "block_size", "kv_cache_memory_bytes", "max_model_len",
              "tensor_parallel_size")
