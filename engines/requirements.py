@@ -201,6 +201,8 @@ def torch_problems(environment: Environment, label: str, torch_version: str, tor
 def import_report(module: str) -> dict:
     """Which pieces import in this interpreter: the engine ``module``, troughput's worker, torch and its GPU.
 
+    Whether torch sees a GPU (``cuda``, ``cuda_devices``) is asked in a child interpreter, never with a CUDA
+    call in this process (the worker, before its engine starts: see the comment below).
     Self-contained (its imports inside): ``troughput-env ENGINE --check`` runs this function's source
     under the environment's interpreter, and each adapter calls it in-process before it starts.
     """
@@ -216,12 +218,34 @@ def import_report(module: str) -> dict:
             report[key + "_error"] = f"{type(e).__name__}: {e}"
     try:
         import torch
-        report["cuda"] = torch.cuda.is_available()
         report["torch"] = torch.__version__
         report["torch_cuda"] = torch.version.cuda
     except Exception as e:  # noqa: BLE001
         report["cuda"] = False
         report["torch_error"] = f"{type(e).__name__}: {e}"
+        return report
+    # Never a torch.cuda call in this process: it initialises CUDA here, and an engine that forks its
+    # engine core afterwards (vLLM does unless CUDA is already initialised) then dies with "Cannot
+    # re-initialize CUDA in forked subprocess". A GPU build of torch is asked in a child interpreter,
+    # which exits with its CUDA context; a CPU build has no GPU to find.
+    if not torch.version.cuda and not getattr(torch.version, "hip", None):
+        report["cuda"] = False
+        return report
+    import subprocess
+
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                               check=False)
+        lines = child.stdout.strip().splitlines()
+        if child.returncode != 0 or not lines or not lines[-1].isdigit():
+            tail = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
+            raise RuntimeError(f"the child asking torch for its GPUs failed: {tail}")
+        report["cuda_devices"] = int(lines[-1])
+        report["cuda"] = report["cuda_devices"] > 0
+    except Exception as e:  # noqa: BLE001 - a child that cannot answer means no usable GPU, with the reason
+        report["cuda"] = False
+        report["cuda_error"] = f"{type(e).__name__}: {e}"
     return report
 
 
@@ -240,7 +264,8 @@ def environment_problems(engine: str, label: str, environment: Environment, fact
     if environment.needs_gpu and "torch" in report:
         problems += torch_problems(environment, label, report["torch"], report.get("torch_cuda"), engine, python)
     if environment.needs_gpu and not report.get("cuda") and not problems:
-        reason = report.get("torch_error") or f"torch {report.get('torch')} sees no CUDA GPU"
+        reason = (report.get("torch_error") or report.get("cuda_error")
+                  or f"torch {report.get('torch')} sees no CUDA GPU")
         problems.append(Problem(f"no usable NVIDIA GPU ({reason})",
                                 "run `nvidia-smi` in this shell to see what the driver reports"))
     return problems
