@@ -54,7 +54,8 @@ from harness.batch.tune_runs import (FILLED, RunLog, RunRecord, concurrency, con
                                       probe_requests, sample_order, sample_summary, shards_per_run, steady_rate)
 from harness.core.errors import TroughputError
 from harness.quality.agreement import columns as agreement_columns
-from harness.report.verdict import INSUFFICIENT, Verdict, compare
+from harness.report.sequential import SequentialPlan
+from harness.report.verdict import INSUFFICIENT, Verdict
 from sweeps.best import leaders
 from sweeps.seeds import enqueue_seeds
 from sweeps.space import SearchSpace
@@ -242,7 +243,14 @@ class InJobTuning:
     def _verdict(self, trial: int) -> Verdict:
         mine = self._confirm_records(trial)
         rates = {side: [x.rate for x in mine if x.side == side and x.rate] for side in ("candidate", "default")}
-        return compare(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
+        return self.confirm_plan().judge(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
+
+    def confirm_plan(self) -> SequentialPlan:
+        """The confirmation's looks: the first after ``confirm_rounds`` runs a side, then one per added round up
+        to ``max_confirm_rounds``; each look's verdict at its group-sequential level (docs/verdicts.md), so the
+        added rounds keep the whole confirmation's false-winner rate at 5%."""
+        rounds = int(self.tune["confirm_rounds"])
+        return SequentialPlan(rounds, max(rounds, int(self.tune.get("max_confirm_rounds") or rounds)))
 
     def _more_rounds(self, verdict: Verdict, done: int, cap: int) -> str | None:
         """Why one more confirmation round, after ``done``; ``None`` (and why not, in the log) if none.

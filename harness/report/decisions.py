@@ -33,6 +33,7 @@ import pandas as pd
 
 from harness.report.data import CELL, METRIC, cells
 from harness.report.quality import QualityGuard
+from harness.report.sequential import SequentialPlan
 from harness.report.stats import STATISTIC
 from harness.run.results import DECISIONS_DIR, prefixed, new_run_id, read_rows, write_row
 from harness.report.verdict import (CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, METHOD, MIN_EFFECT, MIN_RUNS, VERDICTS,
@@ -46,12 +47,13 @@ SIDE_FIELDS = ("engine", "engine_version", "ordering", "config_id", "label", MET
 
 
 def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level: float = 0.95,
-           seed: int = 0, guard: QualityGuard = QualityGuard(), min_effect: float = MIN_EFFECT
-           ) -> list[dict[str, Any]]:
+           seed: int = 0, guard: QualityGuard = QualityGuard(), min_effect: float = MIN_EFFECT,
+           plan: SequentialPlan | None = None) -> list[dict[str, Any]]:
     """One decision per cell of ``configs`` (as built by ``group_configs`` from ``frame``).
 
     ``level`` and the bootstrap settings are for the per-config intervals shown beside the
-    decision; the verdict is ``harness.report.verdict.compare`` at its α = 0.05 and ``min_effect``.
+    decision; the verdict is ``harness.report.verdict.compare`` at its α = 0.05 and ``min_effect``, or,
+    with a ``plan`` (a loop that looks again: ``run.rounds=auto``), at the plan's level for the look.
 
     Configs that fail the quality ``guard`` are never chosen nor the runner-up; those that
     measured faster than the chosen one are named in ``rejected_for_quality`` with their gain.
@@ -67,11 +69,12 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         measured = measured[[failing[cid] is None for cid in measured["config_id"]]]
         winner = measured.iloc[0] if len(measured) else None
         runner_up, relation = _runner_up(measured)
-        if runner_up is not None and _rule_prefers(runner_up, winner, min_effect):
+        if runner_up is not None and _rule_prefers(runner_up, winner, min_effect, plan):
             winner, runner_up = runner_up, winner
         decision: dict[str, Any] = dict(zip(CELL, key)) | {
             "kind": "engine_choice", "metric": METRIC, "statistic": STATISTIC, "min_runs_for_clear": MIN_RUNS,
-            "method": METHOD, "min_effect": min_effect, "ci_level": level,
+            "method": METHOD if plan is None else f"{METHOD}; {plan.describe()}", "min_effect": min_effect,
+            "ci_level": level,
             "bootstrap_resamples": n_boot, "bootstrap_seed": seed,
             "rests_on": sorted(rows.loc[rows["status"] == "ok", "run_id"]),
             "failed_runs": sorted(rows.loc[rows["status"] != "ok", "run_id"]),
@@ -80,7 +83,7 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
             decision |= _side("chosen", winner)
         if runner_up is not None:
             decision |= _side("runner_up", runner_up) | {"runner_up.relation": relation}
-        decision |= _verdict(winner, runner_up, len(rows), min_effect)
+        decision |= _verdict(winner, runner_up, len(rows), min_effect, plan)
         decision |= _rejections(rejected, winner, failing)
         decision["basis"] = _basis(decision)
         decisions.append(decision)
@@ -119,14 +122,19 @@ def _side(prefix: str, config: pd.Series) -> dict[str, Any]:
     return prefixed(prefix, side) | prefixed(f"{prefix}.knob", dict(config["knobs"]))
 
 
-def _rule_prefers(b: pd.Series, a: pd.Series, min_effect: float) -> bool:
+def _judge(a: list, b: list, min_effect: float, plan: SequentialPlan | None):
+    return compare(a, b, min_effect) if plan is None else plan.judge(a, b, min_effect)
+
+
+def _rule_prefers(b: pd.Series, a: pd.Series, min_effect: float, plan: SequentialPlan | None = None) -> bool:
     """Whether the rule's estimate puts ``b`` ahead of ``a`` (both with enough runs)."""
     if min(len(a["run_values"]), len(b["run_values"])) < MIN_RUNS:
         return False
-    return compare(a["run_values"], b["run_values"], min_effect).ratio < 1
+    return _judge(a["run_values"], b["run_values"], min_effect, plan).ratio < 1
 
 
-def _verdict(winner, runner_up, n_rows: int, min_effect: float) -> dict[str, Any]:
+def _verdict(winner, runner_up, n_rows: int, min_effect: float, plan: SequentialPlan | None = None
+             ) -> dict[str, Any]:
     out: dict[str, Any] = {"margin": None, "margin_ci_low": None, "margin_ci_high": None, "flags": [],
                            "rounds_needed": None, "spread_log": None}
     if winner is None:
@@ -144,7 +152,7 @@ def _verdict(winner, runner_up, n_rows: int, min_effect: float) -> dict[str, Any
         return out | {"verdict": INSUFFICIENT, "flags": [flag], "rounds_needed": MIN_RUNS,
                       "reason": f"the rule needs {MIN_RUNS} independent runs per side and {' and '.join(few)} "
                                 f"({basis}): {_add_runs()}"}
-    verdict = compare(winner["run_values"], runner_up["run_values"], min_effect)
+    verdict = _judge(winner["run_values"], runner_up["run_values"], min_effect, plan)
     return out | {"verdict": verdict.verdict, "margin": verdict.ratio - 1, "margin_ci_low": verdict.low - 1,
                   "margin_ci_high": verdict.high - 1, "rounds_needed": verdict.rounds_needed,
                   "spread_log": verdict.spread, "reason": f"winner ÷ runner-up {verdict.reason} ({basis})"}
