@@ -44,9 +44,10 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--window-hours", type=float, default=8.0, help="idle window in hours (default: 8)")
     w.add_argument("--gpu-hour-usd", type=float, default=2.50, help="price of one GPU-hour in USD (default: 2.50)")
     s = p.add_argument_group("statistics and decisions")
-    s.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: 2000)")
+    s.add_argument("--resamples", type=int, default=2000, help="unused (per-config intervals are t intervals of the geometric mean now); "
+                        "accepted so that existing scripts still run")
     s.add_argument("--confidence", type=float, default=0.95, help="interval level (default: 0.95)")
-    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    s.add_argument("--seed", type=int, default=0, help="unused, like --resamples")
     s.add_argument("--min-agreement", type=float, default=0.99,
                    help="quality guard: a config whose token agreement with the engine's default config is below "
                         "this is never chosen (default: 0.99; only where measured, quality.reference=default)")

@@ -1,8 +1,8 @@
 """Engine-choice decisions: computed from rows, recorded append-only, never edited.
 
 For each cell (workload fingerprint, model, hardware, host id) the best config (highest
-low-median output tok/s over its samples: its independent runs from two runs on, else
-the passes of its one run) is chosen; the runner-up is the best config of another
+geometric mean of output tok/s over its samples: its independent runs from two runs on,
+else the passes of its one run; the estimate the verdict compares) is chosen; the runner-up is the best config of another
 engine, or, with one engine only, its second-best config. Rows from different hosts
 (``env.host_id``) are different cells, so configs are never compared across hosts.
 
@@ -10,9 +10,8 @@ The verdict is the one rule of ``harness.report.verdict`` applied to the two con
 rates (each run's median pass): ``clear winner``, ``equivalent`` or ``too close to
 call``, with the ratio's interval as the margin; or ``insufficient data`` (no runner-up,
 no successful run, or fewer than ``MIN_RUNS`` independent runs on a side, flagged
-``single run`` or ``too few runs`` with the command that adds rounds). Where the rule's
-estimate (ratio of geometric means) ranks the two the other way round than their low
-medians, the rule's order wins: the chosen config is the faster by the rule.
+``single run`` or ``too few runs`` with the command that adds rounds). The configs are
+ranked by the rule's own estimate, so the chosen config is the faster by the rule.
 
 Decisions live in ``<results_dir>/decisions/<decision_id>.json``, written like runs
 (atomic, never overwritten). A decision is only appended when its basis (the rows it
@@ -34,7 +33,7 @@ import pandas as pd
 from harness.report.data import CELL, METRIC, cells
 from harness.report.quality import QualityGuard
 from harness.report.sequential import SequentialPlan
-from harness.report.stats import STATISTIC
+from harness.report.stats import CI_METHOD, STATISTIC
 from harness.run.results import DECISIONS_DIR, prefixed, new_run_id, read_rows, write_row
 from harness.report.verdict import (CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, METHOD, MIN_EFFECT, MIN_RUNS, VERDICTS,
                              compare)
@@ -51,8 +50,8 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
            plan: SequentialPlan | None = None) -> list[dict[str, Any]]:
     """One decision per cell of ``configs`` (as built by ``group_configs`` from ``frame``).
 
-    ``level`` and the bootstrap settings are for the per-config intervals shown beside the
-    decision; the verdict is ``harness.report.verdict.compare`` at its α = 0.05 and ``min_effect``, or,
+    ``level`` is for the per-config intervals shown beside the decision (``n_boot`` and ``seed`` are no
+    longer used: those intervals are t intervals of the geometric mean); the verdict is ``harness.report.verdict.compare`` at its α = 0.05 and ``min_effect``, or,
     with a ``plan`` (a loop that looks again: ``run.rounds=auto``), at the plan's level for the look.
 
     Configs that fail the quality ``guard`` are never chosen nor the runner-up; those that
@@ -74,8 +73,7 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         decision: dict[str, Any] = dict(zip(CELL, key)) | {
             "kind": "engine_choice", "metric": METRIC, "statistic": STATISTIC, "min_runs_for_clear": MIN_RUNS,
             "method": METHOD if plan is None else f"{METHOD}; {plan.describe()}", "min_effect": min_effect,
-            "ci_level": level,
-            "bootstrap_resamples": n_boot, "bootstrap_seed": seed,
+            "ci_level": level, "ci_method": CI_METHOD,
             "rests_on": sorted(rows.loc[rows["status"] == "ok", "run_id"]),
             "failed_runs": sorted(rows.loc[rows["status"] != "ok", "run_id"]),
         }
@@ -171,8 +169,8 @@ def _add_runs() -> str:
 
 
 def _basis(decision: dict[str, Any]) -> str:
-    keys = [*CELL, "metric", "statistic", "min_runs_for_clear", "method", "min_effect", "ci_level",
-            "bootstrap_resamples", "bootstrap_seed", "rests_on", "failed_runs"]
+    keys = [*CELL, "metric", "statistic", "min_runs_for_clear", "method", "min_effect", "ci_level", "ci_method",
+            "rests_on", "failed_runs"]
     return hashlib.sha256(json.dumps({k: decision[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
 
 

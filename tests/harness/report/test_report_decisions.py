@@ -110,7 +110,8 @@ def test_rows_from_different_hosts_are_separate_cells_never_compared(results, ro
     monkeypatch.setattr(plots, "_png", lambda figure: drawn.append(figure) or b"")
     plots.throughput(report.configs)
     bars = [p.get_height() for p in drawn[0].axes[0].patches]
-    assert sorted(bars) == [105, 705], "the throughput plot keeps one bar per host, not only the faster host's"
+    geo = [(100 * 105 * 110) ** (1 / 3), (700 * 705 * 710) ** (1 / 3)]   # each config's geometric mean of its runs
+    assert sorted(bars) == pytest.approx(geo), "the throughput plot keeps one bar per host, not only the faster host's"
 
 
 def test_a_single_pass_is_flagged_and_not_called(results, row):
@@ -118,7 +119,7 @@ def test_a_single_pass_is_flagged_and_not_called(results, row):
                         row(knobs={"max_num_seqs": 8}, passes=(100, 105, 110)))
     [d] = decisions_for(directory)
     assert d["verdict"] == INSUFFICIENT and d["flags"] == ["single run"]
-    assert d["margin"] == pytest.approx(300 / 105 - 1) and d["margin_ci_low"] is None
+    assert d["margin"] == pytest.approx(300 / 105 - 1) and d["margin_ci_low"] is None   # one run a side: its rate
 
 
 def test_one_config_or_only_failures_is_insufficient_data(results, row):
@@ -180,8 +181,9 @@ def test_a_faster_config_below_the_agreement_floor_is_passed_over_and_named(resu
     assert chosen_knobs(d) == {"dtype": "bfloat16"}, "the fastest config fails the 0.99 guard"
     assert chosen_knobs(d, "runner_up") == {"max_num_seqs": 4}, "a config without agreement is not checked"
     [rejected] = d["rejected_for_quality"]
-    assert rejected["gain"] == pytest.approx(305 / 105 - 1) and "0.820 < 0.99" in rejected["why"]
-    assert "faster but rejected for output quality" in d["quality_note"] and "+190.5%" in d["quality_note"]
+    gain = (300 * 305 * 310) ** (1 / 3) / (100 * 105 * 110) ** (1 / 3) - 1   # geometric means of the runs
+    assert rejected["gain"] == pytest.approx(gain) and "0.820 < 0.99" in rejected["why"]
+    assert "faster but rejected for output quality" in d["quality_note"] and f"{gain:+.1%}" in d["quality_note"]
     [loose] = decide(load_runs(directory), group_configs(load_runs(directory)), guard=QualityGuard(min_agreement=0.8))
     assert chosen_knobs(loose) == {"dtype": "float32"} and "rejected_for_quality" not in loose
     report = build_report(directory, "q", options=ReportOptions(record=False))
