@@ -38,7 +38,7 @@ class VllmEngine(Engine):
     def validate(self) -> None:
         """``troughput-env vllm --check``'s checks (``preflight``), then knob names (``EngineArgs`` fields),
         then vLLM's own check of the config (a failure without the knobs is the model's, not the knobs')."""
-        preflight("vllm")
+        preflight("vllm", self.knobs, memory=("gpu_memory_utilization", 0.9))
         UNIT.check_reserved(self.knobs)
         check_engine_args(self._engine_kwargs(), self.knobs)
 
