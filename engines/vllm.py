@@ -14,6 +14,7 @@ from engines.feeding import Feeder, OpenShard, ShardOutput, rejected
 from engines.knobs import NativeMapping, inverted
 from engines.statread import TEXT, StatReader
 from engines.unit import EngineUnit, Environment, dummy_weights_args
+from engines.vllm_log import StderrSince, compile_seconds
 
 COUNTERS = {
     "vllm:num_preemptions": "preemptions",
@@ -58,6 +59,7 @@ class VllmEngine(Engine):
         from vllm import LLM
 
         _allow_amx()
+        log = StderrSince().mark()   # the engine core (a child process on GPU) logs its compile time there
         t0 = time.perf_counter()
         self.llm = LLM(**self._engine_kwargs())
         startup_s = time.perf_counter() - t0
@@ -65,6 +67,8 @@ class VllmEngine(Engine):
         config = self.llm.llm_engine.vllm_config
         compilation = config.compilation_config
         compile_s = compilation.compilation_time + compilation.encoder_compilation_time
+        if not compile_s:   # in-process engine core (CPU rehearsal) sets it here; a child process only logs it
+            compile_s = compile_seconds(log.read()) or 0.0
         # The dtype that runs, as resolved by vLLM: "auto" turns a float32 checkpoint into bf16 on CPU.
         return StartInfo(startup_s=startup_s, compile_s=compile_s or None, engine_version=_version(),
                          extra={"block_size": config.cache_config.block_size,
