@@ -14,7 +14,7 @@ from engines.feeding import Feeder, OpenShard, ShardOutput, rejected
 from engines.knobs import NativeMapping, inverted
 from engines.statread import TEXT, StatReader
 from engines.unit import EngineUnit, Environment, dummy_weights_args
-from engines.vllm_log import StderrSince, compile_seconds
+from engines.vllm_log import StderrSince, compile_seconds, engine_core_pid
 
 COUNTERS = {
     "vllm:num_preemptions": "preemptions",
@@ -67,11 +67,16 @@ class VllmEngine(Engine):
         config = self.llm.llm_engine.vllm_config
         compilation = config.compilation_config
         compile_s = compilation.compilation_time + compilation.encoder_compilation_time
+        logged = log.read()
         if not compile_s:   # in-process engine core (CPU rehearsal) sets it here; a child process only logs it
-            compile_s = compile_seconds(log.read()) or 0.0
+            compile_s = compile_seconds(logged) or 0.0
+        core_pid = engine_core_pid(logged)
         # The dtype that runs, as resolved by vLLM: "auto" turns a float32 checkpoint into bf16 on CPU.
         return StartInfo(startup_s=startup_s, compile_s=compile_s or None, engine_version=_version(),
                          extra={"block_size": config.cache_config.block_size,
+                                # where the engine core ran: "child process" (vLLM's GPU layout), "in process"
+                                "engine_core": None if core_pid is None else
+                                "in process" if core_pid == os.getpid() else "child process",
                                 # what it runs at once: sequences, and tokens of KV cache (in-job tuning's run fill)
                                 "max_num_seqs": config.scheduler_config.max_num_seqs * _dp(config),
                                 "kv_cache_tokens": _kv_cache_tokens(config.cache_config) if _dp(config) == 1 else None,

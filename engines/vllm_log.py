@@ -41,6 +41,17 @@ def compile_seconds(text: str) -> float | None:
     return float(found.group("compile")) if found.group("compile") else 0.0
 
 
+RECORD_PID = re.compile(r"\((?P<name>[^()\s]+) pid=(?P<pid>\d+)\)[^\n]*init engine \(profile")
+
+
+def engine_core_pid(text: str) -> int | None:
+    """The pid in vLLM's record prefix of the last "init engine ... took" line (the engine core's process)."""
+    found = None
+    for found in RECORD_PID.finditer(text):
+        pass
+    return int(found.group("pid")) if found else None
+
+
 class StderrSince:
     """What this process's stderr file received after ``mark()``; empty where stderr is not a regular file
     (a terminal or a pipe: nothing to read back) or cannot be read."""

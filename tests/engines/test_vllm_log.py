@@ -89,3 +89,13 @@ def test_stderr_that_is_not_a_file_reads_nothing():
                            "print(repr(StderrSince().mark().read()))"], capture_output=True, text=True, cwd=ROOT,
                           env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}, timeout=60)
     assert proc.stdout.strip() == "''"
+
+
+def test_the_engine_core_s_pid_is_read_from_the_record_prefix():
+    from engines.vllm_log import engine_core_pid
+
+    [plain] = [f for f in init_engine_formats() if f.count("%.2f") == 1]   # eager: no compilation part
+    line = record_prefix() + plain % (3.0,)
+
+    assert engine_core_pid("noise\n" + line + "\n") == 4242
+    assert engine_core_pid("init engine (profile, create kv cache, warmup model) took 3.00 s") is None
