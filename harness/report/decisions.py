@@ -68,11 +68,12 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         measured = measured[[failing[cid] is None for cid in measured["config_id"]]]
         winner = measured.iloc[0] if len(measured) else None
         runner_up, relation = _runner_up(measured)
-        if runner_up is not None and _rule_prefers(runner_up, winner, min_effect, plan):
+        looks = plan or _looks_of(rows, winner, runner_up)   # rows that a rounds=auto loop added say its plan
+        if runner_up is not None and _rule_prefers(runner_up, winner, min_effect, looks):
             winner, runner_up = runner_up, winner
         decision: dict[str, Any] = dict(zip(CELL, key)) | {
             "kind": "engine_choice", "metric": METRIC, "statistic": STATISTIC, "min_runs_for_clear": MIN_RUNS,
-            "method": METHOD if plan is None else f"{METHOD}; {plan.describe()}", "min_effect": min_effect,
+            "method": METHOD if looks is None else f"{METHOD}; {looks.describe()}", "min_effect": min_effect,
             "ci_level": level, "ci_method": CI_METHOD,
             "rests_on": sorted(rows.loc[rows["status"] == "ok", "run_id"]),
             "failed_runs": sorted(rows.loc[rows["status"] != "ok", "run_id"]),
@@ -81,7 +82,7 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
             decision |= _side("chosen", winner)
         if runner_up is not None:
             decision |= _side("runner_up", runner_up) | {"runner_up.relation": relation}
-        decision |= _verdict(winner, runner_up, len(rows), min_effect, plan)
+        decision |= _verdict(winner, runner_up, len(rows), min_effect, looks)
         decision |= _rejections(rejected, winner, failing)
         decision["basis"] = _basis(decision)
         decisions.append(decision)
@@ -118,6 +119,20 @@ def _runner_up(measured: pd.DataFrame) -> tuple[pd.Series | None, str | None]:
 def _side(prefix: str, config: pd.Series) -> dict[str, Any]:
     side = {field: _plain(config.get(field)) for field in SIDE_FIELDS}
     return prefixed(prefix, side) | prefixed(f"{prefix}.knob", dict(config["knobs"]))
+
+
+def _looks_of(rows: pd.DataFrame, *configs: pd.Series | None) -> SequentialPlan | None:
+    """The plan of the ``rounds=auto`` loop that added runs to these configs (its rows' ``looks`` label,
+    ``first-last``), so the report judges them at the level the loop's last look used; None for rows no loop
+    added (one look: the plain rule)."""
+    if "looks" not in rows or not all(c is not None for c in configs):
+        return None
+    ids = {run_id for c in configs for run_id in c["run_ids"]}
+    found = {str(v) for v in rows.loc[rows["run_id"].isin(ids), "looks"] if isinstance(v, str) and "-" in v}
+    if len(found) != 1:
+        return None
+    first, last = (int(x) for x in found.pop().split("-"))
+    return SequentialPlan(first, last)
 
 
 def _judge(a: list, b: list, min_effect: float, plan: SequentialPlan | None):

@@ -58,11 +58,14 @@ class Job:
         """The command its rows carry, without the round."""
         return " ".join(["troughput-run", *self.overrides])
 
-    def config_for(self, round_index: int, sweep_id: str) -> DictConfig:
+    def config_for(self, round_index: int, sweep_id: str, plan: SequentialPlan | None = None) -> DictConfig:
+        """The config of an added round; its rows carry the loop's plan (``looks``: ``first-last``), so that a
+        report on them judges at the level the loop's last look used (``harness.report.decisions``)."""
         cfg = copy.deepcopy(self.cfg)
         OmegaConf.update(cfg, "run.round", round_index, force_add=True)
         command = " ".join(["troughput-run", *self.overrides, f"{ROUND}{round_index}"])
-        OmegaConf.update(cfg, "run.labels", {**cfg.run.labels, "command": command, "sweep_id": sweep_id},
+        looks = {"looks": f"{plan.first}-{plan.last}"} if plan is not None else {}
+        OmegaConf.update(cfg, "run.labels", {**cfg.run.labels, "command": command, "sweep_id": sweep_id, **looks},
                          force_add=True)
         return cfg
 
@@ -94,7 +97,7 @@ def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds:
         say(f"rounds: round {done_round} of at most {max_rounds}: {len(todo)} config(s) of "
             f"{len(open_cells)} undecided cell(s)")
         for job in todo[shift:] + todo[:shift]:
-            run_one(job.config_for(done_round, sweep_id))
+            run_one(job.config_for(done_round, sweep_id, plan))
         decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect, plan)
     for cell, d in decisions.items():
         state = (f"decided after {decided_at[cell]} round(s)" if cell in decided_at

@@ -38,6 +38,7 @@ def test_a_clear_difference_stops_as_soon_as_the_rule_decides(tmp_path):
     assert f"{len(rows)} row(s)" in proc.stdout, "the summary comes after the added rounds"
     added = [r for r in rows if r["round"] == last]
     assert all(r["command"].endswith(f"run.round={last}") for r in added), "each added row says how to rerun it"
+    assert {r.get("looks") for r in rows if r["round"] > 1} == {"3-8"}, "added rows carry the loop's plan"
 
 
 def test_an_undecidable_comparison_runs_to_the_cap_and_says_so(tmp_path):

@@ -205,3 +205,20 @@ def test_the_throughput_plot_lays_out_a_config_label_as_long_as_a_tuned_config_s
         warnings.simplefilter("error")  # matplotlib's "constrained_layout not applied" is a UserWarning
         [plot] = plots.throughput(report.configs)
     assert plot.png.startswith(b"\x89PNG")
+
+
+def test_rows_a_rounds_auto_loop_added_are_judged_at_the_loop_s_level(results, row):
+    # 5 runs a side, +3.4% with a 2% spread: a clear winner for one look at 0.05, too close to call at the
+    # level a loop planned from 3 to 10 runs a side gives its look at 5 (rounds 4 and 5 carry its plan)
+    a, b = [100, 103, 106, 101, 104], [98, 99, 101, 97, 100]
+    rows = []
+    for round_, (x, y) in enumerate(zip(a, b), 1):
+        looks = {"looks": "3-10"} if round_ > 3 else {}
+        rows.append(row(knobs={"max_num_seqs": 64}, passes=(x - 0.1, x, x + 0.1), round=round_, **looks))
+        rows.append(row(knobs={"max_num_seqs": 8}, passes=(y - 0.1, y, y + 0.1), round=round_, **looks))
+    [looped] = decisions_for(results(*rows))
+    from harness.report.sequential import SequentialPlan
+
+    assert compare(a, b).verdict == CLEAR, "one look at 0.05 would name a winner"
+    assert SequentialPlan(3, 10).judge(a, b).verdict == CLOSE
+    assert looped["verdict"] == CLOSE and "group-sequential" in looped["method"] and "3 to 10" in looped["method"]
