@@ -13,6 +13,7 @@ from harness.core.errors import TroughputError
 from harness.report import WRITERS, Filters, PlannerInputs, ReportOptions, build_report, write_report
 from harness.report.document import fmt, fmt_interval
 from harness.report.quality import QualityGuard
+from harness.report.sections import use_text
 from harness.report.verdict import MIN_EFFECT
 
 log = logging.getLogger("troughput.report")
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"troughput-report: error: {e}", file=sys.stderr)
         return 2
     for d in report.decisions:
-        chosen = f"{d['chosen.engine']} {d['chosen.label']}" if d.get("chosen.engine") else "-"
+        chosen = use_text(d)   # a best only for a clear winner; otherwise the configs it cannot tell apart
         margin = fmt(d.get("margin"), "pct")
         ci = fmt_interval(d.get("margin_ci_low"), d.get("margin_ci_high"), "pct")
         print(f"{d['cell_label']:<24} {d['model']:<12} {d['hardware']:<8} {chosen:<36} {margin:>8} {ci:<20} "
