@@ -269,12 +269,12 @@ class InJobTuning:
                 log.info("confirmation: %s: more than one failed run on a side, no more rounds", verdict.reason)
                 return None
             why = "a run failed: " + verdict.reason
-        elif verdict.rounds_needed is None or verdict.rounds_needed > cap:
-            log.info("confirmation: %s; about %s rounds a side would decide it, over batch.tune.max_confirm_rounds="
-                     "%d: no more rounds", verdict.reason, verdict.rounds_needed or "more than 200", cap)
+        elif (needed := self.confirm_plan().runs_to_decide(verdict)) is None:   # at the plan's levels, to the cap
+            log.info("confirmation: %s; no look up to batch.tune.max_confirm_rounds=%d would decide it at this "
+                     "estimate and spread: no more rounds", verdict.reason, cap)
             return None
         else:
-            why = f"about {verdict.rounds_needed} rounds a side would likely decide it"
+            why = f"about {needed} rounds a side would likely decide it"
         if not self._room_for(sum(self.sizes.values())):   # _confirm set the sizes before the first round
             log.info("confirmation: %s, but the tuning budget (batch.tune.max_share) holds no further round",
                      verdict.verdict)

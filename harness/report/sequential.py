@@ -37,7 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
-from harness.report.verdict import ALPHA, MIN_EFFECT, MIN_RUNS, Verdict, compare
+from harness.report.verdict import ALPHA, MIN_EFFECT, MIN_RUNS, Verdict, _half_width, compare
 
 SPENDING = ("obrien-fleming", "pocock")
 # The boundaries are exact for z statistics. Welch's t at 3-12 runs a side re-estimates the spread at every
@@ -163,6 +163,21 @@ class SequentialPlan:
         """``compare(a, b)`` at this look's nominal level (the look is the smaller side's run count)."""
         return compare(a, b, min_effect=min_effect, alpha=self.level(min(len(a), len(b))),
                        estimate_rounds=estimate_rounds)
+
+    def runs_to_decide(self, verdict: Verdict) -> int | None:
+        """Fewest runs a side, after the verdict's and up to ``last``, at which this plan's look would decide
+        if the estimate and spread seen so far held (each look at its own level); None when no look up to
+        ``last`` would. A futility rule for loops that add rounds (``verdict.rounds_needed`` assumes the
+        plain level at every n, which early looks of a plan do not have)."""
+        if verdict.ratio is None or verdict.spread is None:
+            return None
+        diff, variance = abs(math.log(verdict.ratio)), verdict.spread ** 2
+        margin = math.log1p(verdict.min_effect)
+        for n in range(max(verdict.n_a, verdict.n_b) + 1, self.last + 1):
+            half = _half_width(variance, variance, n, n, self.level(n))
+            if (diff >= margin and half < diff) or diff + half <= margin:
+                return n
+        return None
 
     def describe(self) -> str:
         """One line for logs, decisions and docs."""

@@ -127,3 +127,16 @@ def test_power_at_the_cap_is_kept_for_a_clear_difference():
     rates = loop_rates(shifted, sequential(), 10, 300, seed=5)
     assert rates["clear_a"] >= 0.95, rates
     assert math.isclose(sum(v for k, v in rates.items() if k != "false"), 1.0)
+
+
+def test_runs_to_decide_uses_each_look_s_own_level():
+    plan = SequentialPlan(3, 6)
+    verdict = plan.judge([100, 108, 104], [100, 96, 92])   # about +8% at 4% spread: undecided at the first look
+    assert not verdict.decided
+    needed = plan.runs_to_decide(verdict)
+    assert needed is not None and 3 < needed <= 6
+    # the plain estimate assumes 0.05 at every n; the plan's early looks are stricter, so it never needs fewer
+    plain_needed = compare([100, 108, 104], [100, 96, 92]).rounds_needed
+    assert plain_needed is None or needed >= plain_needed
+    hopeless = plan.judge([100, 130, 90], [100, 95, 105])
+    assert plan.runs_to_decide(hopeless) is None, "no look up to 6 runs a side decides a 30% spread"
