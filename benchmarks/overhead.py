@@ -11,7 +11,9 @@ the same environment variables (``spec.env``) and the same engine knobs (``spec.
 tok/s and troughput/vLLM; the end prints the verdict of ``harness.report.verdict`` on the two sides'
 per-round rates (ratio and interval; "equivalent" means the harness costs less than the
 minimum effect). Exits 1 when a check below failed in any round, or a side failed to run (such
-a round is not counted).
+a round is not counted); exits 3 when the verdict is a clear winner for ``vllm bench``: troughput
+is slower than vLLM's own bench beyond the minimum effect (``--min-effect``, default 2%), so a
+harness that costs throughput fails the benchmark instead of printing its loss and exiting 0.
 
 Checks, per round, on what actually ran (``check_greedy``, ``check_same_tokens``):
 - greedy: the child records every request vLLM's engine received (a wrapper on
@@ -254,6 +256,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--results-dir", type=Path, default=None,
                         help="where troughput's rows go (default: a new temporary directory)")
+    parser.add_argument("--min-effect", type=float, default=None,
+                        help="the verdict's minimum effect (default: the rule's 2%%); a clear loss beyond it exits 3")
     args, overrides = parser.parse_known_args()
     if not any(o.lstrip("+~").startswith("workload=") for o in overrides):
         overrides = ["workload=unique", *overrides]
@@ -274,8 +278,6 @@ def main() -> None:
     print(f"workload {spec.workload.name} ({len(requests)} requests, "
           f"{sum(r.max_tokens for r in requests)} output tokens), warm-up {spec.warmup_requests}, "
           f"knobs {spec.knobs}, env {spec.env}; rows and logs in {spec.results_dir}", flush=True)
-
-    from harness.report.verdict import compare
 
     rates: dict[str, list[float]] = {"troughput": [], "vllm": []}
     failed_checks, failed_runs = 0, 0
@@ -308,20 +310,41 @@ def main() -> None:
         print(line + f"troughput {ours:8.1f} tok/s ({our_tokens} tok)  vllm bench {theirs:8.1f} tok/s "
                      f"({their_tokens} tok)  ratio {ours / theirs:.3f}; greedy and identical token ids "
                      f"for all {len(request_ids)} requests", flush=True)
+    sys.exit(finish(rates, failed_checks, failed_runs, args.min_effect))
+
+
+LOST = 3   # exit status: troughput is a clear loser against vllm bench
+
+
+def finish(rates: dict[str, list[float]], failed_checks: int, failed_runs: int,
+           min_effect: float | None = None) -> int:
+    """Print the rounds' verdict and what failed; return the exit status.
+
+    0: every round ran and passed its checks, and troughput is not a clear loser; 1: a check failed or a side
+    failed to run in some round; ``LOST`` (3): the rule (docs/verdicts.md) calls ``vllm bench`` a clear winner,
+    i.e. troughput is slower beyond the minimum effect.
+    """
+    from harness.report.verdict import MIN_EFFECT, compare
+
+    status = 0
     if rates["troughput"]:
         ratios = [a / b for a, b in zip(rates["troughput"], rates["vllm"])]
-        verdict = compare(rates["troughput"], rates["vllm"])
+        verdict = compare(rates["troughput"], rates["vllm"], MIN_EFFECT if min_effect is None else min_effect)
         print(f"median ratio troughput/vllm-bench {statistics.median(ratios):.3f} "
               f"(min {min(ratios):.3f}, max {max(ratios):.3f}, {len(ratios)} rounds)")
-        print(f"verdict (docs/verdicts.md), troughput ÷ vllm bench: {verdict.named('troughput', 'vllm bench')}; {verdict.reason}")
+        print(f"verdict (docs/verdicts.md), troughput ÷ vllm bench: {verdict.named('troughput', 'vllm bench')}; "
+              f"{verdict.reason}")
+        if verdict.winner == "b":
+            print(f"FAILED: troughput is a clear loser against vllm bench ({verdict.interval_text()}, beyond the "
+                  f"{verdict.min_effect:.0%} minimum effect): the harness costs throughput")
+            status = LOST
     else:
         print("no round completed on both sides")
     if failed_checks:
         print(f"{failed_checks} round(s) failed a check: the two sides did not run the same greedy work")
     if failed_runs:
         print(f"{failed_runs} round(s) failed to run on a side: no figure for them")
-    if failed_checks or failed_runs:
-        sys.exit(1)
+    return 1 if failed_checks or failed_runs else status
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """The decision rule's error rate and power, measured by simulation (no engine): the figures in docs/verdicts.md.
 
     .venv/bin/python benchmarks/verdict_error_rates.py [--trials 4000] [--seed 0]
+    .venv/bin/python benchmarks/verdict_error_rates.py --loops [--trials 2000]   # rounds=auto's whole loop, A/A
 
 Each simulated comparison draws n per-run rates a side from one model of run-to-run
 spread on these hosts: log-normal with standard deviation ``sigma`` of the log rate
@@ -14,13 +15,21 @@ With ``ratio`` = 1 (A/A) any "clear winner" is false; with ``ratio`` > 1 the sha
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.report.verdict import CLEAR, CLOSE, EQUIVALENT, MIN_EFFECT, compare  # noqa: E402
+from harness.report.sequential import SequentialPlan  # noqa: E402
+from harness.report.verdict import CLEAR, CLOSE, EQUIVALENT, MIN_EFFECT, MIN_RUNS, Verdict, compare  # noqa: E402
+
+FIXTURE = Path(__file__).resolve().parent / "data" / "per_run_rates.json"
+Round = Callable[[np.random.Generator, int], tuple[float, float]]   # (generator, round index) -> (rate A, rate B)
+Judge = Callable[[list, list], Verdict]
 
 # sigma of log per-run rates: a quiet host (README runs 1,014/991/985: 1.5%), typical, noisy, and a host loaded
 # by other agents (docs/verdicts.md's A/A run: about 40%)
@@ -45,11 +54,140 @@ def simulate(n_a: int, n_b: int, sigma: float, ratio: float = 1.0, trials: int =
     return {k: v / trials for k, v in counts.items()}
 
 
+# --- the whole loop under repeated looks (run.rounds=auto, the tuner's added confirmation rounds) ---------------
+
+def drifting(sigma: float = 0.05, drift: float = 0.03, outliers: float = 0.0) -> Callable[[], Round]:
+    """A/A rounds on a host that drifts: log rate = a random walk over the runs in execution order (step
+    ``drift`` a run, so rounds late in the loop sit apart from early ones) + run noise ``sigma`` (a share
+    ``outliers`` of runs at 0.7x). The order within a round rotates each round, as ``rounds.py`` runs it.
+    Returns a factory: one fresh walk per simulated loop."""
+    def factory() -> Round:
+        level = [0.0]
+
+        def one_round(generator: np.random.Generator, index: int) -> tuple[float, float]:
+            runs = []
+            for _ in range(2):
+                level[0] += generator.normal(0.0, drift)
+                rate = 1000 * math.exp(level[0] + generator.normal(0.0, sigma))
+                runs.append(rate * 0.7 if generator.random() < outliers else rate)
+            first, second = runs
+            return (first, second) if index % 2 == 0 else (second, first)
+
+        return one_round
+    return factory
+
+
+def real_deviations(path: Path = FIXTURE) -> list[list[list[float]]]:
+    """Per series, per config: each real run's log deviation from its config's mean log rate, widened by
+    sqrt(n / (n - 1)) for the mean it was taken from (``benchmarks/data/per_run_rates.json``)."""
+    out = []
+    for series in json.loads(path.read_text())["series"]:
+        logs = [np.log(np.asarray(v, dtype=float)) for v in series["values"]]
+        out.append([list((x - x.mean()) * math.sqrt(len(x) / (len(x) - 1))) for x in logs])
+    return out
+
+
+def resampled(path: Path = FIXTURE) -> Callable[[], Round]:
+    """A/A runs resampled from real measured runs: every run of both sides draws, independently and with
+    replacement, one of the real runs' deviations from its config's geometric mean (all series pooled: quiet
+    and loaded hosts, their outlier runs included). Runs are independent, as the rule assumes."""
+    pool = [d for series in real_deviations(path) for config in series for d in config]
+
+    def factory() -> Round:
+        def one_round(generator: np.random.Generator, index: int) -> tuple[float, float]:
+            i, j = generator.integers(len(pool), size=2)
+            return 1000 * math.exp(pool[i]), 1000 * math.exp(pool[j])
+        return one_round
+    return factory
+
+
+def resampled_rounds(path: Path = FIXTURE) -> Callable[[], Round]:
+    """A/A rounds resampled whole from real interleaved comparisons: each round is a real round (two of its
+    configs, in random order, each as its deviation from its own geometric mean), so rounds that swing
+    together on a loaded host (drift shared by both sides) are kept as measured."""
+    rounds = [tuple(config[r] for config in series) for series in real_deviations(path) for r in range(len(series[0]))]
+
+    def factory() -> Round:
+        def one_round(generator: np.random.Generator, index: int) -> tuple[float, float]:
+            chosen = rounds[generator.integers(len(rounds))]
+            i, j = generator.choice(len(chosen), size=2, replace=False)
+            return 1000 * math.exp(chosen[i]), 1000 * math.exp(chosen[j])
+        return one_round
+    return factory
+
+
+def naive(min_effect: float = MIN_EFFECT) -> Callable[[int, int], Judge]:
+    """The loop before: the plain rule at α = 0.05 at every look."""
+    return lambda first, last: (lambda a, b: compare(a, b, min_effect, estimate_rounds=False))
+
+
+def sequential(min_effect: float = MIN_EFFECT, spending: str = "obrien-fleming") -> Callable[[int, int], Judge]:
+    """The loop now: each look at its group-sequential level (``harness.report.sequential``)."""
+    def make(first: int, last: int) -> Judge:
+        plan = SequentialPlan(first, last, spending=spending)
+        return lambda a, b: plan.judge(a, b, min_effect, estimate_rounds=False)
+    return make
+
+
+def run_loop(one_round: Round, judge: Judge, first: int, last: int, generator: np.random.Generator) -> str:
+    """One loop as ``rounds.until_decided`` runs it: ``first`` rounds, then a look after each round until the
+    rule decides or ``last`` rounds. Returns ``clear_a``, ``clear_b``, ``equivalent`` or ``undecided``."""
+    a: list[float] = []
+    b: list[float] = []
+    for index in range(last):
+        x, y = one_round(generator, index)
+        a.append(x)
+        b.append(y)
+        if index + 1 < first:
+            continue
+        verdict = judge(a, b)
+        if verdict.verdict == CLEAR:
+            return "clear_a" if verdict.winner == "a" else "clear_b"
+        if verdict.verdict == EQUIVALENT:
+            return EQUIVALENT
+    return "undecided"
+
+
+def loop_rates(rounds: Callable[[], Round], rule: Callable[[int, int], Judge], looks: int, trials: int = 1000,
+               seed: int = 0, first: int = MIN_RUNS) -> dict[str, float]:
+    """Shares of each ending over ``trials`` A/A loops of ``looks`` looks (first look at ``first`` runs a side);
+    ``false`` is the share that named a winner."""
+    generator = np.random.default_rng(seed)
+    judge = rule(first, first + looks - 1)
+    counts = dict.fromkeys(("clear_a", "clear_b", EQUIVALENT, "undecided"), 0)
+    for _ in range(trials):
+        counts[run_loop(rounds(), judge, first, first + looks - 1, generator)] += 1
+    shares = {k: v / trials for k, v in counts.items()}
+    return shares | {"false": shares["clear_a"] + shares["clear_b"]}
+
+
+LOOP_SOURCES = {"drift, 5% spread": drifting(0.05, 0.03), "drift, 30% spread, 10% outliers": drifting(0.30, 0.05, 0.1),
+                "no drift, 5% spread": drifting(0.05, 0.0), "resampled real runs": resampled(),
+                "resampled real rounds (paired)": resampled_rounds()}
+
+
+def loop_table(trials: int, seed: int) -> None:
+    print(f"{trials} simulated A/A loops per cell, first look at {MIN_RUNS} runs a side, one look per added round, "
+          f"min effect {MIN_EFFECT:.0%}: share of loops that named a false winner (and that ended equivalent)")
+    print("| data | looks | before (α = 0.05 at every look) | after (O'Brien–Fleming spending) | after (Pocock) |")
+    print("|---|---|---|---|---|")
+    for name, source in LOOP_SOURCES.items():
+        for looks in (1, 3, 10):
+            cells = [loop_rates(source, rule, looks, trials, seed)
+                     for rule in (naive(), sequential(), sequential(spending="pocock"))]
+            print(f"| {name} | {looks} | " + " | ".join(f"{c['false']:.1%} ({c[EQUIVALENT]:.1%})" for c in cells)
+                  + " |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--loops", action="store_true", help="the whole rounds=auto loop at 1, 3 and 10 looks")
     args = parser.parse_args()
+    if args.loops:
+        loop_table(args.trials, args.seed)
+        return
     print(f"{args.trials} simulated comparisons per cell, min effect {MIN_EFFECT:.0%}, equal runs a side")
     print("| spread (sd of log rate) | outliers | runs a side | A/A: false clear winner | A/A: equivalent | "
           "power at +5% | power at +10% |")

@@ -70,14 +70,20 @@ def installed_variant(engine: str) -> str:
     return "default"
 
 
-def preflight(engine: str) -> None:
+def preflight(engine: str, knobs: dict[str, Any] | None = None,
+              memory: tuple[str, float | None] | None = None) -> None:
     """Run exactly the checks of ``troughput-env ENGINE --check`` in this interpreter, before the engine starts.
 
     Raises ``EngineUnavailable`` naming every unmet requirement with its fix (the package missing,
     Python, glibc, driver, GPUs, CUDA toolkit, libraries, a torch built for another CUDA, no GPU):
     the run's row is ``invalid`` with these reasons, never a knob rejection.
+
+    ``memory``: ``(native knob, engine default)`` of the share of each GPU's total memory the engine takes at
+    start; with it, each of the run's GPUs (``engines.devices``, from ``knobs``) must have that much free
+    (``requirements.memory_problems``), or the check names the GPU, its free and total memory and the knob.
     """
     from engines import requirements, unit
+    from engines.devices import per_replica, run_gpus
 
     engine_unit = unit(engine)
     environment = engine_unit.environment(installed_variant(engine))
@@ -86,6 +92,11 @@ def preflight(engine: str) -> None:
     problems = requirements.environment_problems(engine, engine_unit.label, environment, facts,
                                                  requirements.import_report(environment.module), sys.executable,
                                                  str(PROJECT_ROOT))
+    if memory is not None and environment.needs_gpu:
+        knob, default = memory
+        fraction = (knobs or {}).get(knob, default)
+        gpus = run_gpus(facts.gpus, facts.visible_devices, per_replica(engine, knobs))
+        problems += requirements.memory_problems(gpus, engine_unit.label, knob, fraction)
     if problems:
         raise EngineUnavailable(f"{engine_unit.label} cannot run here (the checks of `troughput-env {engine} "
                                 "--check`): " + "; ".join(f"({i}) {p}" for i, p in enumerate(problems, 1)))

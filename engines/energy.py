@@ -6,8 +6,9 @@ from RAPL (``/sys/class/powercap``), else none, with the reason.
 ``rapl``) and, when ``energy_j`` is null, ``energy_reason``. Counters:
 
 - NVML ``nvmlDeviceGetTotalEnergyConsumption`` (millijoules since the driver loaded; Volta and
-  newer), per device that ``CUDA_VISIBLE_DEVICES`` leaves visible. A GPU row's energy is the GPUs'
-  only, not the host's.
+  newer), per GPU the run uses (``engines.devices``: the first tensor × pipeline parallel of those
+  ``CUDA_VISIBLE_DEVICES`` leaves visible, whether or not it is set; on an 8-GPU node a one-GPU run
+  meters one GPU, not eight idle ones). A GPU row's energy is the GPUs' only, not the host's.
 - RAPL package domains (``/sys/class/powercap/intel-rapl:N/energy_uj``, microjoules, wrapping at
   ``max_energy_range_uj``; AMD CPUs appear there too). The whole package, whatever else runs on it.
   Never on a host with an NVIDIA driver, so a GPU row never carries the CPU's joules.
@@ -21,15 +22,17 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from engines.requirements import Gpu, visible
+from engines.devices import from_environment
+from engines.requirements import Gpu
 
 POWERCAP = Path("/sys/class/powercap")
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")   # present where an NVIDIA kernel driver is loaded
 Counters = Callable[[], dict[str, float]]   # device -> joules so far
 
 
-def nvml_counters() -> tuple[Counters | None, str]:
-    """A reader of each visible GPU's energy counter (joules), or None and why not."""
+def nvml_counters(devices: int | None = None) -> tuple[Counters | None, str]:
+    """A reader of the energy counter (joules) of each GPU the run uses (the first ``devices`` visible ones;
+    all visible ones when None), or None and why not."""
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -37,7 +40,7 @@ def nvml_counters() -> tuple[Counters | None, str]:
         gpus = tuple(Gpu(i, _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))), "")
                      for i in range(count))
         handles = {str(g.index): pynvml.nvmlDeviceGetHandleByIndex(g.index)
-                   for g in visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))}
+                   for g in from_environment(gpus, devices)}
     except ImportError:
         return None, "pynvml (nvidia-ml-py) is not installed"
     except Exception as e:  # noqa: BLE001 - no driver, no device, a device that does not answer: no NVML
@@ -101,13 +104,16 @@ class EnergyMeter:
     Args:
         sources: ``(name, factory)`` pairs tried in order (default NVML, then RAPL); a factory
             returns ``(counters or None, why not)``.
+        devices: GPUs the run's engine spans (``engines.devices.per_replica``); None: every visible GPU.
     """
 
-    def __init__(self, sources: list[tuple[str, Callable[[], tuple[Counters | None, str]]]] | None = None):
+    def __init__(self, sources: list[tuple[str, Callable[[], tuple[Counters | None, str]]]] | None = None,
+                 devices: int | None = None):
         self.reasons: list[str] = []
         self.counters: Counters | None = None
         self.source: str | None = None
-        for name, factory in sources if sources is not None else [("nvml", nvml_counters), ("rapl", rapl_counters)]:
+        defaults = [("nvml", lambda: nvml_counters(devices)), ("rapl", rapl_counters)]
+        for name, factory in sources if sources is not None else defaults:
             counters, why = factory()
             if counters is not None:
                 self.counters, self.source = counters, name

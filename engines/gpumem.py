@@ -2,7 +2,8 @@
 
 Every engine keeps its model in a child process (vLLM's engine core, SGLang's scheduler,
 TensorRT-LLM's executor worker), so the worker's own ``torch.cuda`` counters read ~0.
-``GpuMemorySampler`` reads each visible device's used memory and its compute processes on a
+``GpuMemorySampler`` reads each of the run's GPUs' used memory (``engines.devices``: the first
+tensor × pipeline parallel visible ones) and its compute processes on a
 daemon thread (every ``interval_s``, 0.5 s by default, plus one read at start and stop), from
 ``pynvml`` when it imports, else from ``nvidia-smi``. It reports, per visible device (by
 ``nvidia-smi`` index):
@@ -27,7 +28,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engines.requirements import Gpu, parse_gpu_query, run_quietly, visible
+from engines.devices import from_environment
+from engines.requirements import Gpu, parse_gpu_query, run_quietly
 
 MIB = 1024 * 1024
 DEVICE_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,name,driver_version,memory.used", "--format=csv,noheader,nounits"]
@@ -57,12 +59,12 @@ def parse_smi(device_text: str, apps_text: str) -> list[DeviceSample]:
     return [DeviceSample(g.index, (g.memory_mib or 0) * MIB, by_uuid[g.uuid]) for g in devices]
 
 
-def smi_reader() -> Reader | None:
-    """A reader over ``nvidia-smi`` for the visible devices, or None when it does not answer."""
+def smi_reader(devices: int | None = None) -> Reader | None:
+    """A reader over ``nvidia-smi`` for the run's GPUs (``engines.devices``), or None when it does not answer."""
     if shutil.which("nvidia-smi") is None or run_quietly(DEVICE_QUERY, timeout=10) is None:
         return None
-    shown = {g.index for g in visible(parse_gpu_query(run_quietly(DEVICE_QUERY, timeout=10) or ""),
-                                      os.environ.get("CUDA_VISIBLE_DEVICES"))}
+    shown = {g.index for g in from_environment(parse_gpu_query(run_quietly(DEVICE_QUERY, timeout=10) or ""),
+                                               devices)}
 
     def read() -> list[DeviceSample]:
         samples = parse_smi(run_quietly(DEVICE_QUERY, timeout=10) or "", run_quietly(APPS_QUERY, timeout=10) or "")
@@ -71,8 +73,8 @@ def smi_reader() -> Reader | None:
     return read
 
 
-def nvml_reader() -> Reader | None:
-    """A reader over ``pynvml`` (nvidia-ml-py) for the visible devices, or None without it or a driver."""
+def nvml_reader(devices: int | None = None) -> Reader | None:
+    """A reader over ``pynvml`` (nvidia-ml-py) for the run's GPUs, or None without it or a driver."""
     try:
         import pynvml
         pynvml.nvmlInit()
@@ -80,8 +82,7 @@ def nvml_reader() -> Reader | None:
                      for i in range(pynvml.nvmlDeviceGetCount()))
     except Exception:  # noqa: BLE001 - no module, no driver, no device: all mean "no NVML"
         return None
-    handles = {g.index: pynvml.nvmlDeviceGetHandleByIndex(g.index)
-               for g in visible(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"))}
+    handles = {g.index: pynvml.nvmlDeviceGetHandleByIndex(g.index) for g in from_environment(gpus, devices)}
 
     def read() -> list[DeviceSample]:
         samples = []
@@ -94,10 +95,10 @@ def nvml_reader() -> Reader | None:
     return read
 
 
-def default_reader() -> tuple[Reader, str] | None:
-    """NVML when ``pynvml`` imports, else ``nvidia-smi``; None without a driver."""
+def default_reader(devices: int | None = None) -> tuple[Reader, str] | None:
+    """NVML when ``pynvml`` imports, else ``nvidia-smi``, over the run's GPUs; None without a driver."""
     for make, name in ((nvml_reader, "nvml"), (smi_reader, "nvidia-smi")):
-        reader = make()
+        reader = make(devices)
         if reader is not None:
             return reader, name
     return None
@@ -155,10 +156,12 @@ class GpuMemorySampler:
         reader: what reads the devices (default: ``default_reader()``; none: the sampler is off).
         interval_s: seconds between samples.
         root: the process whose tree counts as the run's (default: this process).
+        devices: GPUs the run's engine spans (``engines.devices.per_replica``); None: every visible GPU.
     """
 
-    def __init__(self, reader: Reader | None = None, interval_s: float = 0.5, root: int | None = None):
-        found = (reader, "given") if reader is not None else default_reader()
+    def __init__(self, reader: Reader | None = None, interval_s: float = 0.5, root: int | None = None,
+                 devices: int | None = None):
+        found = (reader, "given") if reader is not None else default_reader(devices)
         self.reader, self.source = found if found else (None, None)
         self.interval_s = interval_s
         self.root = root or os.getpid()

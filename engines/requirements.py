@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 # Oldest Linux driver branch that runs every minor release of a CUDA major version
 # (CUDA minor-version compatibility; NVIDIA's CUDA compatibility guide, "Minor Version Compatibility").
 DRIVER_FOR_CUDA = {12: 525, 13: 580}
-GPU_QUERY = ("nvidia-smi", "--query-gpu=index,uuid,name,driver_version,memory.total", "--format=csv,noheader,nounits")
+GPU_QUERY = ("nvidia-smi", "--query-gpu=index,uuid,name,driver_version,memory.total,memory.free",
+             "--format=csv,noheader,nounits")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class Gpu:
     uuid: str
     name: str
     memory_mib: int | None = None
+    free_mib: int | None = None       # free memory when the host was probed (None: not read)
 
 
 @dataclass(frozen=True)
@@ -83,14 +85,43 @@ def visible(gpus: tuple[Gpu, ...], setting: str | None) -> tuple[Gpu, ...]:
 
 
 def parse_gpu_query(text: str) -> tuple[Gpu, ...]:
-    """The GPUs in ``nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.total`` CSV output."""
+    """The GPUs in ``nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.total[,memory.free]`` CSV
+    output (MiB)."""
     gpus = []
     for line in text.strip().splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) >= 3 and parts[0].isdigit():
             memory = parts[4] if len(parts) > 4 else ""
-            gpus.append(Gpu(int(parts[0]), parts[1], parts[2], int(memory) if memory.isdigit() else None))
+            free = parts[5] if len(parts) > 5 else ""
+            gpus.append(Gpu(int(parts[0]), parts[1], parts[2], int(memory) if memory.isdigit() else None,
+                            int(free) if free.isdigit() else None))
     return tuple(gpus)
+
+
+def memory_problems(gpus: tuple[Gpu, ...], label: str, knob: str, fraction: float | None) -> list[Problem]:
+    """Each of the run's ``gpus`` whose free memory cannot hold ``fraction`` × its total, the share the engine
+    takes at start (vLLM's ``gpu_memory_utilization``, SGLang's ``mem_fraction_static``), with the numbers.
+
+    vLLM refuses the same thing at start ("Free memory on device ... is less than desired GPU memory
+    utilization"), but only after the worker started it, one GPU at a time; this says it before, for every GPU.
+    Nothing to check without a fraction, or for a GPU whose memory was not read.
+    """
+    if not fraction:
+        return []
+    problems = []
+    for gpu in gpus:
+        if not gpu.memory_mib or gpu.free_mib is None:
+            continue
+        need = fraction * gpu.memory_mib
+        if need > gpu.free_mib:
+            most = gpu.free_mib / gpu.memory_mib
+            problems.append(Problem(
+                f"GPU {gpu.index} ({gpu.name}, {gpu.uuid}) has {gpu.free_mib / 1024:.1f} GiB free of "
+                f"{gpu.memory_mib / 1024:.1f} GiB ({(gpu.memory_mib - gpu.free_mib) / 1024:.1f} GiB held by other "
+                f"processes); {label}'s {knob}={fraction:g} takes {need / 1024:.1f} GiB of it at start",
+                f"free the GPU (`nvidia-smi` lists the processes holding it), run on another GPU "
+                f"(CUDA_VISIBLE_DEVICES), or lower {knob} to at most {most:.2f}"))
+    return problems
 
 
 def parse_driver(query_text: str, header_text: str = "") -> tuple[str | None, str | None]:
@@ -201,6 +232,8 @@ def torch_problems(environment: Environment, label: str, torch_version: str, tor
 def import_report(module: str) -> dict:
     """Which pieces import in this interpreter: the engine ``module``, troughput's worker, torch and its GPU.
 
+    Whether torch sees a GPU (``cuda``, ``cuda_devices``) is asked in a child interpreter, never with a CUDA
+    call in this process (the worker, before its engine starts: see the comment below).
     Self-contained (its imports inside): ``troughput-env ENGINE --check`` runs this function's source
     under the environment's interpreter, and each adapter calls it in-process before it starts.
     """
@@ -216,12 +249,34 @@ def import_report(module: str) -> dict:
             report[key + "_error"] = f"{type(e).__name__}: {e}"
     try:
         import torch
-        report["cuda"] = torch.cuda.is_available()
         report["torch"] = torch.__version__
         report["torch_cuda"] = torch.version.cuda
     except Exception as e:  # noqa: BLE001
         report["cuda"] = False
         report["torch_error"] = f"{type(e).__name__}: {e}"
+        return report
+    # Never a torch.cuda call in this process: it initialises CUDA here, and an engine that forks its
+    # engine core afterwards (vLLM does unless CUDA is already initialised) then dies with "Cannot
+    # re-initialize CUDA in forked subprocess". A GPU build of torch is asked in a child interpreter,
+    # which exits with its CUDA context; a CPU build has no GPU to find.
+    if not torch.version.cuda and not getattr(torch.version, "hip", None):
+        report["cuda"] = False
+        return report
+    import subprocess
+
+    probe = "import torch; print(torch.cuda.device_count() if torch.cuda.is_available() else 0)"
+    try:
+        child = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300,
+                               check=False)
+        lines = child.stdout.strip().splitlines()
+        if child.returncode != 0 or not lines or not lines[-1].isdigit():
+            tail = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}"])[-1]
+            raise RuntimeError(f"the child asking torch for its GPUs failed: {tail}")
+        report["cuda_devices"] = int(lines[-1])
+        report["cuda"] = report["cuda_devices"] > 0
+    except Exception as e:  # noqa: BLE001 - a child that cannot answer means no usable GPU, with the reason
+        report["cuda"] = False
+        report["cuda_error"] = f"{type(e).__name__}: {e}"
     return report
 
 
@@ -240,7 +295,8 @@ def environment_problems(engine: str, label: str, environment: Environment, fact
     if environment.needs_gpu and "torch" in report:
         problems += torch_problems(environment, label, report["torch"], report.get("torch_cuda"), engine, python)
     if environment.needs_gpu and not report.get("cuda") and not problems:
-        reason = report.get("torch_error") or f"torch {report.get('torch')} sees no CUDA GPU"
+        reason = (report.get("torch_error") or report.get("cuda_error")
+                  or f"torch {report.get('torch')} sees no CUDA GPU")
         problems.append(Problem(f"no usable NVIDIA GPU ({reason})",
                                 "run `nvidia-smi` in this shell to see what the driver reports"))
     return problems

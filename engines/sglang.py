@@ -82,7 +82,7 @@ class SglangEngine(Engine):
 
     def validate(self) -> None:
         """``troughput-env sglang --check``'s checks (``preflight``), then knob names and the architecture."""
-        preflight("sglang")
+        preflight("sglang", self.knobs, memory=("mem_fraction_static", None))
         self.check_knobs()
 
     def check_knobs(self) -> None:

@@ -16,6 +16,7 @@ from engines.knobs import NativeMapping, inverted
 from engines.statread import TEXT, StatReader
 from engines.steptrace import StepRecorder
 from engines.unit import EngineUnit, Environment, dummy_weights_args
+from engines.vllm_log import StderrSince, compile_seconds, engine_core_pid
 
 COUNTERS = {
     "vllm:num_preemptions": "preemptions",
@@ -42,7 +43,7 @@ class VllmEngine(Engine):
     def validate(self) -> None:
         """``troughput-env vllm --check``'s checks (``preflight``), then knob names (``EngineArgs`` fields),
         then vLLM's own check of the config (a failure without the knobs is the model's, not the knobs')."""
-        preflight("vllm")
+        preflight("vllm", self.knobs, memory=("gpu_memory_utilization", 0.9))
         UNIT.check_reserved(self.knobs)
         check_engine_args(self._engine_kwargs(), self.knobs)
 
@@ -64,6 +65,7 @@ class VllmEngine(Engine):
         from vllm import LLM
 
         _allow_amx()
+        log = StderrSince().mark()   # the engine core (a child process on GPU) logs its compile time there
         t0 = time.perf_counter()
         self.llm = LLM(**self._engine_kwargs())
         startup_s = time.perf_counter() - t0
@@ -72,9 +74,16 @@ class VllmEngine(Engine):
         self.step_logger = attach_step_logger(self.llm.llm_engine, self.step_trace, config, self.stat_reader)
         compilation = config.compilation_config
         compile_s = compilation.compilation_time + compilation.encoder_compilation_time
+        logged = log.read()
+        if not compile_s:   # in-process engine core (CPU rehearsal) sets it here; a child process only logs it
+            compile_s = compile_seconds(logged) or 0.0
+        core_pid = engine_core_pid(logged)
         # The dtype that runs, as resolved by vLLM: "auto" turns a float32 checkpoint into bf16 on CPU.
         return StartInfo(startup_s=startup_s, compile_s=compile_s or None, engine_version=_version(),
                          extra={"block_size": config.cache_config.block_size,
+                                # where the engine core ran: "child process" (vLLM's GPU layout), "in process"
+                                "engine_core": None if core_pid is None else
+                                "in process" if core_pid == os.getpid() else "child process",
                                 # what it runs at once: sequences, and tokens of KV cache (in-job tuning's run fill)
                                 "max_num_seqs": config.scheduler_config.max_num_seqs * _dp(config),
                                 "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,

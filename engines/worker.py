@@ -24,6 +24,7 @@ from typing import Any
 from engines import get_engine_class
 from engines.base import Completion, Engine, EngineUnavailable, KnobError, Request
 from engines.decoding import needs_tokenizer, unsupported
+from engines.devices import per_replica
 from engines.energy import EnergyMeter
 from engines.gpumem import GpuMemorySampler
 
@@ -158,8 +159,9 @@ def run_job(job_dir: Path) -> int:
     engine: Engine | None = None
     # GPU memory from the driver for the whole run (all processes on the visible devices, and this
     # process tree's share), sampled every 0.5 s on a thread; None without a driver.
-    gpu_memory = GpuMemorySampler().start()
-    energy = EnergyMeter()
+    devices = per_replica(job.get("engine"), job.get("knobs"))   # the run's own GPUs, not every one on the node
+    gpu_memory = GpuMemorySampler(devices=devices).start()
+    energy = EnergyMeter(devices=devices)
     try:
         emit("phase", phase="validate")
         engine = get_engine_class(job["engine"])({**job["model"], **workload_limits(requests)}, job.get("knobs") or {})

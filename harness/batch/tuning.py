@@ -57,7 +57,8 @@ from harness.core.errors import TroughputError
 from harness.run.stepmodels import REPLAYABLE
 from harness.steps.predict import prediction_columns
 from harness.quality.agreement import columns as agreement_columns
-from harness.report.verdict import INSUFFICIENT, Verdict, compare
+from harness.report.sequential import SequentialPlan
+from harness.report.verdict import INSUFFICIENT, Verdict
 from sweeps.best import leaders
 from sweeps.seeds import enqueue_seeds
 from sweeps.space import SearchSpace
@@ -240,7 +241,14 @@ class InJobTuning:
     def _verdict(self, trial: int) -> Verdict:
         mine = self._confirm_records(trial)
         rates = {side: [x.rate for x in mine if x.side == side and x.rate] for side in ("candidate", "default")}
-        return compare(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
+        return self.confirm_plan().judge(rates["candidate"], rates["default"], min_effect=float(self.tune["min_effect"]))
+
+    def confirm_plan(self) -> SequentialPlan:
+        """The confirmation's looks: the first after ``confirm_rounds`` runs a side, then one per added round up
+        to ``max_confirm_rounds``; each look's verdict at its group-sequential level (docs/verdicts.md), so the
+        added rounds keep the whole confirmation's false-winner rate at 5%."""
+        rounds = int(self.tune["confirm_rounds"])
+        return SequentialPlan(rounds, max(rounds, int(self.tune.get("max_confirm_rounds") or rounds)))
 
     def _more_rounds(self, verdict: Verdict, done: int, cap: int) -> str | None:
         """Why one more confirmation round, after ``done``; ``None`` (and why not, in the log) if none.
@@ -259,12 +267,12 @@ class InJobTuning:
                 log.info("confirmation: %s: more than one failed run on a side, no more rounds", verdict.reason)
                 return None
             why = "a run failed: " + verdict.reason
-        elif verdict.rounds_needed is None or verdict.rounds_needed > cap:
-            log.info("confirmation: %s; about %s rounds a side would decide it, over batch.tune.max_confirm_rounds="
-                     "%d: no more rounds", verdict.reason, verdict.rounds_needed or "more than 200", cap)
+        elif (needed := self.confirm_plan().runs_to_decide(verdict)) is None:   # at the plan's levels, to the cap
+            log.info("confirmation: %s; no look up to batch.tune.max_confirm_rounds=%d would decide it at this "
+                     "estimate and spread: no more rounds", verdict.reason, cap)
             return None
         else:
-            why = f"about {verdict.rounds_needed} rounds a side would likely decide it"
+            why = f"about {needed} rounds a side would likely decide it"
         if not self._room_for(sum(self.sizes.values())):   # _confirm set the sizes before the first round
             log.info("confirmation: %s, but the tuning budget (batch.tune.max_share) holds no further round",
                      verdict.verdict)

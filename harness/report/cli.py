@@ -13,6 +13,7 @@ from harness.core.errors import TroughputError
 from harness.report import WRITERS, Filters, PlannerInputs, ReportOptions, build_report, write_report
 from harness.report.document import fmt, fmt_interval
 from harness.report.quality import QualityGuard
+from harness.report.sections import use_text
 from harness.report.verdict import MIN_EFFECT
 
 log = logging.getLogger("troughput.report")
@@ -44,9 +45,10 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--window-hours", type=float, default=8.0, help="idle window in hours (default: 8)")
     w.add_argument("--gpu-hour-usd", type=float, default=2.50, help="price of one GPU-hour in USD (default: 2.50)")
     s = p.add_argument_group("statistics and decisions")
-    s.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples (default: 2000)")
+    s.add_argument("--resamples", type=int, default=2000, help="unused (per-config intervals are t intervals of the geometric mean now); "
+                        "accepted so that existing scripts still run")
     s.add_argument("--confidence", type=float, default=0.95, help="interval level (default: 0.95)")
-    s.add_argument("--seed", type=int, default=0, help="bootstrap seed (default: 0)")
+    s.add_argument("--seed", type=int, default=0, help="unused, like --resamples")
     s.add_argument("--min-agreement", type=float, default=0.99,
                    help="quality guard: a config whose token agreement with the engine's default config is below "
                         "this is never chosen (default: 0.99; only where measured, quality.reference=default)")
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"troughput-report: error: {e}", file=sys.stderr)
         return 2
     for d in report.decisions:
-        chosen = f"{d['chosen.engine']} {d['chosen.label']}" if d.get("chosen.engine") else "-"
+        chosen = use_text(d)   # a best only for a clear winner; otherwise the configs it cannot tell apart
         margin = fmt(d.get("margin"), "pct")
         ci = fmt_interval(d.get("margin_ci_low"), d.get("margin_ci_high"), "pct")
         print(f"{d['cell_label']:<24} {d['model']:<12} {d['hardware']:<8} {chosen:<36} {margin:>8} {ci:<20} "

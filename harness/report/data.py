@@ -25,7 +25,7 @@ import pandas as pd
 
 from harness.core.errors import TroughputError
 from harness.report.quality import COLUMNS as QUALITY_COLUMNS
-from harness.report.stats import interval, representative, spread
+from harness.report.stats import geometric_interval, geometric_mean, representative, spread
 from harness.run.results import read_rows
 
 CELL = ["workload", "workload_fingerprint", "model", "hardware", "host_id"]
@@ -183,11 +183,15 @@ def _label_context(frame: pd.DataFrame) -> dict[tuple, tuple[list[str], dict[str
 
 
 def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, seed: int = 0) -> pd.DataFrame:
-    """One record per config with its runs, pooled passes, representative numbers and bootstrap interval.
+    """One record per config with its runs, pooled passes, its geometric mean and that mean's ``level`` interval.
+
+    ``n_boot`` and ``seed`` are no longer used (the interval was a bootstrap of the low median; it is now the
+    t interval of the statistic the verdict compares); they are accepted so that existing callers still run.
 
     Only ``ok`` rows carry measurements; a config whose rows all failed appears with
-    ``n_ok == 0`` (response curves mark it). Throughput is the low median of the config's
-    samples (its runs' median passes from two runs on, else its one run's passes); total tok/s
+    ``n_ok == 0`` (response curves mark it). Throughput is the geometric mean of the config's
+    runs' rates (each run's median pass; one run: its rate), the verdict rule's estimate, with
+    the t interval of its samples (its runs from two on, else its one run's passes); total tok/s
     and req/s are scaled from it with the rows' token and request counts, so a single-row
     config reproduces its row's numbers exactly. ``cv_runs`` is the coefficient of variation
     across runs and ``runs_disagree`` flags runs more than ``RUNS_DISAGREE`` apart.
@@ -219,7 +223,7 @@ def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, 
             "cv_runs": variation["cv"], "runs_disagree": variation["range"] > RUNS_DISAGREE,
             "ideal_prefix_hit_rate": _median(ok, "workload_info.ideal_prefix_hit_rate"),
         }
-        record.update(_measurements(ok, samples, n_boot, level, seed, cid))
+        record.update(_measurements(ok, run_values, samples, level))
         records.append(record)
     return pd.DataFrame.from_records(records)
 
@@ -234,12 +238,15 @@ def runs_x_passes(passes_per_run: Any) -> str:
     return f"{len(counts)} runs, {sum(counts)} passes"
 
 
-def _measurements(ok: pd.DataFrame, samples: list[float], n_boot: int, level: float, seed: int,
-                  cid: str) -> dict[str, Any]:
-    if not samples:
+def _measurements(ok: pd.DataFrame, run_values: list[float], samples: list[float], level: float) -> dict[str, Any]:
+    """The config's rate: the geometric mean of its runs' rates, the verdict's estimate, which every section
+    ranks by (one run: that run's rate, its row's number); the interval is over ``samples`` (its runs, or the
+    passes of its one run)."""
+    if not samples or not run_values:
         return {METRIC: math.nan, "ci_low": math.nan, "ci_high": math.nan}
-    rate = representative(samples)
-    low, high = interval(samples, n_boot=n_boot, level=level, seed=(seed, cid))
+    rate = geometric_mean(run_values)
+    low, high = geometric_interval(samples, level=level, centre_at=rate if samples is not run_values else None)
+    low, high = min(low, rate), max(high, rate)   # exp(log(x)) may land a rounding error past x
     measured = {METRIC: rate, "ci_low": low, "ci_high": high}
     inputs, outputs, requests = (_median(ok, c) for c in ("input_tokens", "output_tokens", "requests_done"))
     if outputs and outputs > 0:

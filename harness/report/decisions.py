@@ -1,8 +1,8 @@
 """Engine-choice decisions: computed from rows, recorded append-only, never edited.
 
 For each cell (workload fingerprint, model, hardware, host id) the best config (highest
-low-median output tok/s over its samples: its independent runs from two runs on, else
-the passes of its one run) is chosen; the runner-up is the best config of another
+geometric mean of output tok/s over its samples: its independent runs from two runs on,
+else the passes of its one run; the estimate the verdict compares) is chosen; the runner-up is the best config of another
 engine, or, with one engine only, its second-best config. Rows from different hosts
 (``env.host_id``) are different cells, so configs are never compared across hosts.
 
@@ -10,9 +10,8 @@ The verdict is the one rule of ``harness.report.verdict`` applied to the two con
 rates (each run's median pass): ``clear winner``, ``equivalent`` or ``too close to
 call``, with the ratio's interval as the margin; or ``insufficient data`` (no runner-up,
 no successful run, or fewer than ``MIN_RUNS`` independent runs on a side, flagged
-``single run`` or ``too few runs`` with the command that adds rounds). Where the rule's
-estimate (ratio of geometric means) ranks the two the other way round than their low
-medians, the rule's order wins: the chosen config is the faster by the rule.
+``single run`` or ``too few runs`` with the command that adds rounds). The configs are
+ranked by the rule's own estimate, so the chosen config is the faster by the rule.
 
 Decisions live in ``<results_dir>/decisions/<decision_id>.json``, written like runs
 (atomic, never overwritten). A decision is only appended when its basis (the rows it
@@ -33,7 +32,8 @@ import pandas as pd
 
 from harness.report.data import CELL, METRIC, cells
 from harness.report.quality import QualityGuard
-from harness.report.stats import STATISTIC
+from harness.report.sequential import SequentialPlan
+from harness.report.stats import CI_METHOD, STATISTIC
 from harness.run.results import DECISIONS_DIR, prefixed, new_run_id, read_rows, write_row
 from harness.report.verdict import (CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, METHOD, MIN_EFFECT, MIN_RUNS, VERDICTS,
                              compare)
@@ -46,12 +46,13 @@ SIDE_FIELDS = ("engine", "engine_version", "ordering", "config_id", "label", MET
 
 
 def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level: float = 0.95,
-           seed: int = 0, guard: QualityGuard = QualityGuard(), min_effect: float = MIN_EFFECT
-           ) -> list[dict[str, Any]]:
+           seed: int = 0, guard: QualityGuard = QualityGuard(), min_effect: float = MIN_EFFECT,
+           plan: SequentialPlan | None = None) -> list[dict[str, Any]]:
     """One decision per cell of ``configs`` (as built by ``group_configs`` from ``frame``).
 
-    ``level`` and the bootstrap settings are for the per-config intervals shown beside the
-    decision; the verdict is ``harness.report.verdict.compare`` at its α = 0.05 and ``min_effect``.
+    ``level`` is for the per-config intervals shown beside the decision (``n_boot`` and ``seed`` are no
+    longer used: those intervals are t intervals of the geometric mean); the verdict is ``harness.report.verdict.compare`` at its α = 0.05 and ``min_effect``, or,
+    with a ``plan`` (a loop that looks again: ``run.rounds=auto``), at the plan's level for the look.
 
     Configs that fail the quality ``guard`` are never chosen nor the runner-up; those that
     measured faster than the chosen one are named in ``rejected_for_quality`` with their gain.
@@ -67,12 +68,13 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         measured = measured[[failing[cid] is None for cid in measured["config_id"]]]
         winner = measured.iloc[0] if len(measured) else None
         runner_up, relation = _runner_up(measured)
-        if runner_up is not None and _rule_prefers(runner_up, winner, min_effect):
+        looks = plan or _looks_of(rows, winner, runner_up)   # rows that a rounds=auto loop added say its plan
+        if runner_up is not None and _rule_prefers(runner_up, winner, min_effect, looks):
             winner, runner_up = runner_up, winner
         decision: dict[str, Any] = dict(zip(CELL, key)) | {
             "kind": "engine_choice", "metric": METRIC, "statistic": STATISTIC, "min_runs_for_clear": MIN_RUNS,
-            "method": METHOD, "min_effect": min_effect, "ci_level": level,
-            "bootstrap_resamples": n_boot, "bootstrap_seed": seed,
+            "method": METHOD if looks is None else f"{METHOD}; {looks.describe()}", "min_effect": min_effect,
+            "ci_level": level, "ci_method": CI_METHOD,
             "rests_on": sorted(rows.loc[rows["status"] == "ok", "run_id"]),
             "failed_runs": sorted(rows.loc[rows["status"] != "ok", "run_id"]),
         }
@@ -80,7 +82,7 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
             decision |= _side("chosen", winner)
         if runner_up is not None:
             decision |= _side("runner_up", runner_up) | {"runner_up.relation": relation}
-        decision |= _verdict(winner, runner_up, len(rows), min_effect)
+        decision |= _verdict(winner, runner_up, len(rows), min_effect, looks)
         decision |= _rejections(rejected, winner, failing)
         decision["basis"] = _basis(decision)
         decisions.append(decision)
@@ -119,14 +121,33 @@ def _side(prefix: str, config: pd.Series) -> dict[str, Any]:
     return prefixed(prefix, side) | prefixed(f"{prefix}.knob", dict(config["knobs"]))
 
 
-def _rule_prefers(b: pd.Series, a: pd.Series, min_effect: float) -> bool:
+def _looks_of(rows: pd.DataFrame, *configs: pd.Series | None) -> SequentialPlan | None:
+    """The plan of the ``rounds=auto`` loop that added runs to these configs (its rows' ``looks`` label,
+    ``first-last``), so the report judges them at the level the loop's last look used; None for rows no loop
+    added (one look: the plain rule)."""
+    if "looks" not in rows or not all(c is not None for c in configs):
+        return None
+    ids = {run_id for c in configs for run_id in c["run_ids"]}
+    found = {str(v) for v in rows.loc[rows["run_id"].isin(ids), "looks"] if isinstance(v, str) and "-" in v}
+    if len(found) != 1:
+        return None
+    first, last = (int(x) for x in found.pop().split("-"))
+    return SequentialPlan(first, last)
+
+
+def _judge(a: list, b: list, min_effect: float, plan: SequentialPlan | None):
+    return compare(a, b, min_effect) if plan is None else plan.judge(a, b, min_effect)
+
+
+def _rule_prefers(b: pd.Series, a: pd.Series, min_effect: float, plan: SequentialPlan | None = None) -> bool:
     """Whether the rule's estimate puts ``b`` ahead of ``a`` (both with enough runs)."""
     if min(len(a["run_values"]), len(b["run_values"])) < MIN_RUNS:
         return False
-    return compare(a["run_values"], b["run_values"], min_effect).ratio < 1
+    return _judge(a["run_values"], b["run_values"], min_effect, plan).ratio < 1
 
 
-def _verdict(winner, runner_up, n_rows: int, min_effect: float) -> dict[str, Any]:
+def _verdict(winner, runner_up, n_rows: int, min_effect: float, plan: SequentialPlan | None = None
+             ) -> dict[str, Any]:
     out: dict[str, Any] = {"margin": None, "margin_ci_low": None, "margin_ci_high": None, "flags": [],
                            "rounds_needed": None, "spread_log": None}
     if winner is None:
@@ -144,7 +165,7 @@ def _verdict(winner, runner_up, n_rows: int, min_effect: float) -> dict[str, Any
         return out | {"verdict": INSUFFICIENT, "flags": [flag], "rounds_needed": MIN_RUNS,
                       "reason": f"the rule needs {MIN_RUNS} independent runs per side and {' and '.join(few)} "
                                 f"({basis}): {_add_runs()}"}
-    verdict = compare(winner["run_values"], runner_up["run_values"], min_effect)
+    verdict = _judge(winner["run_values"], runner_up["run_values"], min_effect, plan)
     return out | {"verdict": verdict.verdict, "margin": verdict.ratio - 1, "margin_ci_low": verdict.low - 1,
                   "margin_ci_high": verdict.high - 1, "rounds_needed": verdict.rounds_needed,
                   "spread_log": verdict.spread, "reason": f"winner ÷ runner-up {verdict.reason} ({basis})"}
@@ -163,8 +184,8 @@ def _add_runs() -> str:
 
 
 def _basis(decision: dict[str, Any]) -> str:
-    keys = [*CELL, "metric", "statistic", "min_runs_for_clear", "method", "min_effect", "ci_level",
-            "bootstrap_resamples", "bootstrap_seed", "rests_on", "failed_runs"]
+    keys = [*CELL, "metric", "statistic", "min_runs_for_clear", "method", "min_effect", "ci_level", "ci_method",
+            "rests_on", "failed_runs"]
     return hashlib.sha256(json.dumps({k: decision[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:16]
 
 

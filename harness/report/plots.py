@@ -55,7 +55,7 @@ def slug(text: str) -> str:
 
 
 def throughput(configs: pd.DataFrame) -> list[Plot]:
-    """Best config per engine and workload, bars with the bootstrap interval of its samples (runs, else passes)."""
+    """Best config per engine and workload (by the geometric mean the verdict compares), bars with its t interval."""
     measured = configs[configs["n_passes"] > 0].sort_values(METRIC, ascending=False)
     best = measured.drop_duplicates(["engine", "workload_label", "model", "hardware", "host_id"])  # one bar per host
     if best.empty:
@@ -82,8 +82,9 @@ def throughput(configs: pd.DataFrame) -> list[Plot]:
     axes.margins(y=0.25)
     axes.legend(title="engine")
     return [Plot("throughput", "Throughput per engine and workload",
-                 "Best config per engine; bars are the low-median pass, error bars the 95% bootstrap interval "
-                 "over the repeats (zero-width for a single pass).", _png(figure))]
+                 "Best config per engine; bars are the geometric mean of its runs (the verdict's estimate; of its "
+                 "passes for a single run), error bars its 95% t interval (zero-width for a single pass).",
+                 _png(figure))]
 
 
 def response_curves(frame: pd.DataFrame, configs: pd.DataFrame) -> list[Plot]:
@@ -132,7 +133,7 @@ def response_curves(frame: pd.DataFrame, configs: pd.DataFrame) -> list[Plot]:
         axes.set_title(f"Response to {knob}")
         axes.legend(fontsize=8)
         plots.append(Plot(f"response-{slug(knob)}", f"Throughput against {knob}",
-                          "One point per config (error bars: 95% bootstrap interval over repeats), the line joins "
+                          "One point per config (its geometric mean; error bars: its 95% t interval), the line joins "
                           "the best config at each value; a red x on the axis marks a failed run.", _png(figure)))
     return plots
 

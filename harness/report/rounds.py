@@ -12,6 +12,12 @@ order that rotates each round so drift on a shared host lands on every side alik
 ends by printing, per cell, whether the rule decided (and after how many rounds) or the
 cap was reached, with the ratio and its interval.
 
+Every look after the first is another chance to call a false winner, so the looks are planned
+(``harness.report.sequential.SequentialPlan``: the first at the rounds Hydra ran, at least
+``MIN_RUNS``, then one per added round up to ``run.max_rounds``) and each look's verdict is taken
+at its group-sequential level (O'Brien–Fleming alpha spending): the whole loop's false-winner
+rate stays at 5% (docs/verdicts.md measures it).
+
 The configs are the jobs Hydra ran in this process (``on_job_end``), so this needs a
 launcher that runs jobs in the driver process (the default, basic one); with another
 launcher (submitit) it says so and adds nothing.
@@ -27,7 +33,8 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from harness.core.errors import TroughputError
-from harness.report.verdict import DECIDED
+from harness.report.sequential import SequentialPlan
+from harness.report.verdict import DECIDED, MIN_RUNS
 from harness.run.runner import execute
 from harness.run.spec import AUTO, build_spec, wants_rounds
 
@@ -51,11 +58,14 @@ class Job:
         """The command its rows carry, without the round."""
         return " ".join(["troughput-run", *self.overrides])
 
-    def config_for(self, round_index: int, sweep_id: str) -> DictConfig:
+    def config_for(self, round_index: int, sweep_id: str, plan: SequentialPlan | None = None) -> DictConfig:
+        """The config of an added round; its rows carry the loop's plan (``looks``: ``first-last``), so that a
+        report on them judges at the level the loop's last look used (``harness.report.decisions``)."""
         cfg = copy.deepcopy(self.cfg)
         OmegaConf.update(cfg, "run.round", round_index, force_add=True)
         command = " ".join(["troughput-run", *self.overrides, f"{ROUND}{round_index}"])
-        OmegaConf.update(cfg, "run.labels", {**cfg.run.labels, "command": command, "sweep_id": sweep_id},
+        looks = {"looks": f"{plan.first}-{plan.last}"} if plan is not None else {}
+        OmegaConf.update(cfg, "run.labels", {**cfg.run.labels, "command": command, "sweep_id": sweep_id, **looks},
                          force_add=True)
         return cfg
 
@@ -70,7 +80,10 @@ def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds:
     for job in jobs:
         unique.setdefault(job.key, job)
     done_round = max((job.round for job in jobs), default=0)
-    decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect)
+    first = max(done_round, MIN_RUNS)
+    plan = SequentialPlan(first, max(first, max_rounds))
+    say(f"rounds: verdicts by {plan.describe()}")
+    decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect, plan)
     decided_at: dict[tuple, int] = {}
     while True:
         decided_at |= {cell: done_round for cell, d in decisions.items() if d["verdict"] in DECIDED
@@ -84,8 +97,8 @@ def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds:
         say(f"rounds: round {done_round} of at most {max_rounds}: {len(todo)} config(s) of "
             f"{len(open_cells)} undecided cell(s)")
         for job in todo[shift:] + todo[:shift]:
-            run_one(job.config_for(done_round, sweep_id))
-        decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect)
+            run_one(job.config_for(done_round, sweep_id, plan))
+        decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect, plan)
     for cell, d in decisions.items():
         state = (f"decided after {decided_at[cell]} round(s)" if cell in decided_at
                  else "nothing to compare" if not _can_decide(d)
@@ -100,8 +113,10 @@ def _can_decide(decision: dict) -> bool:
     return "no runner-up" not in decision.get("flags", [])
 
 
-def _decisions(results_dir: Path, sweep_id: str, min_effect: float) -> tuple[dict[tuple, dict], dict[str, tuple]]:
-    """This multirun's decision per cell by the report's rule (nothing recorded), and each command's cell."""
+def _decisions(results_dir: Path, sweep_id: str, min_effect: float, plan: SequentialPlan
+               ) -> tuple[dict[tuple, dict], dict[str, tuple]]:
+    """This multirun's decision per cell by the report's rule at the plan's level (nothing recorded), and each
+    command's cell."""
     from harness.report.data import CELL, Filters, group_configs, load_runs
     from harness.report.decisions import cell_of, decide
 
@@ -110,7 +125,8 @@ def _decisions(results_dir: Path, sweep_id: str, min_effect: float) -> tuple[dic
     except TroughputError:
         return {}, {}
     cells = {_without_round(str(row["command"])): tuple(row[c] for c in CELL) for row in frame.to_dict("records")}
-    return {cell_of(d): d for d in decide(frame, group_configs(frame, n_boot=200), min_effect=min_effect)}, cells
+    decisions = decide(frame, group_configs(frame, n_boot=200), min_effect=min_effect, plan=plan)
+    return {cell_of(d): d for d in decisions}, cells
 
 
 def _without_round(command: str) -> str:

@@ -8,10 +8,10 @@ from typing import Any
 import pandas as pd
 
 from harness.report.data import CELL, METRIC, RUNS_DISAGREE, cells
-from harness.report.decisions import CLEAR, METHOD, MIN_RUNS
+from harness.report.decisions import CLEAR, INSUFFICIENT, METHOD, MIN_RUNS
 from harness.report.document import Details, Figure, Paragraph, RowLink, Section, Table, first_line, fmt, fmt_interval
 from harness.report.predictions import section as predictions
-from harness.report.stats import STATISTIC
+from harness.report.stats import CI_METHOD, STATISTIC
 from harness.report.verdict import ALPHA
 
 def baseline_engine() -> str:
@@ -46,8 +46,8 @@ def overview(report) -> Section:
     counts = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}–{runs[-1]}"
     how = (f"A config is one engine with one set of knobs (and ordering) on one workload fingerprint, model, "
            f"hardware config and host; each of its rows is one independent run (its own engine process). Throughput "
-           f"is the {STATISTIC}; per-config intervals are {report.options.level:.0%} percentile bootstrap intervals "
-           f"over those samples ({report.options.resamples} resamples, seed {report.options.seed}). Here {by_runs} of "
+           f"is the {STATISTIC}; every section (recommendation, headline, plots, decision file) ranks configs by it, "
+           f"and per-config intervals are its {report.options.level:.0%} {CI_METHOD}. Here {by_runs} of "
            f"{len(configs)} measured config(s) rest on independent runs ({counts} run(s) per config). Verdicts: "
            f"{METHOD} (minimum effect {report.options.min_effect:.0%}), on at least {MIN_RUNS} independent runs a "
            f"side; the margin is the ratio of geometric means − 1 with that interval. Measure runs interleaved with "
@@ -65,7 +65,7 @@ def overview(report) -> Section:
 def recommendation(report) -> Section:
     rows = []
     for d in report.decisions:
-        chosen = f"{d['chosen.engine']}: {d['chosen.label']}" if d.get("chosen.engine") else "–"
+        chosen = use_text(d)
         runner = (f"{d['runner_up.engine']}: {d['runner_up.label']} ({d['runner_up.relation'].split(' (')[0]})"
                   if d.get("runner_up.engine") else "–")
         margin = fmt(d.get("margin"), "pct")
@@ -81,7 +81,8 @@ def recommendation(report) -> Section:
     table = Table(["workload", "model", "hardware", "use", "runner-up", "margin", f"{1 - ALPHA:.0%} CI",
                    "verdict", "why", "rests on", "decision"], rows, id="decisions")
     clear = sum(d["verdict"] == CLEAR for d in report.decisions)
-    lead = (f"{clear} of {len(report.decisions)} cell(s) have a clear winner. The latest decision per cell, "
+    lead = (f"{clear} of {len(report.decisions)} cell(s) have a clear winner; where the rule cannot tell the "
+            f"configs apart, 'use' names them all as indistinguishable instead of a best. The latest decision per cell, "
             f"recomputed from the rows (results/decisions/, append-only: a decision is added only when the rows "
             f"behind it change). Margin = winner ÷ runner-up − 1 on output tok/s (ratio of the geometric means of "
             f"their per-run rates).")
@@ -94,6 +95,34 @@ def recommendation(report) -> Section:
     return Section("Recommendation", "recommendation", blocks)
 
 
+def use_text(decision: dict[str, Any]) -> str:
+    """What the recommendation says to use: the clear winner; both configs, named indistinguishable, where the
+    rule cannot tell them apart; the config measured best, marked as such, where there is too little data."""
+    if not decision.get("chosen.engine"):
+        return "–"
+    chosen = f"{decision['chosen.engine']}: {decision['chosen.label']}"
+    if decision["verdict"] == CLEAR or not decision.get("runner_up.engine"):
+        return chosen if decision["verdict"] == CLEAR else f"{chosen} (the only config measured; not compared)"
+    other = f"{decision['runner_up.engine']}: {decision['runner_up.label']}"
+    if decision["verdict"] == INSUFFICIENT:
+        return f"no best yet: {chosen} measured ahead of {other}, too few runs to compare"
+    return f"either, indistinguishable ({decision['verdict']}): {chosen} or {other}"
+
+
+def role_of(config_id: str, decision: dict[str, Any]) -> str:
+    """A config's role in its cell's decision, as the headline shows it ('' when it has none)."""
+    chosen, runner = decision.get("chosen.config_id"), decision.get("runner_up.config_id")
+    if config_id not in (chosen, runner):
+        return ""
+    if decision.get("verdict") == CLEAR:
+        return "winner" if config_id == chosen else "runner-up"
+    if runner is None:
+        return "only config (nothing to compare)"
+    if decision.get("verdict") == INSUFFICIENT:
+        return f"{'ahead' if config_id == chosen else 'behind'}, not compared (insufficient data)"
+    return f"indistinguishable ({decision['verdict']})"
+
+
 def headline(report) -> Section:
     baseline_name = baseline_engine()
     by_cell = {tuple(d.get(c) for c in CELL): d for d in report.decisions}
@@ -104,17 +133,19 @@ def headline(report) -> Section:
         baseline = measured[measured["engine"] == baseline_name][METRIC].max()
         shown = measured.drop_duplicates("engine")
         runner_id = decision.get("runner_up.config_id")
-        if runner_id and runner_id not in set(shown["config_id"]):
-            shown = pd.concat([shown, measured[measured["config_id"] == runner_id]])
+        for wanted in (decision.get("chosen.config_id"), runner_id):   # the decision's configs always have rows
+            if wanted and wanted not in set(shown["config_id"]):
+                shown = pd.concat([shown, measured[measured["config_id"] == wanted]])
+        shown = shown.sort_values(METRIC, ascending=False, na_position="last")
         for config in shown.to_dict("records"):
-            role, margin, verdict = "", "", ""
+            role, margin, verdict = role_of(config["config_id"], decision), "", ""
             if config["config_id"] == decision.get("chosen.config_id"):
-                role, verdict = "winner", decision["verdict"]
+                verdict = decision["verdict"]
                 margin = (f"{fmt(decision.get('margin'), 'pct')} "
                           f"{fmt_interval(decision.get('margin_ci_low'), decision.get('margin_ci_high'), 'pct')}"
                           ).strip() if decision.get("margin") is not None else "–"
             elif config["config_id"] == runner_id:
-                role = "runner-up" + (" (same engine)" if config["engine"] == decision.get("chosen.engine") else "")
+                role += " (same engine)" if config["engine"] == decision.get("chosen.engine") else ""
             elif report.options.guard.failing(config):
                 role = f"rejected: {report.options.guard.failing(config)}"
             rows.append([config["cell_label"], config["engine"], config["label"], role, fmt(config[METRIC]),
@@ -132,9 +163,10 @@ def headline(report) -> Section:
                    "prefix-cache hit", "ideal hit (ceiling)", "of speed of light", "J / output token", "energy J", "startup s", "compile s",
                    *QUALITY_HEADERS, "margin [CI]", "verdict"],
                   rows, id="headline", row_ids=ids)
-    lead = ("Per workload, the best measured config of each engine side by side (and the runner-up when it is a "
-            "second config of the winner's engine). Numbers are the low median of the config's independent runs "
-            "(each run's median pass) from 2 runs on, else of its one run's passes; 'runs × passes' says which "
+    lead = ("Per workload, the best measured config of each engine side by side, and the configs the decision "
+            "compares (always both). Numbers are the geometric mean of the config's independent runs (each run's "
+            "median pass) from 2 runs on, else of its one run's passes, with its t interval: the estimate the "
+            "verdict compares, so rows rank as the recommendation does; 'runs × passes' says which "
             f"it rests on, and a CV marked '!' means its runs disagree by more than {RUNS_DISAGREE:.0%} "
             "((max − min) ÷ median). 'ideal hit (ceiling)' is the share of prompt tokens an unbounded prefix "
             f"cache could serve (token grain), beside the measured hit rate; '× {baseline_name}' is the "

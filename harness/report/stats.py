@@ -1,25 +1,57 @@
-"""Bootstrap statistics over a config's samples (seeded, so a report is reproducible).
+"""Per-config statistics: the one estimate every section of a report ranks and shows configs by.
 
 A sample is one independent run (its median pass, the ``output_tok_s`` its row reports)
 once a config has two or more runs; with one run the samples are its passes, which
-share one engine process and cache state. The statistic is the low median of the samples,
-so intervals bracket the headline numbers. These intervals describe one config; verdicts
-between two configs come from ``harness.report.verdict`` alone.
+share one engine process and cache state. The statistic is the **geometric mean** of the
+samples, the estimate the verdict rule (``harness.report.verdict``) compares (a ratio of
+two configs' geometric means is its ratio), with a t interval on the log samples (the
+one-sample form of the rule's Welch interval). So the recommendation, the headline table,
+the plots and the decision file can never rank two configs differently. The low median
+(``representative``) is still each run's own rate: the median pass of its passes.
 """
 
 from __future__ import annotations
 
 import hashlib
+import math
 from typing import Sequence
 
 import numpy as np
 
-STATISTIC = ("low median of per-run output tok/s (each run's median pass) from 2 runs on; "
-             "of the passes of its one run otherwise")
+STATISTIC = ("geometric mean of per-run output tok/s (each run's median pass), the estimate the verdict rule "
+             "compares (one run: its median pass; its interval then over that run's passes)")
+
+
+CI_METHOD = "t interval of the geometric mean (Student's t on the log samples, n - 1 degrees of freedom)"
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    """The geometric mean of positive ``values`` (NaN when empty)."""
+    array = np.asarray(values, dtype=float)
+    if len(array) <= 1 or bool(np.all(array == array[0])):   # exact for one value (a one-run config's own rate)
+        return float(array[0]) if len(array) else float("nan")
+    return float(np.exp(np.log(array).mean()))
+
+
+def geometric_interval(values: Sequence[float], level: float = 0.95, centre_at: float | None = None
+                       ) -> tuple[float, float]:
+    """A ``level`` interval for the geometric mean: exp(mean ± t · sd / sqrt(n)) of the logs, Student's t with
+    n − 1 degrees of freedom (the verdict rule's own t); one value gives a zero-width interval.
+
+    ``centre_at``: centre the same half-width on this value instead (a one-run config, whose rate is its
+    median pass and whose spread is its passes')."""
+    from harness.report.verdict import t_quantile
+
+    array = np.log(np.asarray(values, dtype=float))
+    centre = float(array.mean()) if centre_at is None else math.log(centre_at)
+    if len(array) < 2:
+        return float(np.exp(centre)), float(np.exp(centre))
+    half = t_quantile(1 - (1 - level) / 2, len(array) - 1) * float(array.std(ddof=1)) / np.sqrt(len(array))
+    return float(np.exp(centre - half)), float(np.exp(centre + half))
 
 
 def representative(passes: Sequence[float]) -> float:
-    """The low median: with an odd count the median, with an even count the lower middle pass."""
+    """The low median (a run's rate from its passes): the median, with an even count the lower middle pass."""
     values = np.sort(np.asarray(passes, dtype=float))
     return float(values[(len(values) - 1) // 2])
 

@@ -80,8 +80,12 @@ class Verdict:
 
 
 def compare(a: Sequence[float], b: Sequence[float], min_effect: float = MIN_EFFECT, alpha: float = ALPHA,
-            min_runs: int = MIN_RUNS) -> Verdict:
-    """Apply the rule to per-run rates ``a`` and ``b`` (higher is better; any positive unit)."""
+            min_runs: int = MIN_RUNS, estimate_rounds: bool = True) -> Verdict:
+    """Apply the rule to per-run rates ``a`` and ``b`` (higher is better; any positive unit).
+
+    ``estimate_rounds=False`` skips the search for ``rounds_needed`` (left None) where only the verdict is
+    wanted: the verdict does not depend on it (the A/A loop simulations use this; it is most of the cost).
+    """
     if not 0 <= min_effect < 1:
         raise ValueError(f"min_effect must be in [0, 1), got {min_effect}")
     if any(not (x > 0 and math.isfinite(x)) for x in [*a, *b]):
@@ -106,10 +110,11 @@ def compare(a: Sequence[float], b: Sequence[float], min_effect: float = MIN_EFFE
     if abs(diff) + half <= margin:
         return Verdict(EQUIVALENT, None, rounds_needed=None, **base,
                        reason=f"{text} lies within ±{min_effect:.0%}")
-    needed = rounds_needed(va, vb, diff, margin, alpha, start=max(len(a), len(b)))
+    needed = rounds_needed(va, vb, diff, margin, alpha, start=max(len(a), len(b))) if estimate_rounds else None
     why = ("the interval includes 1" if low <= 1 <= high else f"the estimate is within the {min_effect:.0%} "
            "minimum effect but the interval is not")
     likely = (f"about {needed} runs a side would likely decide it at this spread" if needed
+              else "runs needed not estimated" if not estimate_rounds
               else f"more than {MAX_ROUNDS_SEARCHED} runs a side would be needed at this spread")
     return Verdict(CLOSE, None, rounds_needed=needed, **base, reason=f"{text}: {why}; {likely}")
 

@@ -80,3 +80,55 @@ def test_recorded_passes_read_back(tmp_path):
     assert read_ran(path) == []
     path.write_text(json.dumps({"engine_requests": [GREEDY], "output_token_ids": [[1]]}) + "\n")
     assert read_ran(path)[0]["output_token_ids"] == [[1]]
+
+
+def run_main(monkeypatch, tmp_path, ours, theirs, argv=()):
+    """``overhead.main`` with both sides scripted (per-round rates), the checks passing; its exit status."""
+    import sys
+    from types import SimpleNamespace
+
+    import benchmarks.overhead as overhead
+    import harness.run.spec as spec_module
+
+    spec = SimpleNamespace(repeats=3, results_dir=None, labels={}, workload=SimpleNamespace(name="unique", requests=[]),
+                           ordering={"name": "as_given"}, warmup_requests=0, knobs={}, env={})
+    monkeypatch.setattr(spec_module, "build_spec", lambda cfg: spec)
+    ours_left, theirs_left = list(ours), list(theirs)
+    monkeypatch.setattr(overhead, "run_troughput", lambda s, i: (ours_left.pop(0), 100, "", {}))
+    monkeypatch.setattr(overhead, "run_vllm_bench", lambda s, r, d, name: (theirs_left.pop(0), 100, ""))
+    monkeypatch.setattr(overhead, "read_ran", lambda path: [])
+    monkeypatch.setattr(overhead, "check_greedy", lambda ran, n: [])
+    monkeypatch.setattr(overhead, "check_same_tokens", lambda a, b, ids: [])
+    monkeypatch.setattr(sys, "argv", ["overhead.py", "--rounds", str(len(ours)), "--results-dir", str(tmp_path),
+                                      *argv])
+    try:
+        overhead.main()
+    except SystemExit as ended:
+        return ended.code or 0
+    return 0
+
+
+def test_a_clear_loss_against_vllm_bench_fails_the_benchmark(monkeypatch, tmp_path, capsys):
+    code = run_main(monkeypatch, tmp_path, [800, 810, 790, 805], [1000, 1010, 995, 1005])   # troughput 20% slower
+    assert code == 3
+    assert "FAILED: troughput is a clear loser against vllm bench" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("ours, theirs", [([1000, 1010, 995, 1005], [1001, 1009, 996, 1004]),   # equivalent
+                                          ([700, 1400, 900, 1200], [1000, 1010, 995, 1005]),     # too close to call
+                                          ([1200, 1210, 1190, 1205], [1000, 1010, 995, 1005])])  # troughput faster
+def test_no_clear_loss_passes(monkeypatch, tmp_path, ours, theirs):
+    assert run_main(monkeypatch, tmp_path, ours, theirs) == 0
+
+
+def test_a_loss_under_the_minimum_effect_passes_and_the_effect_is_configurable(monkeypatch, tmp_path):
+    ours, theirs = [990, 991, 989, 990], [1000, 1001, 999, 1000]   # 1% slower, very steady: real but small
+    assert run_main(monkeypatch, tmp_path, ours, theirs) == 0
+    assert run_main(monkeypatch, tmp_path, ours, theirs, ["--min-effect", "0.005"]) == 3
+
+
+def test_a_failed_check_still_exits_1():
+    from benchmarks.overhead import finish
+
+    assert finish({"troughput": [800.0] * 3, "vllm": [1000.0] * 3}, failed_checks=1, failed_runs=0) == 1
+    assert finish({"troughput": [], "vllm": []}, failed_checks=0, failed_runs=2) == 1

@@ -21,7 +21,7 @@ from engines.snapshots import Snapshot
 def past_env_checks(monkeypatch, request):
     """Skip the pre-run checks (``preflight``: package, host, GPU) of the test module's ``adapter``."""
     adapter = request.module.adapter
-    monkeypatch.setattr(adapter, "preflight", lambda *a: None)
+    monkeypatch.setattr(adapter, "preflight", lambda *a, **k: None)
 
 
 class UnrecordedName(AssertionError):

@@ -55,7 +55,7 @@ def test_the_sampler_sees_a_peak_between_phase_boundaries():
 
 
 def test_without_a_driver_the_sampler_yields_none(monkeypatch):
-    monkeypatch.setattr(gpumem, "default_reader", lambda: None)
+    monkeypatch.setattr(gpumem, "default_reader", lambda devices=None: None)
     assert GpuMemorySampler().start().stop() is None
     if shutil.which("nvidia-smi") is None:
         assert gpumem.smi_reader() is None

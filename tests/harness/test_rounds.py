@@ -4,7 +4,8 @@ import pytest
 
 from harness.core.errors import TroughputError
 from harness.report.rounds import wants_rounds
-from harness.report.verdict import CLEAR, compare
+from harness.report.sequential import SequentialPlan
+from harness.report.verdict import CLEAR
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE, compose
 from tests.harness.test_cli import troughput_run_here
@@ -28,13 +29,16 @@ def test_a_clear_difference_stops_as_soon_as_the_rule_decides(tmp_path):
     assert rounds_of(rows, "sleep_s") == [(s, k) for s in (0.1, 0.5) for k in range(1, last + 1)]
     rates = {s: [r["output_tok_s"] for r in sorted(rows, key=lambda r: r["round"]) if r["knob.sleep_s"] == s]
              for s in (0.1, 0.5)}
-    assert compare(rates[0.1], rates[0.5]).verdict == CLEAR
+    plan = SequentialPlan(3, 8)   # the loop's looks: 3 to run.max_rounds=8 runs a side
+    assert "rounds: verdicts by group-sequential" in proc.stdout
+    assert plan.judge(rates[0.1], rates[0.5]).verdict == CLEAR
     if last > 3:
-        assert not compare(rates[0.1][:-1], rates[0.5][:-1]).decided, "one round fewer had not decided"
+        assert not plan.judge(rates[0.1][:-1], rates[0.5][:-1]).decided, "one round fewer had not decided"
     assert len({r["sweep_id"] for r in rows}) == 1 and {r["status"] for r in rows} == {"ok"}
     assert f"{len(rows)} row(s)" in proc.stdout, "the summary comes after the added rounds"
     added = [r for r in rows if r["round"] == last]
     assert all(r["command"].endswith(f"run.round={last}") for r in added), "each added row says how to rerun it"
+    assert {r.get("looks") for r in rows if r["round"] > 1} == {"3-8"}, "added rows carry the loop's plan"
 
 
 def test_an_undecidable_comparison_runs_to_the_cap_and_says_so(tmp_path):

@@ -63,12 +63,14 @@ def test_a_clear_winner_after_the_rounds_asked_for_adds_none() -> None:
 
 
 def test_too_close_to_call_adds_rounds_until_the_rule_decides() -> None:
-    # after 3 rounds: 1.073x [0.970, 1.186], about 5 rounds a side would decide it; the 4th round does
+    # each look at its group-sequential level (plan: 3 to 6 runs a side, docs/verdicts.md): after 3 rounds
+    # 1.073x [0.808, 1.425], about 5 rounds a side would decide it; after 4, 1.075x [0.978, 1.181] is still too
+    # close at the 4th look's level; the 5th round decides: 1.076x [1.020, 1.134]
     tuning = Scripted({"candidate": [108, 112, 102, 108, 108], "default": [100, 98, 102, 100, 100]}, cap=6)
     chosen, (_, verdict, said) = tuning._confirm(_study())
-    assert len(tuning.records) == 8 and verdict.n_a == verdict.n_b == 4
+    assert len(tuning.records) == 10 and verdict.n_a == verdict.n_b == 5
     assert said == "clear winner" and chosen == {"engine.knobs.max_num_seqs": 16}
-    assert _sides(tuning)[6:] == ["candidate", "default"], "the added round keeps alternating"
+    assert _sides(tuning)[6:] == ["candidate", "default", "default", "candidate"], "added rounds keep alternating"
 
 
 def test_rounds_that_would_need_more_than_the_cap_are_not_started() -> None:
@@ -79,8 +81,9 @@ def test_rounds_that_would_need_more_than_the_cap_are_not_started() -> None:
 
 
 def test_the_cap_and_the_budget_stop_the_rounds_and_the_job_keeps_its_config() -> None:
-    # 1.060x [0.980, 1.146] after 3 rounds (about 4 would decide), 1.044x [0.980, 1.113] after 4: a cap of 4 stops it
-    noisy = {"candidate": [106, 110, 102, 100, 108], "default": [100, 98, 102, 100, 100]}
+    # plan 3 to 4: 1.073x after 3 rounds (the 4th look would decide at this spread), 1.054x [0.977, 1.138] after
+    # 4: a cap of 4 stops it
+    noisy = {"candidate": [108, 110, 104, 100, 108], "default": [100, 99, 101, 100, 100]}
     capped = Scripted(noisy, cap=4)
     chosen, (_, verdict, said) = capped._confirm(_study())
     assert len(capped.records) == 8 and said == "too close to call" and chosen == {}
@@ -114,8 +117,8 @@ def test_a_resume_inside_an_added_round_finishes_that_round_before_deciding_agai
     for side in ("candidate", "default"):
         cut.rates[side] = cut.rates[side][sum(r.side == side for r in cut.records):]
     chosen, (_, verdict, said) = cut._confirm(_study())
-    assert [r.label for r in cut.records] == [r.label for r in whole.records] and len(cut.records) == 8
-    assert said == "clear winner" and verdict.n_a == verdict.n_b == 4
+    assert [r.label for r in cut.records] == [r.label for r in whole.records] and len(cut.records) == 10
+    assert said == "clear winner" and verdict.n_a == verdict.n_b == 5
 
 
 def test_runs_are_sized_to_leave_room_for_the_added_rounds_where_the_job_is_big_enough() -> None:

@@ -25,7 +25,7 @@ def test_filters_narrow_the_report(tmp_path, results, comparison, capsys):
     assert main(["--results-dir", str(directory), "--reports-dir", str(tmp_path), "--name", "u",
                  "--workload", "unique", "--engine", "vllm", "--no-record"]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("unique")]
-    assert len(lines) == 1 and "vllm max_num_seqs=64" in lines[0]
+    assert len(lines) == 1 and "vllm: max_num_seqs=64" in lines[0]
     assert not (directory / "decisions").exists()
 
 

@@ -12,6 +12,7 @@ import sys
 import pytest
 
 from harness.report.decisions import VERDICTS, chosen_knobs, read_decisions
+from harness.report.sections import role_of
 from harness.run.results import read_results
 from tests.conftest import ROOT
 
@@ -73,7 +74,8 @@ def test_real_multirun_rows_give_both_reports_with_the_winners_the_rows_give(tmp
     assert all(d["verdict"] in VERDICTS and d["rests_on"] for d in decisions.values())
     for workload, seqs in expected.items():   # a cell of one config is labelled as such: no knob differs in it
         label = f"max_num_seqs={seqs}" if frame["workload"].eq(workload).sum() > 1 else "single config"
-        line = next(line for line in markdown.splitlines() if line.startswith(f"| {workload} | vllm | {label} | winner |"))
+        role = role_of(decisions[workload]["chosen.config_id"], decisions[workload])   # "winner" for a clear one only
+        line = next(line for line in markdown.splitlines() if line.startswith(f"| {workload} | vllm | {label} | {role} |"))
         assert decisions[workload]["verdict"] in line
     for image in re.findall(r"!\[[^\]]*\]\(([^)]+)\)", markdown):
         assert (out / image).is_file()

@@ -1,0 +1,102 @@
+"""One estimate ranks configs everywhere in a report (issue 38, item 9).
+
+Rows where the low median and the geometric mean of per-run rates disagree: config A ran 100, 100 and 400
+output tok/s (low median 100, geometric mean 158.7), config B 150 three times (both 150). The verdict compares
+geometric means, so A is ahead by the rule; before, the headline table, the plot and the "best" ranked by the
+low median (B first) while the recommendation, ranked by the rule, named A, and the headline had no row for it.
+Now the recommendation, the headline, the all-configs table, the throughput plot and the decision file rank
+by the same number, show it with its interval, and, the pair being too close to call, call them
+indistinguishable instead of naming a best.
+"""
+
+import math
+import re
+
+import pytest
+
+from harness.report import write_report
+from harness.report import plots as plots_module
+from harness.report.data import METRIC
+from harness.report.decisions import CLOSE, read_decisions
+from harness.report.report import build_report
+from harness.report.verdict import compare
+
+A = (100.0, 100.0, 400.0)
+B = (150.0, 150.0, 150.0)
+
+
+def rows_where_statistics_disagree(row):
+    out = []
+    for round_, (a, b) in enumerate(zip(A, B), 1):   # interleaved rounds, each run's passes tight around its rate
+        out.append(row(knobs={"max_num_seqs": 64}, passes=(a * 0.99, a, a * 1.01), round=round_))
+        out.append(row(knobs={"max_num_seqs": 8}, passes=(b * 0.99, b, b * 1.01), round=round_))
+    return out
+
+
+@pytest.fixture
+def report(results, row, tmp_path, monkeypatch):
+    annotated = []
+    original = plots_module._wrapped
+    monkeypatch.setattr(plots_module, "_wrapped", lambda label, *a, **k: annotated.append(label) or original(label, *a, **k))
+    directory = results(*rows_where_statistics_disagree(row))
+    built = build_report(directory, "one-statistic")
+    return built, annotated, directory
+
+
+def test_the_two_statistics_really_disagree_here():
+    assert sorted(A)[1] < sorted(B)[1], "by low median B is ahead"
+    assert math.prod(A) ** (1 / 3) > math.prod(B) ** (1 / 3), "by geometric mean (the rule's estimate) A is ahead"
+    assert compare(list(A), list(B)).verdict == CLOSE
+
+
+def test_every_section_ranks_by_the_rule_s_estimate_and_says_the_pair_is_indistinguishable(report, tmp_path):
+    built, annotated, directory = report
+    geo_a = math.prod(A) ** (1 / 3)
+    configs = built.configs.set_index("label")
+    assert configs.loc["max_num_seqs=64", METRIC] == pytest.approx(geo_a)
+    low, high = configs.loc["max_num_seqs=64", "ci_low"], configs.loc["max_num_seqs=64", "ci_high"]
+    logs = [math.log(x) for x in A]
+    centre = sum(logs) / 3
+    half = 4.302653 * math.sqrt(sum((x - centre) ** 2 for x in logs) / 2) / math.sqrt(3)   # t(0.975, 2 df)
+    assert (low, high) == pytest.approx((math.exp(centre - half), math.exp(centre + half)), rel=1e-5)
+    assert configs.loc["max_num_seqs=8", METRIC] == pytest.approx(150.0)
+
+    [decision] = built.decisions
+    assert decision["chosen.label"] == "max_num_seqs=64" and decision["runner_up.label"] == "max_num_seqs=8"
+    assert decision["chosen." + METRIC] == pytest.approx(geo_a)
+    assert decision["margin"] == pytest.approx(compare(list(A), list(B)).ratio - 1)
+    assert decision["margin"] == pytest.approx(decision["chosen." + METRIC] / decision["runner_up." + METRIC] - 1), \
+        "the margin is the ratio of the numbers the page shows"
+    assert decision["verdict"] == CLOSE and "geometric mean" in decision["statistic"]
+    [recorded] = read_decisions(directory)
+    assert recorded["chosen.label"] == "max_num_seqs=64" and recorded["chosen." + METRIC] == pytest.approx(geo_a)
+
+    text = write_report(built, tmp_path / "out", ("markdown",))
+    page = next(p for p in text if p.suffix == ".md").read_text()
+
+    recommendation = page.split("## Recommendation", 1)[1].split("\n## ", 1)[0]
+    assert "either, indistinguishable (too close to call): vllm: max_num_seqs=64 or vllm: max_num_seqs=8" \
+        in recommendation
+    headline = page.split("## Headline", 1)[1].split("\n## ", 1)[0]
+    lines = [line for line in headline.splitlines() if "max_num_seqs=" in line]
+    assert [("max_num_seqs=64" in line) for line in lines] == [True, False], "both rows, the rule's order"
+    assert all("indistinguishable (too close to call)" in line for line in lines)
+    assert "winner" not in " ".join(lines) and f"{geo_a:,.0f}" in lines[0]
+    everything = page.split("## All configs", 1)[1].split("\n## ", 1)[0]
+    order = [m for m in re.findall(r"max_num_seqs=(\d+)", everything)]
+    assert order[0] == "64", "the all-configs table ranks by the same estimate"
+    assert annotated and "max_num_seqs=64" in annotated[0] and not any("max_num_seqs=8" == a for a in annotated), \
+        "the throughput plot's bar is the config the rule ranks first"
+
+
+def test_a_clear_winner_is_named_winner_in_every_section(results, row, tmp_path):
+    rows = []
+    for round_ in range(1, 4):
+        rows.append(row(knobs={"max_num_seqs": 64}, passes=(199, 200 + round_, 202), round=round_))
+        rows.append(row(knobs={"max_num_seqs": 8}, passes=(99, 100 + round_, 102), round=round_))
+    built = build_report(results(*rows), "clear")
+    page = next(p for p in write_report(built, tmp_path / "out", ("markdown",)) if p.suffix == ".md").read_text()
+    headline = page.split("## Headline", 1)[1].split("\n## ", 1)[0]
+    [winner] = [line for line in headline.splitlines() if "max_num_seqs=64" in line]
+    assert "| winner |" in winner.replace("  ", " ")
+    assert "either, indistinguishable" not in page
