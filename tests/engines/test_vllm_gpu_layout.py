@@ -4,8 +4,10 @@ vLLM does on a GPU (the default CPU layout keeps it in the worker: ~3 s start in
 
 One real ``troughput-run`` in that layout: the row is ``ok``, the engine core ran in another process than
 the worker (read from vLLM's own log prefix), its init line was read across the process boundary
-(``compile_s`` none in eager mode: the line says no compilation), and the pre-run check (run in the worker
-before the engine core starts) made no CUDA call.
+(``compile_s`` none in eager mode: the line says no compilation), the pre-run check (run in the worker
+before the engine core starts) made no CUDA call, and the step trace crossed the process boundary: every
+step, timed by the engine core's own timestamps (the context sums, read from an in-process scheduler, are
+unknown there).
 """
 
 import pytest
@@ -28,3 +30,10 @@ def test_a_run_with_the_engine_core_as_a_child_process(tmp_path):
     assert row["requests_done"] == 8 and row["output_tokens"] > 0
     assert row["compile_s"] is None, "eager: the engine core's line has no compilation part"
     assert "init engine (profile, create kv cache, warmup model) took" in log
+    import pandas as pd
+
+    trace = pd.read_parquet(tmp_path / "results" / "steps" / f"{row['run_id']}.parquet")
+    assert int((trace["decode"] * trace["weight"]).sum()) == row["output_tokens"] - row["requests_done"]
+    assert int(trace["prefill"].sum()) == row["input_tokens"] - (row["cached_tokens"] or 0)
+    assert (trace["context"] == -1).all() and (trace["kv_tokens"] > 0).any()
+    assert (trace["dt"] > 0).all() and 0.8 < trace["dt"].sum() / row["wall_s"] <= 1.0 + 1e-6
