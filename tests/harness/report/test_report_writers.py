@@ -139,7 +139,7 @@ def test_the_planner_table_shows_its_inputs_and_their_sum(tmp_path, results, row
     [line] = table_with(markdown_tables(md_path.read_text()), "workload", "backlog requests", "total h")
     # 1e6 requests at 10 req/s = 100,000 s = 27.78 h, + 12 s of startup, 3 s of it compiling
     assert (line["backlog requests"], line["rate"], line["startup s"], line["compile s"]) == \
-           ("1,000,000", "10 req/s", "9.0", "3.0")
+           ("1,000,000", "10 req/s (measured)", "9.0", "3.0")   # no step trace: the measured rate
     assert line["generate h"] == "27.78" and line["total h"] == f"{(100_000 + 12) / 3600:,.2f}"
     assert line["clears the window"].startswith("no") and line["tokens / request"] == "160"
     assert "backlog 1,000,000 requests, idle window 8 h, price 2.50 USD per GPU-hour" in md_path.read_text()
