@@ -33,7 +33,8 @@ log = logging.getLogger(__name__)
 
 STANDS_FOR = "vllm"   # the engine whose traces the simulator's step model is fitted to
 ANY = "*"   # a speed_key value that any run matches
-REPLAYABLE = "vllm-v1"  # an engine's ``schedules_like`` (engine_info.scheduler) whose steps the simulator replays
+REPLAYABLE = "vllm-v1"
+NO_FULL_ENGINE = {"full_engine_tok_s": None, "full_engine_note": None}   # every row has the columns  # an engine's ``schedules_like`` (engine_info.scheduler) whose steps the simulator replays
 MAX_RUNS = 40         # the newest runs a refit reads
 
 
@@ -173,10 +174,10 @@ def full_engine_columns(spec: Any, row: dict[str, Any]) -> dict[str, Any]:
 
     if row.get("status") != "ok" or row.get("predicted") or not row.get("steps.file") or not spec.hardware_spec \
             or row.get("engine_info.scheduler") != REPLAYABLE:
-        return {}   # the simulator replays vLLM's scheduling only: other engines' knobs and steps mean other things
+        return NO_FULL_ENGINE   # the simulator replays vLLM's scheduling only: other engines' steps mean other things
     trace = read_trace(spec.results_dir, row["run_id"])
     if trace is None or trace.empty:
-        return {}
+        return NO_FULL_ENGINE
     limits = {f"engine_{k}": row.get(f"engine_info.{k}")
               for k in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "block_size")}
     try:
@@ -186,7 +187,7 @@ def full_engine_columns(spec: Any, row: dict[str, Any]) -> dict[str, Any]:
                                           spec.model, spec.hardware_spec)
     except Exception as e:  # noqa: BLE001 - a derived figure never costs the measured row
         log.warning("no full-engine rate for this run: %s: %s", type(e).__name__, e)
-        return {}
+        return {"full_engine_tok_s": None, "full_engine_note": f"not computed: {type(e).__name__}: {e}"}
     return {"full_engine_tok_s": rate * spec.replicas,
             "full_engine_note": f"extrapolates past the run's own steps in {', '.join(replayed.beyond)}"
             if replayed.beyond else None}

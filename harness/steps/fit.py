@@ -21,7 +21,6 @@ from datetime import datetime, timezone
 
 import numpy as np
 import pandas as pd
-from scipy.optimize import lsq_linear
 
 from engines.stepmodel import StepModel, StepShape
 
@@ -89,6 +88,8 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
 
 def _solve(matrix: np.ndarray, y: np.ndarray, weight: np.ndarray, used: list[int]) -> np.ndarray:
     """Weighted least squares with every coefficient ≥ 0 (bounded-variable least squares)."""
+    from scipy.optimize import lsq_linear   # here: a run that fits nothing needs no scipy
+
     w = np.sqrt(weight)
     coef = np.zeros(matrix.shape[1])
     coef[used] = lsq_linear(matrix[:, used] * w[:, None], y * w, bounds=(0.0, np.inf), method="bvls").x

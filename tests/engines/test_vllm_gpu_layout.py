@@ -5,7 +5,7 @@ vLLM does on a GPU (the default CPU layout keeps it in the worker: ~3 s start in
 One real ``troughput-run`` in that layout: the row is ``ok``, the engine core ran in another process than
 the worker (read from vLLM's own log prefix), its init line was read across the process boundary
 (``compile_s`` none in eager mode: the line says no compilation), the pre-run check (run in the worker
-before the engine core starts) made no CUDA call, and the step trace crossed the process boundary: every
+before the engine core starts) ran in the worker, and the step trace crossed the process boundary: every
 step, timed by the engine core's own timestamps (the context sums, read from an in-process scheduler, are
 unknown there).
 """
