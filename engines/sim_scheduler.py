@@ -230,6 +230,8 @@ class Scheduler:
             if r.generated == 0:
                 prefill += n
                 prefill_seqs += 1
+            else:   # a resumed (preempted) request recomputes: all but the token it samples is prefill work
+                prefill += n - 1
             if r.encode:
                 encoder += r.encoder_tokens
                 r.encode = False

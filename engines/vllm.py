@@ -239,7 +239,10 @@ class StepLogger:
         self.recorder.record(
             running=details.num_ctx_requests + details.num_generation_requests,
             waiting=getattr(scheduler_stats, "num_waiting_reqs", -1),
-            decode=details.num_generation_requests, prefill=details.num_ctx_tokens,
+            # a resumed (preempted) request recomputes as a generation request of many tokens: all but the one
+            # it samples are prefill work
+            decode=details.num_generation_requests,
+            prefill=details.num_ctx_tokens + max(0, details.num_generation_tokens - details.num_generation_requests),
             prefill_seqs=details.num_ctx_requests,
             kv_tokens=usage * self.kv_tokens if usage is not None and self.kv_tokens else -1,
             **self.context(), encoder_tokens=getattr(details, "num_encoder_output_tokens", 0) or 0,

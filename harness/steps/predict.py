@@ -18,7 +18,6 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from engines.base import Request
-from engines.sim import SIM_KNOBS, SimEngine
 from engines.stepmodel import StepModel, StepShape
 
 CYCLE_MIN_FILLS = 6   # full_engine_rate replays at least this many engine fills
@@ -40,13 +39,15 @@ class Replay:
 
 
 def sim_engine(model: StepModel | None, knobs: dict[str, Any], model_cfg: dict[str, Any],
-               hardware_spec: dict[str, Any]) -> SimEngine:
+               hardware_spec: dict[str, Any]) -> Any:
     """A started simulator for an engine's knobs (those the simulator models), priced by ``model``.
 
     ``knobs`` may also give what the real engine reported at its start, which wins over what the
     simulator would derive: ``engine_max_num_seqs``, ``engine_max_num_batched_tokens``,
     ``engine_kv_cache_tokens``, ``engine_block_size``.
     """
+    from engines.sim import SIM_KNOBS, SimEngine   # here: the driver imports no engine module until it predicts
+
     sim_knobs = {k: v for k, v in knobs.items() if k in SIM_KNOBS and v is not None}
     for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
         if knobs.get(f"engine_{name}"):
