@@ -28,7 +28,8 @@ def build_plan(cfg: DictConfig, origin: dict[str, Any]) -> Plan:
     python = cfg.engine.python or sys.executable
     model = resolve_model(_plain(cfg.model), python)
     knobs = layered_knobs(cfg)
-    path, fmt = source({"name": "batch", "path": cfg.batch.input, "format": cfg.batch.format})
+    path, fmt = source({"name": "batch", "path": cfg.batch.input, "format": cfg.batch.format,
+                         "format_setting": "batch.format"})
     labels = {"command": command_line().replace("troughput-run", "troughput-batch", 1), **_plain(cfg.run.labels)}
     return Plan(
         input=str(path.resolve()), format=fmt, output_dir=str(Path(cfg.batch.output_dir).resolve()),
