@@ -20,7 +20,7 @@ from typing import Any
 
 from engines.base import Request
 from engines.steptrace import StepRecorder
-from harness.batch.convert import Item, convert_shard
+from harness.batch.convert import MODEL_NOT_FOUND, Item, convert_shard
 from harness.batch.images import image_resolver
 from harness.batch.output import ENGINE_FAULT, failure, success
 from harness.batch.plan import Plan
@@ -45,6 +45,7 @@ class ShardsRun:
     shards_failed: dict[int, str] = field(default_factory=dict)
     requests_ok: int = 0
     requests_failed: int = 0
+    requests_other_model: int = 0  # of the failed: requests naming a model the job does not serve (error lines)
     prompt_tokens: int = 0
     output_tokens: int = 0
     engine_s: float = 0.0          # engine-busy seconds, summed over shards (their measured wall_s)
@@ -71,6 +72,7 @@ class ShardsRun:
         self.shards_run += 1
         self.requests_ok += meta["ok"]
         self.requests_failed += meta["failed"]
+        self.requests_other_model += int(meta.get("other_model") or 0)
         self.prompt_tokens += meta["prompt_tokens"]
         self.output_tokens += meta["output_tokens"]
         self.engine_s += float(meta["engine_s"])
@@ -87,8 +89,8 @@ class ShardsRun:
         only while its shard is still uncommitted (a later run may have done it)."""
         total = cls()
         for part in parts:
-            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s",
-                        "engine_idle_s", "generation_s", "probe_output_tokens"):
+            for key in ("shards_run", "requests_ok", "requests_failed", "requests_other_model", "prompt_tokens",
+                        "output_tokens", "engine_s", "engine_idle_s", "generation_s", "probe_output_tokens"):
                 setattr(total, key, getattr(total, key) + getattr(part, key))
             total.startup_s = (total.startup_s or 0.0) + part.startup_s if part.startup_s is not None \
                 else total.startup_s
@@ -104,8 +106,8 @@ class ShardsRun:
         """Array tasks side by side: counts add up, seconds are the longest task's."""
         total = cls()
         for part in parts:
-            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s",
-                        "engine_idle_s"):
+            for key in ("shards_run", "requests_ok", "requests_failed", "requests_other_model", "prompt_tokens",
+                        "output_tokens", "engine_s", "engine_idle_s"):
                 setattr(total, key, getattr(total, key) + part.get(key, 0))
             total.shards_failed.update({int(k): v for k, v in part["shards_failed"].items()})
             total.generation_s = max(total.generation_s, part["generation_s"])
@@ -192,7 +194,7 @@ class _Runner:
                     break
                 self._dispatch(pool, shard.index, convert_shard(
                     shard, self.plan.format, self.tok, self.options, self.index, Path(self.plan.input),
-                    self.plan.max_model_len))
+                    self.plan.max_model_len, self.plan.served_models()))
             if not self.in_flight and (exhausted or not pool.any_alive()):
                 break
             got = pool.next_event(timeout=1.0)
@@ -363,6 +365,7 @@ def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, it
             text = tok.decode(completion["output_token_ids"]) if text is None else text
             outputs.append(success(job, item, completion, text, plan.model_name, created))
     meta = {"index": index, "requests": len(items), "ok": len(outputs), "failed": len(errors),
+            "other_model": sum(item.code == MODEL_NOT_FOUND for item in items),
             "prompt_tokens": sum(c["prompt_tokens"] for c in result["completions"]),
             "output_tokens": sum(len(c["output_token_ids"]) for c in result["completions"]),
             "engine_s": result["measured"]["wall_s"], "span_s": result["measured"].get("span_s"),

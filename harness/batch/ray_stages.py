@@ -77,7 +77,8 @@ def convert(batch: dict[str, np.ndarray], plan_json: str, duplicates: dict[int, 
     items_col, requests_col, images_col = [], [], []
     for shard, records in zip(batch["shard"], batch["records"]):
         items = convert_shard(Shard(int(shard), pickle.loads(records)), plan.format, tokenizer_of(
-            plan.model["local_dir"]), options, Index(0, duplicates), Path(plan.input), plan.max_model_len)
+            plan.model["local_dir"]), options, Index(0, duplicates), Path(plan.input), plan.max_model_len,
+            plan.served_models())
         requests = apply_ordering([i.request for i in items if i.request is not None], plan.ordering)
         images = {p: Path(p).read_bytes() for r in requests for p in r.images}
         items_col.append(pickle.dumps(items))
