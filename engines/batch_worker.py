@@ -132,7 +132,8 @@ def serve(job_dir: Path) -> int:
                 engine, start = start_engine(job)
                 emit("started", start=start, **({"generation": job["generation"]} if "generation" in job else {}))
                 feeder = feeder_for(engine)
-                command = feed_until_closed(engine, feeder, commands, _write_result)
+                command = feed_until_closed(engine, feeder, commands, _write_result,
+                                            capacity=(start.get("extra") or {}).get("max_num_seqs"))
                 feeder.close()
                 engine.stop()
                 engine, feeder = None, None
@@ -199,7 +200,8 @@ def _write_result(shard: str, result: dict[str, Any]) -> None:
 
 
 def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict[str, Any] | None],
-                      finish: Callable[[str, dict[str, Any]], None], progress: bool = True) -> dict[str, Any] | None:
+                      finish: Callable[[str, dict[str, Any]], None], progress: bool = True,
+                      capacity: int | None = None) -> dict[str, Any] | None:
     """Feed each shard as it arrives, hand each to ``finish`` as it finishes; return at end of input.
 
     A command is ``{"shard": DIR}`` (its ``requests.jsonl`` is read) or ``{"shard": KEY,
@@ -207,6 +209,8 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
     gets the shard's ``result.json`` contents (``shard_result``) in the order shards finish.
     A ``{"restart": ...}`` or ``{"park": ...}`` command also ends it, once every shard fed before it
     is done; it is returned (commands after it stay queued for the next engine), ``None`` at end of input.
+    ``capacity``: the sequences the engine holds at once (its start's ``max_num_seqs``), in each result's
+    ``measured.max_num_seqs``: the driver's occupancy is its steps' mean running over it (``engines.steptrace``).
     """
     shards: dict[str, tuple[dict[str, str], float]] = {}  # shard -> (screened errors, idle before it)
     idle_since: float | None = time.perf_counter()  # the engine has nothing to do from here
@@ -249,6 +253,7 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
             result = shard_result(out, errors, max(0.0, busy), idle_before)
             result["measured"]["streams"] = feeder.streams  # finish times per request, on this host's clock
             result["measured"]["engine_steps"] = engine.stats().extra.get("engine_steps")  # since start, where known
+            result["measured"]["max_num_seqs"] = capacity
             # the engine's steps since the last shard finished on it (engines.steptrace): every step once
             result["steps"] = engine.step_trace.take() if engine.records_steps else None
             finish(out.shard, result)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import Request
-from engines.steptrace import StepRecorder
+from engines.steptrace import StepRecorder, occupancy
 from harness.batch.convert import MODEL_NOT_FOUND, Item, convert_shard
 from harness.batch.images import image_resolver
 from harness.batch.output import ENGINE_FAULT, failure, success
@@ -51,6 +51,10 @@ class ShardsRun:
     engine_s: float = 0.0          # engine-busy seconds, summed over shards (their measured wall_s)
     engine_idle_s: float = 0.0     # seconds an engine waited with nothing fed, summed (shard boundaries, driver)
     engine_steps: int | None = None  # engine steps since start, summed over engines, where the engine counts them
+    #                                  (else the steps the shards' step traces hold)
+    traced_steps: int = 0            # steps in the shards' step traces
+    occupancy_steps: int = 0         # of those, the steps whose engine's capacity is known ...
+    running_share: float = 0.0       # ... and the sum over them of running ÷ capacity (``occupancy``)
     generation_s: float = 0.0      # engines up (the last one) to the last commit
     startup_s: float | None = None  # the slowest engine's start
     peak_worker_rss_bytes: int = 0
@@ -77,6 +81,16 @@ class ShardsRun:
         self.output_tokens += meta["output_tokens"]
         self.engine_s += float(meta["engine_s"])
         self.engine_idle_s += float(meta.get("idle_before_s") or 0.0)
+        self.traced_steps += int(meta.get("engine_steps") or 0)
+        if meta.get("occupancy") is not None:
+            self.occupancy_steps += int(meta["engine_steps"])
+            self.running_share += float(meta["occupancy"]) * int(meta["engine_steps"])
+
+    @property
+    def occupancy(self) -> float | None:
+        """Mean running sequences ÷ the engine's ``max_num_seqs``, over every traced step of every shard (steps
+        weighted alike; each shard's own in its meta); ``None`` where no step trace knows its capacity."""
+        return self.running_share / self.occupancy_steps if self.occupancy_steps else None
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON data (an array task's part), less its step trace (kept in its own file)."""
@@ -90,7 +104,8 @@ class ShardsRun:
         total = cls()
         for part in parts:
             for key in ("shards_run", "requests_ok", "requests_failed", "requests_other_model", "prompt_tokens",
-                        "output_tokens", "engine_s", "engine_idle_s", "generation_s", "probe_output_tokens"):
+                        "output_tokens", "engine_s", "engine_idle_s", "generation_s", "probe_output_tokens",
+                        "traced_steps", "occupancy_steps", "running_share"):
                 setattr(total, key, getattr(total, key) + getattr(part, key))
             total.startup_s = (total.startup_s or 0.0) + part.startup_s if part.startup_s is not None \
                 else total.startup_s
@@ -107,7 +122,7 @@ class ShardsRun:
         total = cls()
         for part in parts:
             for key in ("shards_run", "requests_ok", "requests_failed", "requests_other_model", "prompt_tokens",
-                        "output_tokens", "engine_s", "engine_idle_s"):
+                        "output_tokens", "engine_s", "engine_idle_s", "traced_steps", "occupancy_steps", "running_share"):
                 setattr(total, key, getattr(total, key) + part.get(key, 0))
             total.shards_failed.update({int(k): v for k, v in part["shards_failed"].items()})
             total.generation_s = max(total.generation_s, part["generation_s"])
@@ -370,6 +385,10 @@ def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, it
             "output_tokens": sum(len(c["output_token_ids"]) for c in result["completions"]),
             "engine_s": result["measured"]["wall_s"], "span_s": result["measured"].get("span_s"),
             "idle_before_s": result["measured"].get("idle_before_s"),
+            # the engine's steps since the previous shard finished on it (overlapping shards: the stretch this one
+            # ended), how many sequences they ran and that over what the engine holds
+            "max_num_seqs": result["measured"].get("max_num_seqs"),
+            **occupancy(result.get("steps"), result["measured"].get("max_num_seqs")),
             "first_line": items[0].line, "last_line": items[-1].line,
             **plan.phase, **(extra or {}), "committed_at": time.time()}
     return meta if state.commit(index, outputs, errors, meta) else None

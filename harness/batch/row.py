@@ -61,7 +61,8 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
         "requests_other_model": run.requests_other_model,
         "input_tokens": run.prompt_tokens, "output_tokens": run.output_tokens,
         "startup_s": run.startup_s, "engine_s": run.engine_s,
-        "engine_idle_s": run.engine_idle_s, "engine_steps": run.engine_steps, "generation_s": run.generation_s, "wall_s": wall_s,
+        "engine_idle_s": run.engine_idle_s, "engine_steps": run.engine_steps if run.engine_steps is not None
+        else run.traced_steps or None, "occupancy": run.occupancy, "generation_s": run.generation_s, "wall_s": wall_s,
         "output_tok_s": rate, "req_s": req_rate,
         "peak_driver_rss_bytes": peak_driver_rss_bytes, "peak_worker_rss_bytes": run.peak_worker_rss_bytes or None,
         **prefixed("config_source", plan.source),
