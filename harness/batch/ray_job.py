@@ -101,6 +101,7 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True,
             meta = json.loads(row["meta"])
             if not meta.get("dropped"):
                 bar.shard_done(-1, meta["requests"], meta["output_tokens"])
+                run.steps.extend(json.loads(row.get("steps") or "null"))  # the job's trace, as on one node
     except Exception as e:  # noqa: BLE001 - Ray gave up; what was committed stays, a rerun resumes
         first = str(e).strip().splitlines()
         run.errors.append(f"the Ray Data job stopped: {type(e).__name__}: {first[-1][:500] if first else ''}")
@@ -136,7 +137,7 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
     import ray
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-    from harness.batch.pool import engine_limits
+    from harness.batch.pool import MAX_IN_FLIGHT_FACTOR, engine_limits
     from harness.batch.ray_stages import EngineStage, commit, convert, shard_source
 
     here = {NODE_LABEL: ray.get_runtime_context().get_node_id()}
@@ -152,8 +153,12 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
                         fn_kwargs={"plan_json": plan_json, "duplicates": index.duplicates})
     if plan.engine == "ray":
         return _through_ray_llm(ds, plan, opts, here, ahead)
-    ds = ds.map_batches(EngineStage, batch_size=1, fn_constructor_kwargs={"job": job},
-                        compute=ActorPoolStrategy(size=opts["actors"], max_concurrent_calls_per_actor=plan.in_flight,
+    # up to MAX_IN_FLIGHT_FACTOR x in_flight calls on each actor; its gate feeds each to the engine by the one-node
+    # rule (its unfinished requests), the rest wait there with their shard converted
+    feeding = {"in_flight": plan.in_flight, "shard_size": plan.shard_size}
+    ds = ds.map_batches(EngineStage, batch_size=1, fn_constructor_kwargs={"job": job, "feeding": feeding},
+                        compute=ActorPoolStrategy(size=opts["actors"],
+                                                  max_concurrent_calls_per_actor=MAX_IN_FLIGHT_FACTOR * plan.in_flight,
                                                   enable_true_multi_threading=True),  # calls feed one engine
                         **engine_resources(opts))
     return ds.map_batches(commit, batch_size=1, num_cpus=SMALL_TASK_CPUS, label_selector=here, compute=ahead,

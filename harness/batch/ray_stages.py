@@ -5,7 +5,8 @@
 actor pool: one of troughput's engine adapters per actor, started once, fed the next shard while
 the current one generates) →
 ``commit`` (tasks: OpenAI output lines, the shard committed in ``batch.output_dir`` as on one
-node; a row of its ``meta.json`` for the driver's progress). Rows carry pickled Python objects
+node; a row of its ``meta.json`` and its engine steps for the driver's progress and the job's
+step trace). Rows carry pickled Python objects
 (``Item``, ``Request``, the engine's result) in binary columns, keyed by the ``shard`` column:
 Ray Data does not keep order, and a block may hold several shards.
 """
@@ -91,26 +92,49 @@ def convert(batch: dict[str, np.ndarray], plan_json: str, duplicates: dict[int, 
 class EngineStage:
     """One engine in a Ray Data actor: started once, fed across shards as the local worker feeds it.
 
-    Ray Data runs up to ``batch.in_flight`` calls at once on the actor (threads:
-    ``max_concurrent_calls_per_actor`` with ``enable_true_multi_threading``). Each call hands its
-    shard to the actor's one feeding loop (``engines.batch_worker.feed_until_closed`` on a
-    thread of its own, over the engine's ``Feeder``) and waits for that shard alone, so the next
-    shard is in the engine while the current one finishes. An engine failure ends the loop and
-    fails every call, as an exception in the stage (Ray Data stops the job; committed shards stay).
+    Ray Data runs up to ``MAX_IN_FLIGHT_FACTOR × batch.in_flight`` calls at once on the actor
+    (threads: ``max_concurrent_calls_per_actor`` with ``enable_true_multi_threading``). Each call
+    waits at the actor's gate until its engine takes another shard by the one-node rule
+    (``harness.batch.pool.takes_another``: below ``batch.in_flight`` shards always, beyond that while
+    the engine's unfinished requests are fewer than ``feed_below(shard_size)``), so an engine is
+    topped up by its unfinished requests, not by a shard count. Then the call hands its shard to
+    the actor's one feeding loop (``engines.batch_worker.feed_until_closed`` on a thread of its
+    own, over the engine's ``Feeder``) and waits for that shard alone. An engine failure ends the
+    loop and fails every call, as an exception in the stage (Ray Data stops the job; committed
+    shards stay).
     """
 
-    def __init__(self, job: dict[str, Any]):
+    def __init__(self, job: dict[str, Any], feeding: dict[str, int] | None = None):
         from engines.batch_worker import start_engine
 
         self.engine, start = start_engine(job)
+        self.capacity = (start.get("extra") or {}).get("max_num_seqs")
         self.about = {"engine_pid": os.getpid(), "engine_node": _node_id(),
                       "startup_s": start.get("startup_s"), "code_dir": str(Path(__file__).resolve().parents[2])}
         self.commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.waiting: dict[str, tuple[threading.Event, dict[str, Any]]] = {}
         self.lock = threading.Lock()
+        self.turn = threading.Condition(self.lock)  # a call waits here until the engine takes its shard
+        self.feeding = {"in_flight": 1, "shard_size": 1, **(feeding or {})}
+        self.in_engine = 0     # shards handed to the engine, not finished
+        self.sent = 0          # requests handed to the feeding loop
+        self.pending, self.fed = 0, -1  # the loop's last report: unfinished requests, requests fed (-1: never)
         self.failure: str | None = None
         self.calls = itertools.count()
         threading.Thread(target=self._feed, name="troughput-feed", daemon=True).start()
+
+    def _report(self, flow: dict[str, Any]) -> None:
+        """The feeding loop's progress: its unfinished requests, which open the gate when few are left."""
+        if "pending" in flow:
+            with self.turn:
+                self.pending, self.fed = int(flow["pending"]), int(flow["fed"])
+                self.turn.notify_all()
+
+    def _takes(self) -> bool:
+        from harness.batch.pool import takes_another
+
+        return takes_another(self.in_engine, self.feeding["in_flight"], self.feeding["shard_size"], self.pending,
+                             self.sent, self.fed)
 
     def _feed(self) -> None:
         from engines.batch_worker import feed_until_closed
@@ -119,7 +143,8 @@ class EngineStage:
         feeder = None
         try:
             feeder = feeder_for(self.engine)
-            feed_until_closed(self.engine, feeder, self.commands, self._finished, progress=False)
+            feed_until_closed(self.engine, feeder, self.commands, self._finished, progress=self._report,
+                              capacity=self.capacity)
         except BaseException as e:  # noqa: BLE001 - every waiting call raises it
             self.failure = f"{type(e).__name__}: {e}"
         finally:
@@ -129,6 +154,7 @@ class EngineStage:
                 self.failure = self.failure or "the engine's feeding loop ended"
                 for event, _ in self.waiting.values():
                     event.set()
+                self.turn.notify_all()
 
     def _finished(self, key: str, result: dict[str, Any]) -> None:
         with self.lock:
@@ -137,16 +163,23 @@ class EngineStage:
         event.set()
 
     def generate(self, shard: int, requests: list[Any]) -> dict[str, Any]:
-        """Feed one shard to the engine and wait for its ``result.json`` contents (other shards may be in it)."""
+        """Feed one shard to the engine once it takes it (the gate) and wait for its ``result.json`` contents (other
+        shards may be in it)."""
         key, event, slot = f"{shard}/{next(self.calls)}", threading.Event(), {}
-        with self.lock:
+        with self.turn:
+            while not self.failure and not self._takes():
+                self.turn.wait(timeout=0.5)
             if self.failure:
                 raise RuntimeError(f"the engine failed: {self.failure}")
             self.waiting[key] = (event, slot)
+            self.in_engine += 1
+            self.sent += len(requests)
         self.commands.put({"shard": key, "requests": requests})
         event.wait()
-        with self.lock:
+        with self.turn:
             del self.waiting[key]
+            self.in_engine -= 1
+            self.turn.notify_all()
         if "result" not in slot:
             raise RuntimeError(f"the engine failed: {self.failure}")
         return slot["result"]
@@ -191,12 +224,13 @@ def commit(batch: dict[str, np.ndarray], plan_json: str, job: str) -> dict[str, 
 
     plan = plan_of(plan_json)
     state, tok = JobState(plan.output_dir), tokenizer_of(plan.model["local_dir"])
-    metas = []
+    metas, steps = [], []
     for shard, items, result in zip(batch["shard"], batch["items"], batch["result"]):
         result = pickle.loads(result)
         meta = commit_shard(plan, state, tok, job, int(shard), pickle.loads(items), result, result.get("extra"))
         metas.append(json.dumps(meta or {"index": int(shard), "dropped": True}))
-    return {"meta": np.array(metas, dtype=object)}
+        steps.append(json.dumps(result.get("steps") if meta else None))  # the driver keeps the job's trace
+    return {"meta": np.array(metas, dtype=object), "steps": np.array(steps, dtype=object)}
 
 
 def _binary(values: list[bytes]) -> np.ndarray:

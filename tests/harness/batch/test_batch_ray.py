@@ -138,6 +138,7 @@ def test_shards_are_converted_and_committed_no_further_ahead_than_the_engines_ta
     import ray
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
+    from harness.batch.pool import MAX_IN_FLIGHT_FACTOR
     from harness.batch.ray_job import pipeline
     from harness.batch.shards import Index
 
@@ -160,3 +161,6 @@ def test_shards_are_converted_and_committed_no_further_ahead_than_the_engines_ta
     for stage in ("convert", "commit"):
         assert isinstance(calls[stage]["compute"], TaskPoolStrategy) and calls[stage]["compute"].size == 2 * 3, stage
     assert isinstance(calls["EngineStage"]["compute"], ActorPoolStrategy)
+    # room on each actor for the one-node bound of shards; its gate decides how many are in the engine
+    assert calls["EngineStage"]["compute"].max_concurrent_calls_per_actor == MAX_IN_FLIGHT_FACTOR * 3
+    assert calls["EngineStage"]["fn_constructor_kwargs"]["feeding"] == {"in_flight": 3, "shard_size": 2}
