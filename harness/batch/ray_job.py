@@ -96,8 +96,9 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True,
     total = sum(shard_records(index, plan.shard_size, i) for i in range(index.shards(plan.shard_size)))
     bar = Progress(total, total - sum(shard_records(index, plan.shard_size, i) for i in todo), progress)
     began = time.time()  # when the pipeline starts (after joining the cluster)
+    groups: list[Any] = []  # the placement groups its engine actors were given (batch.ray.bundles)
     try:
-        for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus}).iter_rows():
+        for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus, "groups": groups}).iter_rows():
             meta = json.loads(row["meta"])
             if not meta.get("dropped"):
                 bar.shard_done(-1, meta["requests"], meta["output_tokens"])
@@ -108,7 +109,27 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True,
         log.error("Ray Data job failed", exc_info=True)
     finally:
         bar.close()
+        release(groups)
     return tally(state, sorted(state.committed() - before), run, began)
+
+
+def release(groups: list[Any]) -> int:
+    """Remove the placement groups a pipeline's engine actors were given, once it is over (its actors are gone, or
+    go with them): each run of a job (an in-job tuning's phase) shares one Ray session, and a group left behind
+    keeps its GPUs reserved for the session's later runs. Returns how many were removed."""
+    if not groups:
+        return 0
+    from ray.util.placement_group import remove_placement_group
+
+    removed = 0
+    while groups:
+        group = groups.pop()
+        try:
+            remove_placement_group(group)
+            removed += 1
+        except Exception as e:  # noqa: BLE001 - one that cannot be removed must not hide the job's outcome
+            log.warning("could not remove placement group %s: %s", getattr(group, "id", group), e)
+    return removed
 
 
 @contextmanager
@@ -178,7 +199,9 @@ def _through_ray_llm(ds: Any, plan: Plan, opts: dict[str, Any], here: dict[str, 
 
 
 def engine_resources(opts: dict[str, Any]) -> dict[str, Any]:
-    """Each engine actor's resources: ``num_cpus``/``num_gpus``, or a placement group of ``bundles`` (TP, PP)."""
+    """Each engine actor's resources: ``num_cpus``/``num_gpus``, or a placement group of ``bundles`` (TP, PP), one
+    per actor started (a restarted actor gets a new one); each group made is appended to ``opts["groups"]``, which
+    ``run_ray`` releases when its pipeline is over (``release``)."""
     bundles = opts.get("bundles")
     if not bundles:
         return {"num_cpus": float(opts["num_cpus"]), "num_gpus": float(opts["num_gpus"])}
@@ -188,6 +211,7 @@ def engine_resources(opts: dict[str, Any]) -> dict[str, Any]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         group = placement_group([{k: float(v) for k, v in b.items()} for b in bundles], strategy="PACK")
+        opts.setdefault("groups", []).append(group)
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
             group, placement_group_capture_child_tasks=True)}
 
