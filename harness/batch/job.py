@@ -388,6 +388,7 @@ def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, it
             # the engine's steps since the previous shard finished on it (overlapping shards: the stretch this one
             # ended), how many sequences they ran and that over what the engine holds
             "max_num_seqs": result["measured"].get("max_num_seqs"),
+            "shards_in_engine": result["measured"].get("shards_in_engine"),  # once it was fed, itself included
             **occupancy(result.get("steps"), result["measured"].get("max_num_seqs")),
             "first_line": items[0].line, "last_line": items[-1].line,
             **plan.phase, **(extra or {}), "committed_at": time.time()}

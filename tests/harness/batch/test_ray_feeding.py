@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -79,3 +80,45 @@ def test_an_engine_actor_s_shards_carry_idle_time_steps_and_occupancy() -> None:
     figures = occupancy(second["steps"], second["measured"]["max_num_seqs"])
     assert second["measured"]["max_num_seqs"] == 16 and figures["engine_steps"] == 5
     assert figures["occupancy"] == pytest.approx(2 / 16)
+
+
+def long_tailed(path: Path, shards: int, size: int = 4, long: int = 100) -> Path:
+    """``shards`` shards of ``size`` requests: one of ``long`` output tokens, the rest of 2 (a long tail per shard)."""
+    from tests.harness.batch.conftest import completion, write_jsonl
+
+    return write_jsonl(path, [completion(f"r{i}", f"prompt {i}", max_tokens=long if i % size == 0 else 2)
+                              for i in range(shards * size)])
+
+
+@pytest.mark.engine   # joins the session's Ray head: one Ray Data pipeline, beside the same job on one node
+@pytest.mark.xdist_group("ray")
+def test_on_ray_a_long_tailed_job_takes_the_engine_steps_it_takes_on_one_node(tmp_path: Path, ray_head) -> None:
+    """Same file, same config (in_flight=1, one 100-token request per 4-request shard, 16 seats): Ray's engine steps
+    within 25% of one node's, where feeding by shard count (one shard in the engine at a time) took one long tail
+    per shard, about 8 × 100 steps; the Ray row carries engine_steps, engine_idle_s and occupancy as the local row."""
+    from harness.run.results import read_rows
+    from tests.harness.batch.conftest import read_jsonl, troughput_batch
+
+    path = long_tailed(tmp_path / "batch.jsonl", 8)
+    common = [f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark", f"batch.input={path}", "batch.shard_size=4",
+              "batch.in_flight=1", "+engine.knobs.token_s=0.02", "+engine.knobs.max_num_seqs=16"]
+    local = troughput_batch(tmp_path, *common, f"batch.output_dir={tmp_path / 'local'}")
+    ray = troughput_batch(tmp_path, *common, f"batch.output_dir={tmp_path / 'ray'}", "batch.scale=ray",
+                          f"batch.ray.address={ray_head.address}", "batch.ray.actors=1", env=ray_head.driver_env,
+                          timeout=600)
+    assert local.returncode == 0 and ray.returncode == 0, local.stderr[-2000:] + ray.stderr[-3000:]
+    answers = {scale: [(o["custom_id"], o["response"]["body"]["choices"][0]["text"])
+                       for o in read_jsonl(tmp_path / scale / "output.jsonl")] for scale in ("local", "ray")}
+    assert answers["ray"] == answers["local"] and len(answers["ray"]) == 32
+    rows = {r["scale"]: r for r in read_rows(tmp_path / "results", "batch")}
+    metas = [read_jsonl(p)[0] for p in sorted((tmp_path / "ray" / "shards").glob("*/meta.json"))]
+    assert max(m["shards_in_engine"] for m in metas) >= 2, "shards entered the engine while a long tail ran"
+    steps = {scale: rows[scale]["engine_steps"] for scale in ("local", "ray")}
+    assert steps["local"] < 0.6 * 8 * 100, steps   # one node overlaps the tails (the bar the Ray path must meet)
+    assert 0.75 * steps["local"] <= steps["ray"] <= 1.25 * steps["local"], steps
+    for scale in ("local", "ray"):
+        row = rows[scale]
+        assert row["occupancy"] is not None and 0 < row["occupancy"] <= 1, row["occupancy"]
+        assert row["engine_idle_s"] is not None and row["steps.file"], scale
+    assert abs(rows["ray"]["occupancy"] - rows["local"]["occupancy"]) < 0.15, (rows["ray"]["occupancy"],
+                                                                             rows["local"]["occupancy"])
