@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,11 +64,14 @@ def plugin_package(engine: str) -> Path | None:
 def settings(plan: Plan) -> dict[str, Any]:
     """``batch.ray`` checked: actors (unset: ``engine.replicas``, so a decision's replicas are its engine actors),
     CPUs and GPUs per actor, placement bundles."""
-    ray = {"actors": None, "num_cpus": 1, "num_gpus": 0, "bundles": None, **(plan.ray or {})}
+    ray = {"actors": None, "num_cpus": 1, "num_gpus": 0, "bundles": None, "max_restarts": 10, **(plan.ray or {})}
     if ray["actors"] is None:
         ray["actors"] = plan.replicas
     if isinstance(ray["actors"], bool) or not isinstance(ray["actors"], int) or ray["actors"] < 1:
         raise TroughputError(f"batch.ray.actors={ray['actors']!r}: must be an integer >= 1")
+    if isinstance(ray["max_restarts"], bool) or not isinstance(ray["max_restarts"], int) or ray["max_restarts"] < 0:
+        raise TroughputError(f"batch.ray.max_restarts={ray['max_restarts']!r}: must be an integer >= 0 (-1, "
+                             f"unbounded, would loop on a shard that fails every engine)")
     for key in ("num_cpus", "num_gpus"):
         if isinstance(ray[key], bool) or not isinstance(ray[key], (int, float)) or ray[key] < 0:
             raise TroughputError(f"batch.ray.{key}={ray[key]!r}: must be a number >= 0")
@@ -97,20 +101,38 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True,
     bar = Progress(total, total - sum(shard_records(index, plan.shard_size, i) for i in todo), progress)
     began = time.time()  # when the pipeline starts (after joining the cluster)
     groups: list[Any] = []  # the placement groups its engine actors were given (batch.ray.bundles)
+    key = uuid.uuid4().hex  # where its engine actors say why they ended themselves (``ray_stages.say``)
     try:
-        for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus, "groups": groups}).iter_rows():
+        for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus, "groups": groups,
+                                                "report_key": key}).iter_rows():
             meta = json.loads(row["meta"])
             if not meta.get("dropped"):
                 bar.shard_done(-1, meta["requests"], meta["output_tokens"])
                 run.steps.extend(json.loads(row.get("steps") or "null"))  # the job's trace, as on one node
     except Exception as e:  # noqa: BLE001 - Ray gave up; what was committed stays, a rerun resumes
-        first = str(e).strip().splitlines()
-        run.errors.append(f"the Ray Data job stopped: {type(e).__name__}: {first[-1][:500] if first else ''}")
+        run.errors.append(f"the Ray Data job stopped: {explain(e, key)}")
         log.error("Ray Data job failed", exc_info=True)
     finally:
         bar.close()
         release(groups)
     return tally(state, sorted(state.committed() - before), run, began)
+
+
+def explain(error: Exception, key: str) -> str:
+    """Why Ray gave up, in one line: what the engine actors that ended themselves said (Ray's message for a dead actor
+    has no reason: ``ray_stages.say``), else the error's last line."""
+    from harness.batch.ray_stages import said
+
+    lines = str(error).strip().splitlines()
+    ray_said = f"{type(error).__name__}: {lines[-1][:300] if lines else ''}"
+    try:
+        reasons = said(key)
+    except Exception:  # noqa: BLE001 - the store is gone with the session: Ray's own words
+        reasons = []
+    if not reasons:
+        return ray_said
+    more = f" (and {len(reasons) - 1} more such exits)" if len(reasons) > 1 else ""
+    return f"an engine actor ended itself: {reasons[-1]}{more}; Ray then gave up ({ray_said[:200]})"
 
 
 def release(groups: list[Any]) -> int:
@@ -177,10 +199,14 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
     # up to MAX_IN_FLIGHT_FACTOR x in_flight calls on each actor; its gate feeds each to the engine by the one-node
     # rule (its unfinished requests), the rest wait there with their shard converted
     feeding = {"in_flight": plan.in_flight, "shard_size": plan.shard_size}
-    ds = ds.map_batches(EngineStage, batch_size=1, fn_constructor_kwargs={"job": job, "feeding": feeding},
+    ds = ds.map_batches(EngineStage, batch_size=1,
+                        fn_constructor_kwargs={"job": job, "feeding": feeding, "exit_on_failure": True,
+                                               "stall_timeout_s": plan.stall_timeout_s,
+                                               "report_key": opts.get("report_key")},
                         compute=ActorPoolStrategy(size=opts["actors"],
                                                   max_concurrent_calls_per_actor=MAX_IN_FLIGHT_FACTOR * plan.in_flight,
                                                   enable_true_multi_threading=True),  # calls feed one engine
+                        max_restarts=opts["max_restarts"], max_task_retries=-1,   # a failed engine's actor exits
                         **engine_resources(opts))
     return ds.map_batches(commit, batch_size=1, num_cpus=SMALL_TASK_CPUS, label_selector=here, compute=ahead,
                           fn_kwargs={"plan_json": plan_json, "job": job_id(plan)})

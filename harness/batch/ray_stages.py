@@ -99,15 +99,25 @@ class EngineStage:
     the engine's unfinished requests are fewer than ``feed_below(shard_size)``), so an engine is
     topped up by its unfinished requests, not by a shard count. Then the call hands its shard to
     the actor's one feeding loop (``engines.batch_worker.feed_until_closed`` on a thread of its
-    own, over the engine's ``Feeder``) and waits for that shard alone. An engine failure ends the
-    loop and fails every call, as an exception in the stage (Ray Data stops the job; committed
-    shards stay).
+    own, over the engine's ``Feeder``) and waits for that shard alone.
+
+    An engine that fails inside the living actor (its feeding loop raises: vLLM's engine-core process
+    killed for memory, an engine error mid-shard) makes the actor exit (``ENGINE_FAILED``) before
+    any call sees the error: Ray restarts the actor (a new engine) and reruns the calls it held, as
+    when the actor's process dies; ``batch.ray.max_restarts`` bounds the restarts of each actor, so a
+    shard that fails every engine ends the job (committed shards stay) instead of looping.
     """
 
-    def __init__(self, job: dict[str, Any], feeding: dict[str, int] | None = None):
+    def __init__(self, job: dict[str, Any], feeding: dict[str, int] | None = None, exit_on_failure: bool = False,
+                 stall_timeout_s: float | None = None, report_key: str | None = None):
         from engines.batch_worker import start_engine
 
-        self.engine, start = start_engine(job)
+        self.report_key = report_key  # where an actor that ends itself says why, for the driver (``say``)
+        watchdog = _start_watchdog(stall_timeout_s, report_key)   # the engine starts in this (the actor's main) thread
+        try:
+            self.engine, start = start_engine(job)
+        finally:
+            watchdog.set()
         self.capacity = (start.get("extra") or {}).get("max_num_seqs")
         self.about = {"engine_pid": os.getpid(), "engine_node": _node_id(),
                       "startup_s": start.get("startup_s"), "code_dir": str(Path(__file__).resolve().parents[2])}
@@ -120,6 +130,7 @@ class EngineStage:
         self.sent = 0          # requests handed to the feeding loop
         self.pending, self.fed = 0, -1  # the loop's last report: unfinished requests, requests fed (-1: never)
         self.failure: str | None = None
+        self.exit_on_failure = exit_on_failure
         self.calls = itertools.count()
         threading.Thread(target=self._feed, name="troughput-feed", daemon=True).start()
 
@@ -145,8 +156,10 @@ class EngineStage:
             feeder = feeder_for(self.engine)
             feed_until_closed(self.engine, feeder, self.commands, self._finished, progress=self._report,
                               capacity=self.capacity)
-        except BaseException as e:  # noqa: BLE001 - every waiting call raises it
+        except BaseException as e:  # noqa: BLE001 - the actor exits: Ray restarts it and reruns its calls
             self.failure = f"{type(e).__name__}: {e}"
+            if self.exit_on_failure:
+                _exit_for_restart(self.engine, self.failure, self.report_key)
         finally:
             if feeder is not None:
                 feeder.close()
@@ -195,6 +208,75 @@ class EngineStage:
             result["extra"] = {**self.about, "started_at": started, "peak_rss_bytes": peak_rss_bytes()}
             results.append(pickle.dumps(result))
         return {"shard": batch["shard"], "items": batch["items"], "result": _binary(results)}
+
+
+ENGINE_FAILED = 70  # the actor's exit code when its engine failed inside it (EX_SOFTWARE)
+ENGINE_HUNG = 71    # ... when its engine was still starting after batch.stall_timeout_s
+
+
+REPORTS = "troughput-actor-exit"  # Ray's internal key-value store: ``<REPORTS>:<report_key>:<pid>`` -> why
+
+
+def say(key: str | None, why: str) -> None:
+    """Leave ``why`` where the driver finds it after Ray gave up (Ray's message for a dead actor has no reason)."""
+    if not key:
+        return
+    try:
+        from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
+
+        if _internal_kv_initialized():
+            _internal_kv_put(f"{REPORTS}:{key}:{os.getpid()}", why.encode(), overwrite=True)
+    except Exception:  # noqa: BLE001, S110 - the reason is also in the actor's log
+        pass
+
+
+def said(key: str) -> list[str]:
+    """What the actors of one pipeline (``key``) said as they ended themselves, removed from the store (driver)."""
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_get, _internal_kv_list
+
+    reasons = []
+    for name in _internal_kv_list(f"{REPORTS}:{key}:"):
+        value = _internal_kv_get(name)
+        if value:
+            reasons.append(value.decode())
+        _internal_kv_del(name)
+    return reasons
+
+
+def _start_watchdog(limit: float | None, key: str | None = None) -> threading.Event:
+    """An engine start that takes more than ``limit`` seconds (``batch.stall_timeout_s``) looks hung, as on one node:
+    the actor exits with ``ENGINE_HUNG`` (an actor that dies starting is not restarted: the job stops, its
+    committed shards stay, and the driver names the reason, ``harness.batch.ray_job.explain``). Set the returned
+    event when the start is over."""
+    import sys
+
+    done = threading.Event()
+
+    def watch() -> None:
+        if not done.wait(limit):
+            why = (f"the engine was still starting after {limit:g} s: it looks hung, so troughput ended its actor "
+                   f"(batch.stall_timeout_s={limit:g})")
+            print(f"troughput: {why}", file=sys.stderr, flush=True)
+            say(key, why)
+            os._exit(ENGINE_HUNG)
+
+    if limit:
+        threading.Thread(target=watch, name="troughput-start-watchdog", daemon=True).start()
+    return done
+
+
+def _exit_for_restart(engine: Any, why: str, key: str | None = None) -> None:
+    """End this actor's process, so that Ray restarts it and reruns the calls it held: the engine is stopped first
+    where it stops within 10 s (its child processes go with it), and the reason goes to the actor's log."""
+    import sys
+
+    print(f"troughput: the engine failed inside this actor ({why}); exiting so that Ray restarts the actor and "
+          f"reruns its shards", file=sys.stderr, flush=True)
+    say(key, f"its engine failed inside the actor ({why[:300]}); the actor exited so that Ray restarts it")
+    stopper = threading.Thread(target=lambda: engine.started and engine.stop(), daemon=True)
+    stopper.start()
+    stopper.join(10)
+    os._exit(ENGINE_FAILED)
 
 
 def _node_id() -> str | None:

@@ -77,7 +77,8 @@ def _plan(tmp_path: Path, engine: str = "vllm", **fields) -> Plan:
 
 @pytest.mark.parametrize(("ray", "named"), [({"actors": 0}, "batch.ray.actors"),
                                              ({"num_gpus": -1}, "batch.ray.num_gpus"),
-                                             ({"bundles": [{}]}, "batch.ray.bundles")])
+                                             ({"bundles": [{}]}, "batch.ray.bundles"),
+                                             ({"max_restarts": -1}, "batch.ray.max_restarts")])
 def test_ray_settings_are_checked_before_joining(tmp_path: Path, ray: dict, named: str) -> None:
     with pytest.raises(TroughputError, match=named):
         settings(_plan(tmp_path, ray=ray))
