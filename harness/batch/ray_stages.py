@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from harness.batch.convert import convert_shard
-from harness.batch.images import image_resolver, stored
+from harness.batch.images import image_resolver, local_images, stored
 from harness.batch.plan import Plan
 from harness.batch.shards import Index, Shard, iter_shards
 from harness.batch.state import JobState
@@ -47,9 +47,11 @@ def shard_source(path: str, fmt: str, size: int, todo: list[int]) -> Any:
 
         def get_read_tasks(self, parallelism: int, per_task_row_limit: int | None = None,
                            data_context: Any = None) -> list[ReadTask]:
-            def read():
+            def read():   # on the driver's node (label_selector): its local images are read here, with the records
                 for shard in iter_shards(Path(path), fmt, size, set(todo).__contains__):
-                    yield pa.table({"shard": [shard.index], "records": [pickle.dumps(shard.records)]})
+                    images = local_images(shard.records, Path(path).parent)
+                    yield pa.table({"shard": [shard.index], "records": [pickle.dumps(shard.records)],
+                                    "local_images": [pickle.dumps(images)]})
 
             meta = BlockMetadata(num_rows=len(todo), size_bytes=None, exec_stats=None, input_files=[path])
             return [ReadTask(read, meta)]
@@ -70,13 +72,16 @@ def tokenizer_of(local_dir: str) -> Any:
 
 
 def convert(batch: dict[str, np.ndarray], plan_json: str, duplicates: dict[int, int]) -> dict[str, np.ndarray]:
-    """Each shard's records as ``Item``s, its requests in the job's order, and the bytes of their images."""
+    """Each shard's records as ``Item``s, its requests in the job's order, and the bytes of their images (local ones
+    as the read stage read them on the driver's node; ``data:`` and fetched ones stored on this node first)."""
     plan = plan_of(plan_json)
-    state = JobState(plan.output_dir)
-    options = Options(plan.default_max_tokens, plan.sampling, image_resolver(
-        plan.model.get("image_token"), state.root / "images", Path(plan.input).parent, plan.allow_remote_images))
+    store = Path(tempfile.gettempdir()) / "troughput-images"   # this node's: the output folder is the driver's
     items_col, requests_col, images_col = [], [], []
-    for shard, records in zip(batch["shard"], batch["records"]):
+    for shard, records, read in zip(batch["shard"], batch["records"], batch["local_images"]):
+        # local images come read with the records (from the driver's node), never looked up on this node
+        options = Options(plan.default_max_tokens, plan.sampling, image_resolver(
+            plan.model.get("image_token"), store, Path(plan.input).parent, plan.allow_remote_images,
+            pickle.loads(read)))
         items = convert_shard(Shard(int(shard), pickle.loads(records)), plan.format, tokenizer_of(
             plan.model["local_dir"]), options, Index(0, duplicates), Path(plan.input), plan.max_model_len,
             plan.served_models())
