@@ -134,7 +134,8 @@ def serve(job_dir: Path) -> int:
                 engine, start = start_engine(job)
                 emit("started", start=start, **({"generation": job["generation"]} if "generation" in job else {}))
                 feeder = feeder_for(engine)
-                command = feed_until_closed(engine, feeder, commands, _write_result)
+                command = feed_until_closed(engine, feeder, commands, _write_result,
+                                            capacity=(start.get("extra") or {}).get("max_num_seqs"))
                 feeder.close()
                 engine.stop()
                 engine, feeder = None, None
@@ -201,7 +202,9 @@ def _write_result(shard: str, result: dict[str, Any]) -> None:
 
 
 def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict[str, Any] | None],
-                      finish: Callable[[str, dict[str, Any]], None], progress: bool = True) -> dict[str, Any] | None:
+                      finish: Callable[[str, dict[str, Any]], None],
+                      progress: bool | Callable[[dict[str, Any]], None] = True,
+                      capacity: int | None = None) -> dict[str, Any] | None:
     """Feed each shard as it arrives, hand each to ``finish`` as it finishes; return at end of input.
 
     A command is ``{"shard": DIR}`` (its ``requests.jsonl`` is read) or ``{"shard": KEY,
@@ -209,8 +212,14 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
     gets the shard's ``result.json`` contents (``shard_result``) in the order shards finish.
     A ``{"restart": ...}`` or ``{"park": ...}`` command also ends it, once every shard fed before it
     is done; it is returned (commands after it stay queued for the next engine), ``None`` at end of input.
+    ``capacity``: the sequences the engine holds at once (its start's ``max_num_seqs``), in each result's
+    ``measured.max_num_seqs``: the driver's occupancy is its steps' mean running over it (``engines.steptrace``).
+    ``progress``: ``True``, progress events on stdout (``_progress``); a function, called with the same dict
+    instead (a Ray actor's feeding gate, ``harness.batch.ray_stages``); ``False``, none. Each result's
+    ``measured.shards_in_engine`` is how many shards the engine held once it was fed (itself included).
     """
-    shards: dict[str, tuple[dict[str, str], float]] = {}  # shard -> (screened errors, idle before it)
+    shards: dict[str, tuple[dict[str, str], float, int]] = {}  # shard -> (screened errors, idle before it,
+    #                                                             shards in the engine once it was fed)
     idle_since: float | None = time.perf_counter()  # the engine has nothing to do from here
     last_finish = time.perf_counter()
     last_progress = 0.0
@@ -236,7 +245,7 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
                     now = time.perf_counter()
                     idle_before = now - idle_since if idle_since is not None and feeder.idle() else 0.0
                     idle_since = None
-                    shards[shard] = (errors, idle_before)
+                    shards[shard] = (errors, idle_before, len(shards) + 1)
                     feeder.feed(shard, [r for r in requests if r.id not in errors])
                     fed += len(requests)
                 command = commands.get_nowait()
@@ -244,24 +253,28 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
             pass
         finished = feeder.collect(timeout=0.05)
         for out in finished:
-            errors, idle_before = shards.pop(out.shard)
+            errors, idle_before, in_engine = shards.pop(out.shard)
             busy = (out.span_s if out.simulated_span_s is not None
                     else out.finished_at - max(out.fed_at, last_finish) - out.startup_s)
             last_finish = max(last_finish, out.finished_at)
             result = shard_result(out, errors, max(0.0, busy), idle_before)
             result["measured"]["streams"] = feeder.streams  # finish times per request, on this host's clock
             result["measured"]["engine_steps"] = engine.stats().extra.get("engine_steps")  # since start, where known
+            result["measured"]["max_num_seqs"] = capacity
+            result["measured"]["shards_in_engine"] = in_engine
             # the engine's steps since the last shard finished on it (engines.steptrace): every step once
             result["steps"] = engine.step_trace.take() if engine.records_steps else None
             finish(out.shard, result)
         if feeder.idle() and idle_since is None:
             idle_since = time.perf_counter()
         if progress:
-            last_progress = _progress(feeder, last_progress, fed, force=bool(finished))
+            last_progress = _progress(feeder, last_progress, fed, force=bool(finished),
+                                      report=progress if callable(progress) else None)
     return restart
 
 
-def _progress(feeder: Feeder, last: float, fed: int, force: bool = False) -> float:
+def _progress(feeder: Feeder, last: float, fed: int, force: bool = False,
+              report: Callable[[dict[str, Any]], None] | None = None) -> float:
     """Every half second (and when a shard finished): requests finished in shards not yet done, for the
     progress bar, and ``pending``, the requests in the engine not finished yet, with ``fed``, all requests
     handed over so far: the driver hands this engine another shard when few are pending (``harness.batch.pool``)."""
@@ -271,7 +284,10 @@ def _progress(feeder: Feeder, last: float, fed: int, force: bool = False) -> flo
     done = sum(len(s.done) + len(s.errors) for s in feeder.open.values())
     total = sum(len(s.requests) for s in feeder.open.values())
     flow = {"pending": total - done, "fed": fed} if feeder.streams else {}  # a serial feeder gains nothing from more
-    emit("progress", done=done, total=total, **flow)
+    if report is not None:
+        report({"done": done, "total": total, **flow})
+    else:
+        emit("progress", done=done, total=total, **flow)
     return now
 
 

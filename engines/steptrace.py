@@ -146,4 +146,21 @@ def summary(trace: dict[str, Any]) -> dict[str, float | None]:
             "mean_step_s": mean("dt"), "preempted": sum(a * b for a, b in zip(w, trace["preempted"]))}
 
 
-__all__ = ["RAW_LIMIT", "STEP_FIELDS", "StepRecorder", "concat", "empty_trace", "summary"]
+def occupancy(trace: dict[str, Any] | None, capacity: Any) -> dict[str, float | int | None]:
+    """How full an engine ran over ``trace``'s steps: ``engine_steps`` (their count), ``mean_running`` (sequences
+    per step, each step weighted alike) and ``occupancy`` = mean running ÷ ``capacity`` (the sequences the engine
+    holds at once, its ``max_num_seqs``). ``None`` where there is no trace (an engine that records no steps) or no
+    capacity, never a guess; a trace without steps (a shard that finished in the same step as the one before it)
+    has 0 steps and no occupancy."""
+    if trace is None:
+        return {"engine_steps": None, "mean_running": None, "occupancy": None}
+    n = sum(trace.get("weight") or [])
+    if not n:
+        return {"engine_steps": 0, "mean_running": None, "occupancy": None}
+    mean_running = sum(w * r for w, r in zip(trace["weight"], trace["running"])) / n
+    cap = float(capacity) if isinstance(capacity, (int, float)) and not isinstance(capacity, bool) else 0.0
+    return {"engine_steps": int(round(n)), "mean_running": mean_running,
+            "occupancy": mean_running / cap if cap > 0 else None}
+
+
+__all__ = ["RAW_LIMIT", "STEP_FIELDS", "StepRecorder", "concat", "empty_trace", "occupancy", "summary"]

@@ -15,7 +15,10 @@ token ``max_tokens`` times, so token counts are exact. ``token_s`` makes ``feede
 running request a token each ``token_s`` and records each step in its step trace (``engines.steptrace``). ``dtype``:
 ``lossy`` changes every third output token (an output-changing knob, for the quality guard);
 any other value leaves outputs as they are. ``hang_in: start`` hangs the start for good, in every replica or
-only in replica ``hang_replica`` (1-based): a hung engine start, for the batch watchdog.
+only in replica ``hang_replica`` (1-based): a hung engine start, for the batch watchdog. ``fail_after_steps``
+(with ``token_s``): the engine fails (``RuntimeError``, every request it runs) after that many steps, mid-shard,
+while its process lives; with ``fail_file`` only the first ``fail_times`` (default 1) engines do, counted across
+processes in that file (an engine that fails once, then works after a restart).
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import time
 from engines.base import Completion, Engine, EngineStats, KnobError, Request, StartInfo
 
 KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs",
-         "fail_replica", "sleep_cycle_s", "cycle_file", "token_s", "dtype", "hang_in", "hang_replica"}
+         "fail_replica", "sleep_cycle_s", "cycle_file", "token_s", "dtype", "hang_in", "hang_replica",
+         "fail_after_steps", "fail_file", "fail_times"}
 
 
 class FakeEngine(Engine):
@@ -101,11 +105,22 @@ class FakeEngine(Engine):
         seats = asyncio.Semaphore(int(self.knobs.get("max_num_seqs", 8)))  # bound to the feeder's loop on first use
         running: dict[str, list] = {}   # request id -> [tokens left, its event]
         stepping: list[asyncio.Task] = []
+        failure: list[BaseException] = []
+        fail_after = self.knobs.get("fail_after_steps")
+        fail_after = int(fail_after) if fail_after is not None and self._fails() else None
+        taken = [0]
 
         async def steps() -> None:
             self.step_trace.begin()
             while running:
                 await asyncio.sleep(float(self.knobs["token_s"]))
+                taken[0] += 1
+                if fail_after is not None and taken[0] > fail_after:   # the engine dies; its process lives
+                    failure.append(RuntimeError(f"scripted engine failure after {fail_after} steps"))
+                    for state in running.values():
+                        state[1].set()
+                    running.clear()
+                    return
                 n = len(running)
                 for rid, state in list(running.items()):
                     state[0] -= 1
@@ -121,9 +136,23 @@ class FakeEngine(Engine):
                 if not stepping or stepping[-1].done():
                     stepping.append(asyncio.ensure_future(steps()))
                 await done.wait()
+            if failure:
+                raise failure[0]
             return Completion(r.id, len(r.prompt_token_ids), self._tokens(r), cached_tokens=0)
 
         return AsyncFeeder(one)
+
+    def _fails(self) -> bool:
+        """Whether this engine is one of the first ``fail_times`` to fail (all, without ``fail_file``)."""
+        path = self.knobs.get("fail_file")
+        if not path:
+            return True
+        count = int(open(path).read() or 0) if os.path.exists(path) else 0
+        if count >= int(self.knobs.get("fail_times", 1)):
+            return False
+        with open(path, "w") as f:
+            f.write(str(count + 1))
+        return True
 
     def _tokens(self, r: Request) -> list[int]:
         """The prompt's last token ``max_tokens`` times; with ``dtype=lossy`` every third one is another."""

@@ -28,7 +28,8 @@ def build_plan(cfg: DictConfig, origin: dict[str, Any]) -> Plan:
     python = cfg.engine.python or sys.executable
     model = resolve_model(_plain(cfg.model), python)
     knobs = layered_knobs(cfg)
-    path, fmt = source({"name": "batch", "path": cfg.batch.input, "format": cfg.batch.format})
+    path, fmt = source({"name": "batch", "path": cfg.batch.input, "format": cfg.batch.format,
+                         "format_setting": "batch.format"})
     labels = {"command": command_line().replace("troughput-run", "troughput-batch", 1), **_plain(cfg.run.labels)}
     return Plan(
         input=str(path.resolve()), format=fmt, output_dir=str(Path(cfg.batch.output_dir).resolve()),
@@ -40,6 +41,7 @@ def build_plan(cfg: DictConfig, origin: dict[str, Any]) -> Plan:
         in_flight=_positive(cfg.batch.in_flight, "batch.in_flight"), sampling=cfg.batch.sampling,
         stall_timeout_s=_stall_timeout(cfg.batch.get("stall_timeout_s", 1800)),
         default_max_tokens=cfg.batch.default_max_tokens, allow_remote_images=bool(cfg.batch.allow_remote_images),
+        served_model_names=_names(cfg.batch.get("served_model_names"), "batch.served_model_names"),
         max_model_len=canonical_view(cfg.engine.name, knobs).get("context_length"),   # the engine's own name for it
         results_dir=str(Path(cfg.run.results_dir).resolve()),
         source=origin, labels=labels, model_revision=model_revision(model), scale=cfg.batch.scale,
@@ -70,6 +72,12 @@ def summary(row: dict[str, Any]) -> str:
     """A few lines: counts, rates measured and predicted, where the outputs are."""
     lines = [f"troughput-batch {row['status']}: {row['requests_ok']:,} ok, {row['requests_failed']:,} failed this run; "
              f"{row['shards_committed']} of {row['shards']} shards committed ({row['shards_before']} before this run)"]
+    if row["status"] == "failed":
+        lines[0] = f"troughput-batch FAILED: no request succeeded. {lines[0].split(': ', 1)[1]}"
+    if row.get("requests_other_model"):
+        lines.append(f"  {row['requests_other_model']:,} requests named a model this job does not serve: error lines "
+                     f"(404 model_not_found), not answered by {row['model']!r}; if a name is this model's, add it to "
+                     f"batch.served_model_names")
     if row["output_tok_s"]:
         lines.append(f"  measured {row['output_tok_s']:,.1f} output tok/s, {row['req_s']:,.1f} req/s over "
                      f"{row['generation_s']:,.1f} s (engine start {row['startup_s'] or 0:,.1f} s excluded)")
@@ -120,6 +128,15 @@ def _positive(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise TroughputError(f"{name}={value!r}: must be an integer >= 1")
     return value
+
+
+def _names(value: Any, name: str) -> list[str]:
+    names = _plain(value) if value is not None else []
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise TroughputError(f"{name}={names!r}: must be a list of model names, e.g. {name}=[gpt-4o-mini]")
+    return names
 
 
 def _stall_timeout(value: Any) -> float | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,7 @@ from harness.batch.shards import Index, Shard, default_id
 from harness.workloads.fields import RecordError
 from harness.workloads.records import CHAT_URL, COMPLETIONS_URL, Options, TextTokenizerLike, convert
 
+MODEL_NOT_FOUND = "model_not_found"
 URL_OF_FORMAT = {"sharegpt": CHAT_URL, "jsonl": COMPLETIONS_URL}  # the response shape for non-OpenAI records
 
 
@@ -24,15 +26,19 @@ class Item:
     request: Request | None = None
     error: str | None = None
     model: str | None = None
+    code: str | None = None   # the error's code where it has one (``model_not_found``)
 
 
 def convert_shard(shard: Shard, fmt: str, tok: TextTokenizerLike, options: Options, index: Index,
-                  source: Path, max_model_len: int | None) -> list[Item]:
+                  source: Path, max_model_len: int | None, models: Collection[str] | None = None) -> list[Item]:
     """Every record of ``shard`` as an ``Item``, in file order.
 
     A record that repeats an earlier record's id (``index.duplicates``), that is malformed, or
     whose prompt leaves no room in ``max_model_len`` is an error naming the file and line;
-    ``max_tokens`` is capped to the room left.
+    ``max_tokens`` is capped to the room left. ``models``: the names the job serves
+    (``Plan.served_models``); a request whose ``model`` names another is an error line with code
+    ``model_not_found`` (as vLLM's and OpenAI's batch runners answer it), never answered by this
+    job's model; a request naming none is answered.
     """
     items = []
     for where, n, record in shard.records:
@@ -46,11 +52,22 @@ def convert_shard(shard: Shard, fmt: str, tok: TextTokenizerLike, options: Optio
             converted = convert(fmt, record, tok, options)
             if converted is None:
                 raise RecordError("nothing to ask: no human turn")
+            if models is not None and converted.model is not None and converted.model not in models:
+                why = _other_model(converted.model, models)
+                items.append(Item(cid, n, converted.url or url, error=f"{source}, {where}: {why}",
+                                  model=converted.model, code=MODEL_NOT_FOUND))
+                continue
             request = _fit(converted.request(cid or default_id(fmt, n)), max_model_len)
             items.append(Item(cid, n, converted.url or url, request, model=converted.model))
         except RecordError as e:
             items.append(Item(cid, n, url, error=f"{source}, {where}: {e}"))
     return items
+
+
+def _other_model(asked: str, models: Collection[str]) -> str:
+    served = ", ".join(repr(m) for m in sorted(models))
+    return (f"the request asks for model {asked!r}; this job serves {served}: it is not answered by another model. "
+            f"If {asked!r} is a name for this job's model, add it to batch.served_model_names")
 
 
 def _fit(request: Request, max_model_len: int | None) -> Request:

@@ -17,13 +17,14 @@ import urllib.request
 from pathlib import Path
 
 from harness.workloads.fields import RecordError, as_object
-from harness.workloads.records import ImageResolver
+from harness.workloads.records import IMAGE_PART_TYPES, ImageResolver
 
 REMOTE = ("http://", "https://")
 FETCH_TIMEOUT_S = 30
 
 
-def image_resolver(placeholder: str | None, store: Path, base_dir: Path, allow_remote: bool) -> ImageResolver | None:
+def image_resolver(placeholder: str | None, store: Path, base_dir: Path, allow_remote: bool,
+                   read: dict[str, bytes | None] | None = None) -> ImageResolver | None:
     """A resolver for ``harness.workloads.records``; ``None`` when the model takes no images (no placeholder).
 
     Args:
@@ -31,6 +32,9 @@ def image_resolver(placeholder: str | None, store: Path, base_dir: Path, allow_r
         store: where decoded and fetched images are written.
         base_dir: what a relative local path is relative to (the input file's folder).
         allow_remote: fetch ``http(s)`` URLs; otherwise such a part is an error.
+        read: local images already read where the input is (``local_images``: path -> bytes, ``None`` for a file
+            that was not there); given, a local path is looked up here, never on this node's disk, and its bytes
+            are stored under ``store`` (``batch.scale=ray``: conversion runs on any node).
     """
     if not placeholder:
         return None
@@ -44,14 +48,49 @@ def image_resolver(placeholder: str | None, store: Path, base_dir: Path, allow_r
                 raise RecordError(f"{at}: remote image {url[:80]!r} not fetched; troughput reads no network "
                                   f"unless you allow it (batch.allow_remote_images=true)")
             return placeholder, _store(_fetch(url, at), store, at)
-        path = Path(urllib.parse.unquote(url.removeprefix("file://"))).expanduser()
-        path = path if path.is_absolute() else base_dir / path
+        path = local_path(url, base_dir)
+        if read is not None:
+            data = read.get(str(path))
+            if data is None:
+                raise RecordError(f"{at}: image file {str(path)!r} not found (on the input's node)")
+            return placeholder, _store(data, store, at)
         if not path.is_file():
             raise RecordError(f"{at}: image file {str(path)!r} not found")
         _check(path.read_bytes(), at)
         return placeholder, str(path)
 
     return resolve
+
+
+def local_path(url: str, base_dir: Path) -> Path:
+    """A local image's path (``file://`` or a path, relative to ``base_dir``)."""
+    path = Path(urllib.parse.unquote(url.removeprefix("file://"))).expanduser()
+    return path if path.is_absolute() else base_dir / path
+
+
+def local_images(records: list[tuple[str, int, object]], base_dir: Path) -> dict[str, bytes | None]:
+    """The bytes of every local image the records' chat messages name (``None`` where the file is not there), read
+    here: where the input is (``batch.scale=ray``'s read stage, on the driver's node), so they travel with the
+    records to a convert task on any node. Records too broken to walk are left to the converter to report."""
+    found: dict[str, bytes | None] = {}
+    for _, _, record in records:
+        body = record.get("body") if isinstance(record, dict) else None
+        messages = body.get("messages") if isinstance(body, dict) else None
+        for message in messages if isinstance(messages, list) else []:
+            content = message.get("content") if isinstance(message, dict) else None
+            for part in content if isinstance(content, list) else []:
+                if not isinstance(part, dict) or part.get("type") not in IMAGE_PART_TYPES:
+                    continue
+                try:
+                    url = _url(part, "")
+                except RecordError:
+                    continue
+                if url.startswith("data:") or url.startswith(REMOTE):
+                    continue
+                path = local_path(url, base_dir)
+                if str(path) not in found:
+                    found[str(path)] = path.read_bytes() if path.is_file() else None
+    return found
 
 
 def _url(part: dict, at: str) -> str:

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from engines.base import Request
-from engines.steptrace import StepRecorder
-from harness.batch.convert import Item, convert_shard
+from engines.steptrace import StepRecorder, occupancy
+from harness.batch.convert import MODEL_NOT_FOUND, Item, convert_shard
 from harness.batch.images import image_resolver
 from harness.batch.output import ENGINE_FAULT, failure, success
 from harness.batch.plan import Plan
@@ -45,11 +45,16 @@ class ShardsRun:
     shards_failed: dict[int, str] = field(default_factory=dict)
     requests_ok: int = 0
     requests_failed: int = 0
+    requests_other_model: int = 0  # of the failed: requests naming a model the job does not serve (error lines)
     prompt_tokens: int = 0
     output_tokens: int = 0
     engine_s: float = 0.0          # engine-busy seconds, summed over shards (their measured wall_s)
     engine_idle_s: float = 0.0     # seconds an engine waited with nothing fed, summed (shard boundaries, driver)
     engine_steps: int | None = None  # engine steps since start, summed over engines, where the engine counts them
+    #                                  (else the steps the shards' step traces hold)
+    traced_steps: int = 0            # steps in the shards' step traces
+    occupancy_steps: int = 0         # of those, the steps whose engine's capacity is known ...
+    running_share: float = 0.0       # ... and the sum over them of running ÷ capacity (``occupancy``)
     generation_s: float = 0.0      # engines up (the last one) to the last commit
     startup_s: float | None = None  # the slowest engine's start
     peak_worker_rss_bytes: int = 0
@@ -71,10 +76,21 @@ class ShardsRun:
         self.shards_run += 1
         self.requests_ok += meta["ok"]
         self.requests_failed += meta["failed"]
+        self.requests_other_model += int(meta.get("other_model") or 0)
         self.prompt_tokens += meta["prompt_tokens"]
         self.output_tokens += meta["output_tokens"]
         self.engine_s += float(meta["engine_s"])
         self.engine_idle_s += float(meta.get("idle_before_s") or 0.0)
+        self.traced_steps += int(meta.get("engine_steps") or 0)
+        if meta.get("occupancy") is not None:
+            self.occupancy_steps += int(meta["engine_steps"])
+            self.running_share += float(meta["occupancy"]) * int(meta["engine_steps"])
+
+    @property
+    def occupancy(self) -> float | None:
+        """Mean running sequences ÷ the engine's ``max_num_seqs``, over every traced step of every shard (steps
+        weighted alike; each shard's own in its meta); ``None`` where no step trace knows its capacity."""
+        return self.running_share / self.occupancy_steps if self.occupancy_steps else None
 
     def to_dict(self) -> dict[str, Any]:
         """As JSON data (an array task's part), its step trace as columns (bounded, ``StepRecorder``)."""
@@ -88,8 +104,9 @@ class ShardsRun:
         only while its shard is still uncommitted (a later run may have done it)."""
         total = cls()
         for part in parts:
-            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s",
-                        "engine_idle_s", "generation_s", "probe_output_tokens"):
+            for key in ("shards_run", "requests_ok", "requests_failed", "requests_other_model", "prompt_tokens",
+                        "output_tokens", "engine_s", "engine_idle_s", "generation_s", "probe_output_tokens",
+                        "traced_steps", "occupancy_steps", "running_share"):
                 setattr(total, key, getattr(total, key) + getattr(part, key))
             total.startup_s = (total.startup_s or 0.0) + part.startup_s if part.startup_s is not None \
                 else total.startup_s
@@ -105,8 +122,8 @@ class ShardsRun:
         """Array tasks side by side: counts add up, seconds are the longest task's."""
         total = cls()
         for part in parts:
-            for key in ("shards_run", "requests_ok", "requests_failed", "prompt_tokens", "output_tokens", "engine_s",
-                        "engine_idle_s"):
+            for key in ("shards_run", "requests_ok", "requests_failed", "requests_other_model", "prompt_tokens",
+                        "output_tokens", "engine_s", "engine_idle_s", "traced_steps", "occupancy_steps", "running_share"):
                 setattr(total, key, getattr(total, key) + part.get(key, 0))
             total.shards_failed.update({int(k): v for k, v in part["shards_failed"].items()})
             total.generation_s = max(total.generation_s, part["generation_s"])
@@ -194,7 +211,7 @@ class _Runner:
                     break
                 self._dispatch(pool, shard.index, convert_shard(
                     shard, self.plan.format, self.tok, self.options, self.index, Path(self.plan.input),
-                    self.plan.max_model_len))
+                    self.plan.max_model_len, self.plan.served_models()))
             if not self.in_flight and (exhausted or not pool.any_alive()):
                 break
             got = pool.next_event(timeout=1.0)
@@ -366,10 +383,16 @@ def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, it
             text = tok.decode(completion["output_token_ids"]) if text is None else text
             outputs.append(success(job, item, completion, text, plan.model_name, created))
     meta = {"index": index, "requests": len(items), "ok": len(outputs), "failed": len(errors),
+            "other_model": sum(item.code == MODEL_NOT_FOUND for item in items),
             "prompt_tokens": sum(c["prompt_tokens"] for c in result["completions"]),
             "output_tokens": sum(len(c["output_token_ids"]) for c in result["completions"]),
             "engine_s": result["measured"]["wall_s"], "span_s": result["measured"].get("span_s"),
             "idle_before_s": result["measured"].get("idle_before_s"),
+            # the engine's steps since the previous shard finished on it (overlapping shards: the stretch this one
+            # ended), how many sequences they ran and that over what the engine holds
+            "max_num_seqs": result["measured"].get("max_num_seqs"),
+            "shards_in_engine": result["measured"].get("shards_in_engine"),  # once it was fed, itself included
+            **occupancy(result.get("steps"), result["measured"].get("max_num_seqs")),
             "first_line": items[0].line, "last_line": items[-1].line,
             **plan.phase, **(extra or {}), "committed_at": time.time()}
     return meta if state.commit(index, outputs, errors, meta) else None

@@ -67,8 +67,11 @@ def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan]
     if committed == index.shards(plan.shard_size):
         output, errors = state.merge(committed)
         outputs = {"output": str(output), "errors": str(errors)}
+    # answered over the whole job: read from the shards' metas only when this run answered none (a rerun of a
+    # finished job runs nothing, yet its job did answer)
+    job_ok = None if run.requests_ok else sum(int(state.meta(i)["ok"]) for i in state.committed())
     row = batch_row(plan, run_id, started, index, run, committed, time.monotonic() - t0, peak_rss_bytes(), outputs,
-                    {**(extra or {}), **job_trace_columns(plan.results_dir, run_id, run.steps.snapshot())})
+                    {**(extra or {}), **job_trace_columns(plan.results_dir, run_id, run.steps.snapshot())}, job_ok)
     write_row(plan.results_dir, row, kind=BATCH_TABLE)
     return row
 

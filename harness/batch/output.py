@@ -4,7 +4,8 @@ Each line: ``id``, ``custom_id``, ``response`` (``status_code``, ``request_id``,
 ``error`` (OpenAI's ``BatchRequestOutput``). A success's ``body`` is a ``chat.completion`` or a
 ``text_completion`` object (``choices[0].message.content`` or ``choices[0].text``,
 ``finish_reason``, ``usage``); a failure's is ``{"error": {message, type, param, code}}`` with
-status 400 (the request) or 500 (the engine), as OpenAI's error files hold. Ids are derived
+status 400 (the request), 404 (a model the job does not serve, code ``model_not_found``) or 500
+(the engine), as OpenAI's error files hold. Ids are derived
 from the job and the custom_id, so a rerun writes the same ids.
 """
 
@@ -13,10 +14,11 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
-from harness.batch.convert import Item
+from harness.batch.convert import MODEL_NOT_FOUND, Item
 from harness.workloads.records import CHAT_URL
 
 REQUEST_FAULT, ENGINE_FAULT = (400, "invalid_request_error"), (500, "server_error")
+MODEL_FAULT = (404, "invalid_request_error")  # a request for a model the job does not serve (code model_not_found)
 
 
 def _hex(job: str, item: Item, salt: str) -> str:
@@ -45,9 +47,13 @@ def success(job: str, item: Item, completion: dict[str, Any], text: str, model: 
 
 
 def failure(job: str, item: Item, message: str, fault: tuple[int, str] = REQUEST_FAULT) -> dict[str, Any]:
-    """The error-file line of a request that did not run, with its reason."""
+    """The error-file line of a request that did not run, with its reason (and the item's code where it has one:
+    ``model_not_found`` is status 404 with ``param: "model"``, as OpenAI's and vLLM's answer it)."""
+    if item.code == MODEL_NOT_FOUND:
+        fault = MODEL_FAULT
     status, kind = fault
-    return _line(job, item, status, {"error": {"message": message, "type": kind, "param": None, "code": None}})
+    param = "model" if item.code == MODEL_NOT_FOUND else None
+    return _line(job, item, status, {"error": {"message": message, "type": kind, "param": param, "code": item.code}})
 
 
 def _line(job: str, item: Item, status: int, body: dict[str, Any]) -> dict[str, Any]:

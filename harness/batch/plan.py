@@ -50,6 +50,7 @@ class Plan:
     tune: dict[str, Any] = field(default_factory=dict)  # in-job tuning settings and space (``harness.batch.tuning``)
     phase: dict[str, Any] = field(default_factory=dict)  # which run of the job this is; recorded in each shard's meta
     job: str = ""  # the job's id when this plan is one phase of it (its knobs differ from the job's)
+    served_model_names: list[str] = field(default_factory=list)  # more names a request's model may give (aliases)
 
     @property
     def model_name(self) -> str:
@@ -59,6 +60,10 @@ class Plan:
     def model_path(self) -> str | None:
         return self.model.get("path")
 
+    def served_models(self) -> frozenset[str]:
+        """The names a request's ``model`` may give: the model's name, its path (a hub id, as vLLM serves it by
+        default) and ``served_model_names``; a request naming another is an error line (``convert_shard``)."""
+        return frozenset(str(name) for name in (self.model_name, self.model_path, *self.served_model_names) if name)
 
     def identity(self) -> dict[str, Any]:
         """What must match on resume. Of the in-job tuning settings, how engines restart between runs, how many
@@ -69,6 +74,8 @@ class Plan:
         identity["tune"] = {k: v for k, v in self.tune.items() if k not in EXECUTION_ONLY}
         if not identity["tune"]:
             del identity["tune"]
+        if self.served_model_names:  # which requests are refused; absent when none (ids of older jobs unchanged)
+            identity["served_model_names"] = sorted(self.served_model_names)
         return identity
 
     def to_json(self) -> str:

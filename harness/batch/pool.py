@@ -50,6 +50,19 @@ def feed_below(shard_size: int) -> int:
     return max(2 * shard_size, 512)
 
 
+def takes_another(shards: int, in_flight: int, shard_size: int, pending: int, sent: int, fed: int) -> bool:
+    """Whether an engine holding ``shards`` unfinished shards is handed another: below ``in_flight`` always; beyond,
+    up to ``MAX_IN_FLIGHT_FACTOR × in_flight`` while its unfinished requests (``pending`` as it last reported, plus
+    those ``sent`` but not ``fed`` by then) are fewer than ``feed_below(shard_size)``. ``fed`` < 0: the engine
+    never said (a serial feeder): ``in_flight`` only. The same rule on one node (``LocalPool``) and in a Ray
+    engine actor (``harness.batch.ray_stages.EngineStage``)."""
+    if shards < in_flight:
+        return True
+    if fed < 0:
+        return False
+    return shards < MAX_IN_FLIGHT_FACTOR * in_flight and pending + sent - fed < feed_below(shard_size)
+
+
 class LocalPool:
     """Batch workers on this node."""
 
@@ -193,13 +206,8 @@ class LocalPool:
         """Whether worker ``i`` should be handed another shard now."""
         if not self.alive[i] or self.parked[i]:
             return False
-        if self.outstanding[i] < self.plan.in_flight:
-            return True
-        if self.fed[i] < 0:  # the worker has not said how many requests it holds (a serial feeder never does)
-            return False
-        unfinished = self.pending[i] + self.sent[i] - self.fed[i]  # reported, plus sent but not yet fed
-        return (self.outstanding[i] < MAX_IN_FLIGHT_FACTOR * self.plan.in_flight
-                and unfinished < feed_below(self.plan.shard_size))
+        return takes_another(self.outstanding[i], self.plan.in_flight, self.plan.shard_size, self.pending[i],
+                             self.sent[i], self.fed[i])
 
     def free(self) -> int:
         """How many more shards the live workers can take now (0 or more; one at a time past ``in_flight``)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -63,11 +64,14 @@ def plugin_package(engine: str) -> Path | None:
 def settings(plan: Plan) -> dict[str, Any]:
     """``batch.ray`` checked: actors (unset: ``engine.replicas``, so a decision's replicas are its engine actors),
     CPUs and GPUs per actor, placement bundles."""
-    ray = {"actors": None, "num_cpus": 1, "num_gpus": 0, "bundles": None, **(plan.ray or {})}
+    ray = {"actors": None, "num_cpus": 1, "num_gpus": 0, "bundles": None, "max_restarts": 10, **(plan.ray or {})}
     if ray["actors"] is None:
         ray["actors"] = plan.replicas
     if isinstance(ray["actors"], bool) or not isinstance(ray["actors"], int) or ray["actors"] < 1:
         raise TroughputError(f"batch.ray.actors={ray['actors']!r}: must be an integer >= 1")
+    if isinstance(ray["max_restarts"], bool) or not isinstance(ray["max_restarts"], int) or ray["max_restarts"] < 0:
+        raise TroughputError(f"batch.ray.max_restarts={ray['max_restarts']!r}: must be an integer >= 0 (-1, "
+                             f"unbounded, would loop on a shard that fails every engine)")
     for key in ("num_cpus", "num_gpus"):
         if isinstance(ray[key], bool) or not isinstance(ray[key], (int, float)) or ray[key] < 0:
             raise TroughputError(f"batch.ray.{key}={ray[key]!r}: must be a number >= 0")
@@ -96,18 +100,58 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True,
     total = sum(shard_records(index, plan.shard_size, i) for i in range(index.shards(plan.shard_size)))
     bar = Progress(total, total - sum(shard_records(index, plan.shard_size, i) for i in todo), progress)
     began = time.time()  # when the pipeline starts (after joining the cluster)
+    groups: list[Any] = []  # the placement groups its engine actors were given (batch.ray.bundles)
+    key = uuid.uuid4().hex  # where its engine actors say why they ended themselves (``ray_stages.say``)
     try:
-        for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus}).iter_rows():
+        for row in pipeline(plan, index, todo, {**opts, "gpus": cluster.gpus, "groups": groups,
+                                                "report_key": key}).iter_rows():
             meta = json.loads(row["meta"])
             if not meta.get("dropped"):
                 bar.shard_done(-1, meta["requests"], meta["output_tokens"])
+                run.steps.extend(json.loads(row.get("steps") or "null"))  # the job's trace, as on one node
     except Exception as e:  # noqa: BLE001 - Ray gave up; what was committed stays, a rerun resumes
-        first = str(e).strip().splitlines()
-        run.errors.append(f"the Ray Data job stopped: {type(e).__name__}: {first[-1][:500] if first else ''}")
+        run.errors.append(f"the Ray Data job stopped: {explain(e, key)}")
         log.error("Ray Data job failed", exc_info=True)
     finally:
         bar.close()
+        release(groups)
     return tally(state, sorted(state.committed() - before), run, began)
+
+
+def explain(error: Exception, key: str) -> str:
+    """Why Ray gave up, in one line: what the engine actors that ended themselves said (Ray's message for a dead actor
+    has no reason: ``ray_stages.say``), else the error's last line."""
+    from harness.batch.ray_stages import said
+
+    lines = str(error).strip().splitlines()
+    ray_said = f"{type(error).__name__}: {lines[-1][:300] if lines else ''}"
+    try:
+        reasons = said(key)
+    except Exception:  # noqa: BLE001 - the store is gone with the session: Ray's own words
+        reasons = []
+    if not reasons:
+        return ray_said
+    more = f" (and {len(reasons) - 1} more such exits)" if len(reasons) > 1 else ""
+    return f"an engine actor ended itself: {reasons[-1]}{more}; Ray then gave up ({ray_said[:200]})"
+
+
+def release(groups: list[Any]) -> int:
+    """Remove the placement groups a pipeline's engine actors were given, once it is over (its actors are gone, or
+    go with them): each run of a job (an in-job tuning's phase) shares one Ray session, and a group left behind
+    keeps its GPUs reserved for the session's later runs. Returns how many were removed."""
+    if not groups:
+        return 0
+    from ray.util.placement_group import remove_placement_group
+
+    removed = 0
+    while groups:
+        group = groups.pop()
+        try:
+            remove_placement_group(group)
+            removed += 1
+        except Exception as e:  # noqa: BLE001 - one that cannot be removed must not hide the job's outcome
+            log.warning("could not remove placement group %s: %s", getattr(group, "id", group), e)
+    return removed
 
 
 @contextmanager
@@ -136,7 +180,7 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
     import ray
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-    from harness.batch.pool import engine_limits
+    from harness.batch.pool import MAX_IN_FLIGHT_FACTOR, engine_limits
     from harness.batch.ray_stages import EngineStage, commit, convert, shard_source
 
     here = {NODE_LABEL: ray.get_runtime_context().get_node_id()}
@@ -152,9 +196,17 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
                         fn_kwargs={"plan_json": plan_json, "duplicates": index.duplicates})
     if plan.engine == "ray":
         return _through_ray_llm(ds, plan, opts, here, ahead)
-    ds = ds.map_batches(EngineStage, batch_size=1, fn_constructor_kwargs={"job": job},
-                        compute=ActorPoolStrategy(size=opts["actors"], max_concurrent_calls_per_actor=plan.in_flight,
+    # up to MAX_IN_FLIGHT_FACTOR x in_flight calls on each actor; its gate feeds each to the engine by the one-node
+    # rule (its unfinished requests), the rest wait there with their shard converted
+    feeding = {"in_flight": plan.in_flight, "shard_size": plan.shard_size}
+    ds = ds.map_batches(EngineStage, batch_size=1,
+                        fn_constructor_kwargs={"job": job, "feeding": feeding, "exit_on_failure": True,
+                                               "stall_timeout_s": plan.stall_timeout_s,
+                                               "report_key": opts.get("report_key")},
+                        compute=ActorPoolStrategy(size=opts["actors"],
+                                                  max_concurrent_calls_per_actor=MAX_IN_FLIGHT_FACTOR * plan.in_flight,
                                                   enable_true_multi_threading=True),  # calls feed one engine
+                        max_restarts=opts["max_restarts"], max_task_retries=-1,   # a failed engine's actor exits
                         **engine_resources(opts))
     return ds.map_batches(commit, batch_size=1, num_cpus=SMALL_TASK_CPUS, label_selector=here, compute=ahead,
                           fn_kwargs={"plan_json": plan_json, "job": job_id(plan)})
@@ -173,7 +225,9 @@ def _through_ray_llm(ds: Any, plan: Plan, opts: dict[str, Any], here: dict[str, 
 
 
 def engine_resources(opts: dict[str, Any]) -> dict[str, Any]:
-    """Each engine actor's resources: ``num_cpus``/``num_gpus``, or a placement group of ``bundles`` (TP, PP)."""
+    """Each engine actor's resources: ``num_cpus``/``num_gpus``, or a placement group of ``bundles`` (TP, PP), one
+    per actor started (a restarted actor gets a new one); each group made is appended to ``opts["groups"]``, which
+    ``run_ray`` releases when its pipeline is over (``release``)."""
     bundles = opts.get("bundles")
     if not bundles:
         return {"num_cpus": float(opts["num_cpus"]), "num_gpus": float(opts["num_gpus"])}
@@ -183,6 +237,7 @@ def engine_resources(opts: dict[str, Any]) -> dict[str, Any]:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         group = placement_group([{k: float(v) for k, v in b.items()} for b in bundles], strategy="PACK")
+        opts.setdefault("groups", []).append(group)
         return {"scheduling_strategy": PlacementGroupSchedulingStrategy(
             group, placement_group_capture_child_tasks=True)}
 

@@ -11,7 +11,9 @@ nothing fed (``engines.batch_worker``): the same rate definition as a measured r
 
 from __future__ import annotations
 
+import json
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 from engines.knobs import canonical_view
@@ -27,10 +29,16 @@ BATCH_TABLE = BATCH_DIR
 
 def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: ShardsRun, committed: int,
               wall_s: float, peak_driver_rss_bytes: int, outputs: dict[str, str | None],
-              extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The job's row; ``extra``: more columns (an in-job tuning's ``tune.*``)."""
+              extra: dict[str, Any] | None = None, job_ok: int | None = None) -> dict[str, Any]:
+    """The job's row; ``extra``: more columns (an in-job tuning's ``tune.*``); ``job_ok``: requests answered over
+    the whole job (every committed shard, this run's and earlier ones'), where known.
+
+    ``status``: ``ok``; ``failed`` when every shard is committed but no request of the job was answered (every
+    line is in the errors file: the job produced nothing, whatever its exit looked like before); ``incomplete``
+    while shards are left."""
     shards = index.shards(plan.shard_size)
     complete = committed == shards and not run.shards_failed and not run.errors
+    nothing = complete and (job_ok if job_ok is not None else run.requests_ok) == 0
     rate = run.output_tokens / run.generation_s if run.generation_s > 0 else None
     req_rate = run.requests_ok / run.generation_s if run.generation_s > 0 else None
     predicted = plan.source.get("predicted_output_tok_s")
@@ -38,8 +46,9 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
     there = plan.source.get("predicted_host_id")
     row: dict[str, Any] = {
         "run_id": run_id, "kind": "batch", "timestamp": started.isoformat(),
-        "status": "ok" if complete else "incomplete",
-        "error": "" if complete else _incomplete(run, shards, committed),
+        "status": "failed" if nothing else "ok" if complete else "incomplete",
+        "error": _nothing(index, outputs.get("errors")) if nothing else "" if complete else
+        _incomplete(run, shards, committed),
         "engine": plan.engine, "engine_python": plan.python, "model": plan.model_name,
         "model_path": plan.model.get("path"), "ordering": plan.ordering.get("name"),
         "input": plan.input, "input_format": plan.format, "input_digest": plan.input_digest,
@@ -49,9 +58,11 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
         "shards_before": committed - run.shards_run, "shards_run": run.shards_run,
         "shards_failed": len(run.shards_failed),
         "requests_ok": run.requests_ok, "requests_failed": run.requests_failed,
+        "requests_other_model": run.requests_other_model,
         "input_tokens": run.prompt_tokens, "output_tokens": run.output_tokens,
         "startup_s": run.startup_s, "engine_s": run.engine_s,
-        "engine_idle_s": run.engine_idle_s, "engine_steps": run.engine_steps, "generation_s": run.generation_s, "wall_s": wall_s,
+        "engine_idle_s": run.engine_idle_s, "engine_steps": run.engine_steps if run.engine_steps is not None
+        else run.traced_steps or None, "occupancy": run.occupancy, "generation_s": run.generation_s, "wall_s": wall_s,
         "output_tok_s": rate, "req_s": req_rate,
         "peak_driver_rss_bytes": peak_driver_rss_bytes, "peak_worker_rss_bytes": run.peak_worker_rss_bytes or None,
         **prefixed("config_source", plan.source),
@@ -70,6 +81,19 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
         **(extra or {}),
     }
     return row
+
+
+def _nothing(index: Index, errors: str | None) -> str:
+    """Why a complete job answered nothing: the count, where the errors are, and the first one's reason."""
+    first = ""
+    if errors and Path(errors).is_file():
+        with open(errors, encoding="utf-8") as f:
+            line = f.readline()
+        if line.strip():
+            body = json.loads(line)["response"]["body"]
+            first = f"; the first: {str(body.get('error', {}).get('message', ''))[:300]}"
+    return (f"no request succeeded: all {index.records:,} records of the input are error lines "
+            f"(in {errors or 'the shards'}){first}")
 
 
 def _incomplete(run: ShardsRun, shards: int, committed: int) -> str:

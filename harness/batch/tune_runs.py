@@ -239,4 +239,5 @@ def sample_summary(plan: Plan, index: Index, shards: set[int]) -> dict[str, Any]
 def _items(plan: Plan, index: Index, shards: set[int], options: Options) -> Iterator[Item]:
     tok = TextTokenizer(Path(plan.model["local_dir"]))
     for shard in iter_shards(Path(plan.input), plan.format, plan.shard_size, shards.__contains__):
-        yield from convert_shard(shard, plan.format, tok, options, index, Path(plan.input), plan.max_model_len)
+        yield from convert_shard(shard, plan.format, tok, options, index, Path(plan.input), plan.max_model_len,
+                                 plan.served_models())

@@ -17,6 +17,7 @@ from typing import Any
 from engines.base import Request
 from harness.core.errors import TroughputError
 from harness.workloads.base import Workload
+from harness.workloads.detect import detect_format
 from harness.workloads.fields import RecordError, kind
 from harness.workloads.records import (CHAT_URL, COMPLETIONS_URL, FileRecord, Options,  # noqa: F401 - re-exported
                                        TextTokenizerLike, convert)
@@ -44,12 +45,13 @@ def from_file(cfg: Mapping[str, Any], tokenizer: TextTokenizerLike) -> Workload:
 
 
 def source(cfg: Mapping[str, Any]) -> tuple[Path, str]:
-    """The file ``cfg["path"]`` names (it must exist) and its format (``auto`` resolved)."""
+    """The file ``cfg["path"]`` names (it must exist) and its format (``auto``: ``harness.workloads.detect``,
+    from the whole file; ``cfg["format_setting"]``, the config key named in its errors)."""
     path = Path(str(cfg["path"])).expanduser()
     if not path.is_file():
         raise TroughputError(f"workload {cfg['name']!r}: file {path} not found")
     fmt = str(cfg.get("format") or "auto")
-    fmt = _detect(path) if fmt == "auto" else fmt
+    fmt = detect_format(path, str(cfg.get("format_setting") or "workload.format")) if fmt == "auto" else fmt
     if fmt not in READERS:
         raise TroughputError(f"workload {cfg['name']!r}: unknown format {fmt!r}; use one of {', '.join(READERS)} or auto")
     return path, fmt
@@ -60,19 +62,6 @@ def _config_int(cfg: Mapping[str, Any], key: str) -> int | None:
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value <= 0):
         raise TroughputError(f"workload {cfg['name']!r}: {key} must be a positive integer, got {value!r}")
     return value
-
-
-def _detect(path: Path) -> str:
-    """``.json``: sharegpt; else openai_batch if the first record has ``custom_id``, else jsonl."""
-    if path.suffix.lower() == ".json":
-        return "sharegpt"
-    with path.open(encoding="utf-8-sig", errors="replace") as f:
-        first = next((line for line in f if line.strip()), "")
-    try:
-        record = json.loads(first)
-    except json.JSONDecodeError:
-        return "jsonl"  # the loader reports the broken line
-    return "openai_batch" if isinstance(record, dict) and "custom_id" in record else "jsonl"
 
 
 def _collect(path: Path, fmt: str, tok: TextTokenizerLike, options: Options,

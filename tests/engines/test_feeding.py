@@ -94,6 +94,7 @@ class _Engine:
 
     name = "scripted"
     supports_constraints = supports_sampling = False
+    records_steps = False   # no step trace (engines.steptrace): a shard's ``steps`` is None
 
     def stats(self) -> EngineStats:
         return EngineStats()

@@ -57,7 +57,7 @@ def test_requests_an_engine_cannot_honour_are_errors_not_silently_greedy(tmp_pat
                                                              response_format={"type": "json_object"})])
     out = tmp_path / "out"
     proc = batch_app(tmp_path, FAKE, f"batch.input={path}", f"batch.output_dir={out}")
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 1 and "FAILED: no request succeeded" in proc.stdout, proc.stderr  # nothing answered
     assert read_jsonl(out / "output.jsonl") == []
     reasons = {e["custom_id"]: e["response"]["body"]["error"]["message"] for e in read_jsonl(out / "errors.jsonl")}
     assert "line 1: engine" in reasons["sampled"] and "decodes greedily only" in reasons["sampled"]

@@ -77,7 +77,8 @@ def _plan(tmp_path: Path, engine: str = "vllm", **fields) -> Plan:
 
 @pytest.mark.parametrize(("ray", "named"), [({"actors": 0}, "batch.ray.actors"),
                                              ({"num_gpus": -1}, "batch.ray.num_gpus"),
-                                             ({"bundles": [{}]}, "batch.ray.bundles")])
+                                             ({"bundles": [{}]}, "batch.ray.bundles"),
+                                             ({"max_restarts": -1}, "batch.ray.max_restarts")])
 def test_ray_settings_are_checked_before_joining(tmp_path: Path, ray: dict, named: str) -> None:
     with pytest.raises(TroughputError, match=named):
         settings(_plan(tmp_path, ray=ray))
@@ -138,6 +139,7 @@ def test_shards_are_converted_and_committed_no_further_ahead_than_the_engines_ta
     import ray
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
+    from harness.batch.pool import MAX_IN_FLIGHT_FACTOR
     from harness.batch.ray_job import pipeline
     from harness.batch.shards import Index
 
@@ -160,3 +162,6 @@ def test_shards_are_converted_and_committed_no_further_ahead_than_the_engines_ta
     for stage in ("convert", "commit"):
         assert isinstance(calls[stage]["compute"], TaskPoolStrategy) and calls[stage]["compute"].size == 2 * 3, stage
     assert isinstance(calls["EngineStage"]["compute"], ActorPoolStrategy)
+    # room on each actor for the one-node bound of shards; its gate decides how many are in the engine
+    assert calls["EngineStage"]["compute"].max_concurrent_calls_per_actor == MAX_IN_FLIGHT_FACTOR * 3
+    assert calls["EngineStage"]["fn_constructor_kwargs"]["feeding"] == {"in_flight": 3, "shard_size": 2}

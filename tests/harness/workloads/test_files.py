@@ -125,6 +125,45 @@ def test_auto_detection(tmp_path: Path, name: str, first: Any, fmt: str) -> None
     assert load(path).info["source_format"] == fmt
 
 
+def test_auto_detection_reads_the_whole_file_not_its_first_line(tmp_path: Path) -> None:
+    """The issue's file: an OpenAI Batch file whose first line lacks custom_id (or is no JSON) is still OpenAI Batch
+    (the first-line rule read it as plain JSONL and failed every line with "missing field 'prompt'")."""
+    from harness.workloads.files import source
+
+    no_id = {k: v for k, v in batch_chat("x", [{"role": "user", "content": "hi"}]).items() if k != "custom_id"}
+    for first in (no_id, '{"custom_id": "broken", ', {"unrelated": 1}):
+        path = write_lines(tmp_path / "b.jsonl", [first, batch_completion("b", "abc", max_tokens=2)])
+        assert source({"name": "mine", "path": str(path), "format": "auto"})[1] == "openai_batch", first
+    path = write_lines(tmp_path / "b.jsonl", [no_id, batch_completion("b", "abc", max_tokens=2)])
+    with pytest.raises(TroughputError, match=r"line 1: missing field 'custom_id'"):
+        load(path)
+    path = write_lines(tmp_path / "p.jsonl", ["not json", {"prompt": "x"}, {"prompt": "y", "custom": 1}])
+    assert source({"name": "mine", "path": str(path), "format": "auto"})[1] == "jsonl"
+
+
+def test_a_file_whose_lines_disagree_is_an_error_naming_lines_of_each_kind(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "mixed.jsonl", [batch_completion("a", "x"), {"prompt": "p"}, "",
+                                                  batch_completion("b", "y"), {"prompt": "q"}, {"prompt": "r"},
+                                                  {"prompt": "s"}])
+    with pytest.raises(TroughputError) as e:
+        load(path)
+    message = str(e.value)
+    assert f"{path} mixes two formats" in message
+    assert "OpenAI Batch requests (custom_id/method/url/body) on 2 lines (lines 1, 4)" in message
+    assert "plain JSONL records (prompt) on 4 lines (lines 2, 5, 6, ...)" in message
+    assert "workload.format=openai_batch" in message
+    # named, the file is read as that format: the other lines are that format's errors
+    with pytest.raises(TroughputError, match="line 2: missing field 'custom_id'"):
+        load(path, "openai_batch")
+
+
+def test_a_file_with_no_line_of_either_shape_names_the_setting(tmp_path: Path) -> None:
+    path = write_lines(tmp_path / "odd.jsonl", ["{broken", {"text": "no prompt"}, [1, 2]])
+    with pytest.raises(TroughputError, match=r"cannot tell the format of .*odd.jsonl.*1 lines are no JSON.*"
+                                             r"set workload.format="):
+        load(path)
+
+
 def test_max_requests_keeps_the_first_and_reads_no_further(tmp_path: Path) -> None:
     path = write_lines(tmp_path / "p.jsonl", [{"prompt": "a"}, {"prompt": "b"}, "{broken"])
     assert [r.id for r in load(path, max_requests=2).requests] == ["line-1", "line-2"]
