@@ -39,7 +39,8 @@ def test_openai_batch_file_on_the_tiny_vlm(tmp_path: Path) -> None:
     path = showcase(tmp_path / "batch.jsonl")
     out = tmp_path / "out"
     proc = troughput_batch(tmp_path, "model=tiny_vlm", f"batch.input={path}", f"batch.output_dir={out}",
-                           "batch.shard_size=3", "batch.default_max_tokens=12")
+                           "batch.shard_size=3", "batch.default_max_tokens=12",
+                           "batch.served_model_names=[tiny]")   # the requests name "tiny" (conftest's chat)
     assert proc.returncode == 0, proc.stderr[-3000:]
     outputs = {o["custom_id"]: o for o in read_jsonl(out / "output.jsonl")}
     errors = {e["custom_id"]: e for e in read_jsonl(out / "errors.jsonl")}
