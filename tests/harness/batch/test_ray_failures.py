@@ -28,9 +28,10 @@ def _ray_job(tmp_path: Path, ray_head: RayHead, count: int, *args: str, timeout:
 @pytest.mark.xdist_group("ray")
 def test_an_engine_that_fails_mid_shard_inside_its_actor_is_restarted_and_its_shards_rerun(tmp_path: Path,
                                                                                           ray_head: RayHead) -> None:
-    """The first engine fails after 12 steps (mid-job, its actor's process alive); before, the stage raised in every
-    call and Ray Data stopped the job (Python errors are not retried): incomplete, exit 1."""
-    proc = _ray_job(tmp_path, ray_head, 24, "+engine.knobs.fail_after_steps=12",
+    """The first engine fails after 20 steps (mid-job, its actor's process alive; shards of 8 steps finish before,
+    so that a loaded host still commits some on it); before, the stage raised in every call and Ray Data stopped
+    the job (Python errors are not retried): incomplete, exit 1."""
+    proc = _ray_job(tmp_path, ray_head, 24, "+engine.knobs.fail_after_steps=20",
                     f"+engine.knobs.fail_file={tmp_path / 'failures'}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert (tmp_path / "failures").read_text() == "1", "one engine failed (the restarted one did not)"
