@@ -31,6 +31,8 @@ from harness.steps.store import trace_frame
 
 log = logging.getLogger("troughput.batch.tune")
 REPLAY_CAP = 20_000   # requests replayed per engine; past it the rest goes at the full-engine rate
+NO_PREDICTION = {"predicted_rest_s": None, "predicted_rest_output_tokens": None, "predicted_rest_tok_s": None,
+                 "prediction_interval": None, "prediction_method": None, "prediction_note": None}
 
 
 def trace_paths(root: Path, label: str) -> tuple[Path, Path]:
@@ -90,17 +92,17 @@ def predict_rest(root: Path, labels: Sequence[str], load_requests: Callable[[set
     """The rest of the job's generation seconds, replayed with the chosen config's step model (``tune.*`` columns).
 
     Args:
-        labels: the chosen config's runs (their traces are fitted together).
+        labels: the chosen config's runs (their traces are fitted together; the last one's engines say what they
+            ran at once, ``engine_*``, which wins over ``main_knobs``).
         load_requests: the real requests of a set of shards (the runs' sampled shards).
     """
-    empty = {"predicted_rest_s": None, "predicted_rest_output_tokens": None, "predicted_rest_tok_s": None,
-             "prediction_interval": None, "prediction_method": None, "prediction_note": None}
     traces, metas = load_runs(root, labels)
     if not traces or requests_left <= 0:
-        return empty
+        return dict(NO_PREDICTION)
     sample = load_requests({s for m in metas for s in m["shards"]})
     if not sample:
-        return empty
+        return dict(NO_PREDICTION)
+    main_knobs = {**main_knobs, **{k: v for k, v in metas[-1]["knobs"].items() if k.startswith("engine_")}}
     model = fit_step_model(traces)
     share = -(-requests_left // max(engines, 1))
     keep = sim_engine(None, main_knobs, model_cfg, hardware_spec).setup.image_token_id()

@@ -50,7 +50,7 @@ from harness.batch.plan import Plan
 from harness.batch.shards import Index
 from harness.batch.state import JobState, write_whole
 from harness.batch.tune_config import output_changing, sampler_config
-from harness.batch.tune_predict import full_engine_rate, predict_rest, save_run
+from harness.batch.tune_predict import NO_PREDICTION, full_engine_rate, predict_rest, save_run
 from harness.batch.tune_runs import (RunLog, RunRecord, concurrency, confirm_shards, probe_requests, sample_order,
                                      sample_requests, sample_summary, shards_per_run)
 from harness.core.errors import TroughputError
@@ -465,14 +465,11 @@ class InJobTuning:
                   and r.status == "ok" and r.full_engine_tok_s]   # runs whose steps the simulator replays
         main = self.plan_for(chosen, {})
         try:
-            limits = json.loads((self.root / "steps" / f"{labels[-1].replace(' ', '_')}.json").read_text())["knobs"] \
-                if labels else {}
             return predict_rest(self.root, labels, self._requests, requests_left, self.plan.model, self._hardware(),
-                                {**main.knobs, **{k: v for k, v in limits.items() if k.startswith("engine_")}},
-                                max(main.replicas, 1))
+                                main.knobs, max(main.replicas, 1))
         except (OSError, ValueError, MemoryError, RuntimeError) as e:
             log.warning("no prediction of the rest of the job: %s", e)
-            return predict_rest(self.root, [], self._requests, 0, {}, {}, {}, 1)
+            return dict(NO_PREDICTION)
 
     def _columns(self, chosen: dict[str, Any], verdict: Any, prediction: dict[str, Any],
                  tuning_s: float) -> dict[str, Any]:

@@ -67,14 +67,14 @@ def spec_speed_key(spec: Any) -> dict[str, Any]:
 
 
 def host_traces(results_dir: str | os.PathLike, model: str | None, host_id: str, engine: str = STANDS_FOR,
-                exclude: set[str] | frozenset[str] = frozenset(), key: dict[str, Any] | None = None,
+                key: dict[str, Any] | None = None,
                 limit: int = MAX_RUNS) -> dict[str, pd.DataFrame]:
     """``{run_id: trace}`` of ok rows of ``engine`` and ``model`` on ``host_id`` that kept a trace (newest first),
     and, given ``key``, whose ``speed_key`` is the same (other hardware, dtypes or engines per core cost
     otherwise)."""
     rows = [r for r in read_rows(results_dir) if r.get("status") == "ok" and r.get("engine") == engine
             and (model is None or r.get("model") == model) and r.get("env.host_id") == host_id
-            and _present(r.get("steps.file")) and r.get("run_id") not in exclude
+            and _present(r.get("steps.file"))
             and (key is None or _matches(speed_key(r), key))]
     rows.sort(key=lambda r: str(r.get("timestamp")), reverse=True)
     traces = {}
@@ -86,15 +86,14 @@ def host_traces(results_dir: str | os.PathLike, model: str | None, host_id: str,
 
 
 def step_model_for(results_dir: str | os.PathLike, model: str | None, given: dict[str, Any] | None = None,
-                   host_id: str | None = None, exclude: set[str] | frozenset[str] = frozenset(),
-                   key: dict[str, Any] | None = None) -> tuple[StepModel | None, str]:
+                   host_id: str | None = None, key: dict[str, Any] | None = None) -> tuple[StepModel | None, str]:
     """The step model to use here, and how it was chosen (a sentence for the row). ``key`` (``speed_key``): a
     calibration applies only where it was fitted for the same hardware config, and a refit reads only traces
     of runs with the same key."""
     host_id = host_id or this_host_id()
     if given and given.get("host_id") == host_id and (key is None or given.get("hardware") in (None, key["hardware"])):
         return StepModel.from_dict(given), f"calibration fitted on this host ({host_id})"
-    traces = host_traces(results_dir, model, host_id, exclude=exclude, key=key)
+    traces = host_traces(results_dir, model, host_id, key=key)
     if traces:
         why = (f"the calibration file was fitted on host {given.get('host_id')}, not this one; "
                if given else "") + f"refitted from {len(traces)} {STANDS_FOR} run(s) of this host ({host_id})"
