@@ -205,11 +205,11 @@ class Scheduler:
             scheduled = self._schedule(waiting, running)
             if not scheduled:
                 raise RuntimeError("simulator stalled: no request fits the KV cache (raise its size)")
-            shape = self._shape(scheduled)
+            preempted = self.counters.preemptions - preempted_before
+            shape = self._shape(scheduled, preempted)
             seconds = cost(shape)
             clock += seconds
             steps += 1
-            preempted = self.counters.preemptions - preempted_before
             if trace:
                 steps_trace.append(shape)
                 preempted_trace.append(preempted)
@@ -218,7 +218,7 @@ class Scheduler:
             self._advance(scheduled, running, clock, on_finish)
         return SimResult(requests, clock, steps, steps_trace, preempted_trace)
 
-    def _shape(self, scheduled: list[tuple[SimRequest, int]]) -> StepShape:
+    def _shape(self, scheduled: list[tuple[SimRequest, int]], preempted: int) -> StepShape:
         """What a step holds; a request counts as prefilling until its first token (as vLLM counts it)."""
         tokens, pairs, context, decode_context, prefill, prefill_seqs, encoder = 0, 0.0, 0, 0, 0, 0, 0
         for r, n in scheduled:
@@ -237,7 +237,7 @@ class Scheduler:
                 r.encode = False
         held = (self.config.num_blocks - 1 - self.pool.num_free()) * self.config.block_size
         return StepShape(tokens, len(scheduled), pairs, float(held), prefill, len(scheduled) - prefill_seqs, encoder,
-                         float(context), float(decode_context))
+                         float(context), float(decode_context), preempted)
 
     def _schedule(self, waiting: deque[SimRequest], running: list[SimRequest]) -> list[tuple[SimRequest, int]]:
         cfg, pool, bs = self.config, self.pool, self.config.block_size

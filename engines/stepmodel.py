@@ -15,7 +15,9 @@ steps of the real engine (``engines.steptrace``), not operators:
 - ``attention``: per context token the decoding sequences attend over (``StepShape.attended``);
 - ``kv_cache``: per token of KV cache in use (a prefix shared by many sequences counts once: on a
   CPU its blocks stay in cache while every sequence reads them);
-- ``vision``: per vision-encoder output token (images).
+- ``vision``: per vision-encoder output token (images);
+- ``preemption``: per request preempted in the step (the scheduler frees its blocks and the model
+  runner drops its state; its recomputation later counts as prefill).
 
 Every parameter is ≥ 0 (a fit that ends on a bound lists it in ``at_bound``). ``seen`` holds
 the largest step the traces showed, so a prediction beyond it can say it extrapolates.
@@ -27,7 +29,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, NamedTuple
 
-PARTS = ("step", "sequences", "linear", "prefill", "prefill_attention", "attention", "kv_cache", "vision")
+PARTS = ("step", "sequences", "linear", "prefill", "prefill_attention", "attention", "kv_cache", "vision",
+         "preemption")
 
 
 class StepShape(NamedTuple):
@@ -42,6 +45,7 @@ class StepShape(NamedTuple):
     encoder_tokens: int = 0   # vision-encoder output tokens computed
     context: float = -1.0     # the sequences' context tokens, summed (-1: unknown; then ``kv_tokens`` stands in)
     decode_context: float = -1.0  # the decoding sequences' part of ``context`` (-1: unknown)
+    preempted: int = 0        # requests preempted in the step
 
     @property
     def attended(self) -> float:
@@ -73,6 +77,7 @@ class StepModel:
     kv_token_s: float = 0.0       # per context token attended
     kv_held_s: float = 0.0        # per token of KV cache in use
     encoder_token_s: float = 0.0
+    preempt_s: float = 0.0        # per request preempted
     seen: dict[str, float] = field(default_factory=dict)   # largest tokens, seqs, context seen in the traces
     interval: float | None = None   # relative half-width of a run-total prediction (from the fit's residuals)
     at_bound: tuple[str, ...] = ()  # parameters the fit left on their bound (0 or a physical limit)
@@ -87,7 +92,7 @@ class StepModel:
                 "prefill": self.prefill_token_s * s.prefill, "prefill_attention": self.prefill_pair_s * s.prefill_pairs,
                 "attention": self.kv_token_s * s.attended,
                 "kv_cache": self.kv_held_s * max(s.kv_tokens, 0.0),
-                "vision": self.encoder_token_s * s.encoder_tokens}
+                "vision": self.encoder_token_s * s.encoder_tokens, "preemption": self.preempt_s * s.preempted}
 
     def seconds(self, s: StepShape) -> float:
         return sum(self.parts(s).values())
@@ -114,7 +119,7 @@ class StepModel:
         values["at_bound"] = tuple(values.get("at_bound") or ())
         values["seen"] = {k: float(v) for k, v in (values.get("seen") or {}).items()}
         for name in ("step_s", "seq_s", "token_s", "prefill_token_s", "prefill_pair_s", "kv_token_s", "kv_held_s",
-                     "encoder_token_s"):
+                     "encoder_token_s", "preempt_s"):
             if float(values.get(name) or 0.0) < 0:
                 raise ValueError(f"step-model {name} = {values[name]} is negative; every part is >= 0")
         if any(slope < 0 for _, slope in values["knees"]):

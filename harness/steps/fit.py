@@ -2,7 +2,8 @@
 
 Each step of each trace is one observation (an aggregated line counts ``weight`` times):
 its seconds against the step's features, one column per part (a constant, sequences,
-tokens and hinges on tokens at a few knees, prefill tokens, KV tokens, encoder tokens).
+tokens and hinges on tokens at a few knees, prefill tokens, KV tokens, encoder tokens,
+requests preempted).
 ``scipy.optimize.lsq_linear`` keeps every coefficient ≥ 0 (the hinges ≥ 0 make the
 linear-layer curve convex and increasing: flat-then-rising on a GPU, growing on a CPU);
 a part the traces never exercise (no images) is left out and stays 0. No step is dropped as
@@ -51,7 +52,14 @@ def features(frame: pd.DataFrame, knees: list[float]) -> Design:
     columns["kv_token_s"] = np.array([s.attended for s in shapes])
     columns["kv_held_s"] = np.clip(frame["kv_tokens"].to_numpy(float), 0, None)
     columns["encoder_token_s"] = frame["encoder_tokens"].to_numpy(float)
+    columns["preempt_s"] = frame["preempted"].to_numpy(float) if "preempted" in frame else np.zeros(len(frame))
     return Design(np.column_stack(list(columns.values())), list(columns), knees)
+
+
+def coefficients(model: StepModel, names: list[str]) -> np.ndarray:
+    """The model's parameters in the order of a design's columns (``knee<i>``: the i-th knee's slope)."""
+    slopes = [slope for _, slope in model.knees]
+    return np.array([slopes[int(n[4:])] if n.startswith("knee") else getattr(model, n) for n in names])
 
 
 def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, source: str = "",
@@ -79,7 +87,7 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
         knees=tuple((k, values[f"knee{i}"]) for i, k in enumerate(knees) if values[f"knee{i}"] > 0),
         prefill_token_s=values["prefill_token_s"], prefill_pair_s=values["prefill_pair_s"],
         kv_token_s=values["kv_token_s"], kv_held_s=values["kv_held_s"],
-        encoder_token_s=values["encoder_token_s"],
+        encoder_token_s=values["encoder_token_s"], preempt_s=values["preempt_s"],
         seen={"tokens": top, "seqs": float(frame["running"].max()), "context": float(design.matrix[:, design.names.index("kv_token_s")].max())},
         interval=interval, at_bound=tuple(at_bound), host_id=host_id, hardware=hardware,
         source=source or f"{len(traces)} run(s), {int(weight.sum())} steps, fitted "
@@ -118,9 +126,7 @@ def run_errors(model: StepModel, traces: dict[str, pd.DataFrame]) -> dict[str, f
     out = {}
     for run, trace in traces.items():
         design = features(trace, [k for k, _ in model.knees])
-        coef = np.array([model.step_s, model.seq_s, model.token_s, *[s for _, s in model.knees],
-                         model.prefill_token_s, model.prefill_pair_s, model.kv_token_s, model.kv_held_s,
-                         model.encoder_token_s])
+        coef = coefficients(model, design.names)
         predicted = float(np.sum(design.matrix @ coef * trace["weight"].to_numpy(float)))
         out[run] = predicted / float(np.sum(trace["dt"] * trace["weight"])) - 1
     return out

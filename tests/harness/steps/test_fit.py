@@ -31,11 +31,12 @@ def requests(n: int, seed: int, prompt=(32, 400), output=(8, 120)):
     return prompts, [int(m) for m in rng.integers(*output, size=n)]
 
 
-def run(curve, n: int, max_seqs: int, seed: int, tokens: int = 2048, noise: float = 0.05, **lengths):
+def run(curve, n: int, max_seqs: int, seed: int, tokens: int = 2048, noise: float = 0.05, blocks: int = 20000,
+        **lengths):
     """One simulated run: (trace frame, total seconds on the true curve)."""
     rng = np.random.default_rng(seed + 1000)
     config = SchedulerConfig(max_seqs=max_seqs, max_tokens_per_step=tokens, chunked_prefill=True,
-                             prefix_caching=False, block_size=16, num_blocks=20000, max_model_len=1024)
+                             prefix_caching=False, block_size=16, num_blocks=blocks, max_model_len=1024)
     recorder = StepRecorder(clock=lambda: 0.0)
 
     def on_step(step: StepShape, seconds: float, preempted: int) -> None:
@@ -80,6 +81,25 @@ def test_a_linear_model_of_run_totals_cannot_tell_the_parts_apart_but_steps_can(
     model = fit_step_model(traces)
     big = StepShape(tokens=1500, seqs=40, prefill=1460, kv_tokens=20000)
     assert model.seconds(big) == pytest.approx(cpu_curve(big), rel=0.1)
+
+
+def preempting_curve(s: StepShape) -> float:
+    """The CPU curve plus a cost per request preempted (vLLM frees its blocks and drops its state)."""
+    return cpu_curve(s) + 1e-2 * s.preempted
+
+
+def test_a_cost_per_preemption_is_recovered_and_prices_a_kv_limited_run():
+    """Fit runs preempt a little (a roomy cache); the held-out run preempts at most steps (a small one)."""
+    fitted = {f"r{i}": run(preempting_curve, n, 64, seed=i, blocks=blocks)[0]
+              for i, (n, blocks) in enumerate([(64, 20000), (400, 20000), (200, 700)])}
+    assert sum(t["preempted"].sum() for t in fitted.values()) > 0
+    model = fit_step_model(fitted)
+    assert model.preempt_s == pytest.approx(1e-2, rel=0.35)
+    trace, true_seconds, setup = run(preempting_curve, 300, 96, seed=9, blocks=300)
+    assert trace["preempted"].sum() > 50, "the held-out run is KV-limited"
+    assert replayed(model, setup) / true_seconds == pytest.approx(1.0, abs=0.06)
+    without = StepModel(**{**model.to_dict(), "preempt_s": 0.0, "knees": model.knees, "at_bound": ()})
+    assert replayed(without, setup) / true_seconds < 0.94, "without the part, the KV-limited run is priced too fast"
 
 
 def test_a_prediction_past_the_traces_says_so():
