@@ -4,7 +4,11 @@ A roofline model. A step that processes ``tokens`` new tokens for ``seqs``
 sequences runs the linear layers (``2 · params · tokens`` FLOPs, the weights read
 once) and attention (FLOPs per attended token pair, the KV cache read and
 written); each takes the longer of FLOPs ÷ peak FLOP/s and bytes ÷ bandwidth,
-each divided by an efficiency factor, and the step adds fixed overheads. The speed
+each divided by an efficiency factor, and the step adds fixed overheads. Attention's
+FLOPs run at the peak of the KV cache's precision (the FP8 peak only with an FP8 KV
+cache), the linear layers' at the weights'. Under tensor parallelism each layer adds
+two all-reduces of the step's activations over the device interconnect (ring all-reduce
+time plus a per-call latency), after the layers, not overlapped with them. The speed
 of light of a workload is the same bound for the whole job at 100% efficiency,
 with linear layers and attention overlapping, and no overhead.
 
@@ -121,6 +125,9 @@ class HardwareSpec:
     source: str = "datasheet"
     cache_bytes: float | None = None              # a CPU's last-level cache (measured hosts)
     cache_bandwidth_bytes_s: float | None = None  # the copy rate within it
+    # GPU-to-GPU link, per device and per direction (NVLink 4: "900 GB/s" is both directions, 450 each way)
+    interconnect_bandwidth_bytes_s: float | None = None
+    interconnect_latency_s: float | None = None   # one small all-reduce's time over it (a measured figure)
 
     def weight_bandwidth(self, weight_bytes: float) -> float:
         """The rate weights stream at: the cache's where they fit in it (a small model on a CPU), else memory's."""
@@ -167,11 +174,15 @@ class Efficiency:
     """Fractions of peak reached and fixed costs per step; fitted by ``troughput-calibrate``.
 
     Uncalibrated defaults are a-priori guesses for a GPU engine: large bf16 GEMMs
-    reach about two thirds of peak, weight streaming about 85% of bandwidth.
+    reach about two thirds of peak, weight streaming about 85% of bandwidth, an
+    all-reduce's ring about 82% of the interconnect's line rate (NCCL's published figure).
     """
 
     compute: float = 0.65
     bandwidth: float = 0.85
+    # NCCL's maintainers: NVLink 4's line rate is 450 GB/s a direction; with protocol overhead (~20%) NCCL's
+    # ring reaches ~370 GB/s (nccl-tests issue #212; nccl issue #1455 measures 365-370 GB/s on 2-8 H100 SXM)
+    interconnect: float = 0.82
     step_overhead_s: float = 0.0
     seq_overhead_s: float = 0.0
 
@@ -202,6 +213,7 @@ class Precision:
     weight_bytes: float
     kv_bytes: float
     devices: int = 1
+    tensor_parallel: int = 1  # the devices each layer is split over (its all-reduce group)
 
     @classmethod
     def from_knobs(cls, model: ModelSpec, knobs: Mapping[str, Any] | None = None, engine: str = "vllm") -> Precision:
@@ -218,7 +230,8 @@ class Precision:
         kv_dtype = str(view.get("kv_cache_dtype") or "auto").lower()
         weight = 1 if quant.startswith("fp8") else model.dtype_bytes
         kv = 1 if kv_dtype.startswith("fp8") else DTYPE_BYTES.get(kv_dtype, model.dtype_bytes)
-        return cls(weight, kv, _positive(view.get("tensor_parallel")) * _positive(view.get("pipeline_parallel")))
+        tensor = _positive(view.get("tensor_parallel"))
+        return cls(weight, kv, tensor * _positive(view.get("pipeline_parallel")), tensor)
 
 
 def _positive(value: Any) -> int:
@@ -232,14 +245,43 @@ class StepCost:
         self.model, self.hardware, self.precision = model, hardware, precision
         n = precision.devices
         self.peak = hardware.peak_flops(precision.weight_bytes) * n
+        # attention multiplies Q, K and V: FP8 only where the KV cache is (vLLM documents FP8 attention with an
+        # FP8 KV cache on FlashAttention 3: the queries are quantized too); else the 16-bit peak
+        self.attention_peak = hardware.peak_flops(precision.kv_bytes) * n
         self.bandwidth = hardware.bandwidth_bytes_s * n
         self.weight_bytes = model.weight_bytes(precision.weight_bytes)
         self.kv_token_bytes = model.kv_bytes_per_token(precision.kv_bytes)
         self.token_flops = 2.0 * model.matmul_params
         self.pair_flops = float(model.attention_flops_per_pair)
+        p = precision.tensor_parallel
+        # Megatron-style tensor parallelism: after attention's output projection and after the MLP's down
+        # projection each device holds a partial sum of the hidden state of every token in the step, so each
+        # layer all-reduces tokens × hidden activations (16-bit: the checkpoint's dtype, FP8 weights or not)
+        # twice. A ring sends 2(p − 1)/p of the buffer per device. The embedding's and LM head's collectives
+        # (one each per step, not per layer) are left out.
+        self.allreduces = 2 * model.layers if p > 1 else 0
+        self.allreduce_token_bytes = 2.0 * (p - 1) / p * model.hidden * model.dtype_bytes if p > 1 else 0.0
+        self.interconnect = hardware.interconnect_bandwidth_bytes_s
+        if p > 1 and not self.interconnect:
+            log.warning("hardware %r gives no interconnect_bandwidth_bytes_s: tensor parallelism's all-reduces "
+                        "(tensor_parallel %d) are not priced", hardware.name, p)
+
+    def allreduce_seconds(self, tokens: Any, eff: Efficiency) -> Any:
+        """Seconds of a step's tensor-parallel all-reduces: 2 per layer of ``tokens`` × hidden activations.
+
+        Each is a ring all-reduce, 2(p − 1)/p × bytes ÷ (link bandwidth × ``eff.interconnect``), plus the
+        interconnect's per-call latency. Zero on one device, and where the hardware gives no interconnect.
+        Elementwise on numpy arrays too.
+        """
+        if not self.allreduces or not self.interconnect:
+            return 0.0 * tokens
+        per_call = (self.allreduce_token_bytes * tokens / (self.interconnect * eff.interconnect)
+                    + (self.hardware.interconnect_latency_s or 0.0))
+        return self.allreduces * per_call
 
     def step_seconds(self, tokens: Any, seqs: Any, attention_pairs: Any, kv_tokens: Any, eff: Efficiency) -> Any:
-        """Seconds of a step: a roofline for the linear layers plus one for attention, plus overheads.
+        """Seconds of a step: a roofline for the linear layers plus one for attention, plus tensor
+        parallelism's all-reduces (``allreduce_seconds``), plus overheads.
 
         Works elementwise on numpy arrays of steps too (for calibration), without importing numpy.
 
@@ -251,8 +293,10 @@ class StepCost:
         """
         compute, bandwidth = self.peak * eff.compute, self.bandwidth * eff.bandwidth
         linear = _maximum(self.token_flops * tokens / compute, self.weight_bytes / bandwidth)
-        attention = _maximum(self.pair_flops * attention_pairs / compute, self.kv_token_bytes * kv_tokens / bandwidth)
-        return linear + attention + eff.step_overhead_s + eff.seq_overhead_s * seqs
+        attention = _maximum(self.pair_flops * attention_pairs / (self.attention_peak * eff.compute),
+                             self.kv_token_bytes * kv_tokens / bandwidth)
+        return (linear + attention + self.allreduce_seconds(tokens, eff) + eff.step_overhead_s
+                + eff.seq_overhead_s * seqs)
 
 
 def _maximum(a: Any, b: Any) -> Any:
@@ -301,7 +345,8 @@ def speed_of_light(model: ModelSpec, hardware: HardwareSpec, summary: Mapping[st
     per decode step
     (steps ≥ output tokens ÷ the most sequences the KV cache holds, and ≥ the output
     length), plus every KV read and write. Prefix-cache hits (``ideal_prefix_hit_tokens``)
-    cost no prefill FLOPs.
+    cost no prefill FLOPs. Attention FLOPs at the KV cache precision's peak, as in ``StepCost``;
+    tensor parallelism's all-reduces are not in the bound (an engine could overlap them).
 
     Args:
         summary: a workload summary (``requests``, ``input_tokens_requested``,
@@ -325,8 +370,8 @@ def speed_of_light(model: ModelSpec, hardware: HardwareSpec, summary: Mapping[st
     kv_tokens = n * (osl * isl + osl * osl / 2) + inputs + outputs
     # the LM head runs once per generated token (logits at sampling positions only), the layers on every token
     head_flops = 2.0 * model.vocab * model.hidden
-    compute_s = ((cost.token_flops - head_flops) * (inputs - hits + outputs) + head_flops * outputs
-                 + cost.pair_flops * pairs) / cost.peak
+    compute_s = (((cost.token_flops - head_flops) * (inputs - hits + outputs) + head_flops * outputs) / cost.peak
+                 + cost.pair_flops * pairs / cost.attention_peak)
     weights_s = steps * cost.weight_bytes / (hardware.weight_bandwidth(cost.weight_bytes / precision.devices)
                                              * precision.devices)
     memory_s = weights_s + cost.kv_token_bytes * kv_tokens / cost.bandwidth

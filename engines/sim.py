@@ -292,7 +292,8 @@ UNIT = EngineUnit(
     name="sim", label="simulator (vLLM-style)", adapter="engines.sim:SimEngine",
     knobs={
         **{name: VLLM_UNIT.knobs[name] for name in _FROM_VLLM},
-        "tensor_parallel": NativeMapping(("tensor_parallel_size",), note="ideal split, no communication"),
+        "tensor_parallel": NativeMapping(("tensor_parallel_size",),
+                                         note="split devices; 2 all-reduces a layer over the spec's interconnect"),
         "kv_cache_dtype": NativeMapping(("kv_cache_dtype",), choices=("auto", "bfloat16", "float16", "fp8",
                                                                        "fp8_e4m3", "fp8_e5m2")),
         "schedule_policy": NativeMapping(("scheduling_policy",), choices=("fcfs",)),

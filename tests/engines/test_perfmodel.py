@@ -1,7 +1,7 @@
 """The performance model: model and hardware specs, KV sizing, speed of light, step cost."""
 
 import json
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import pytest
 
@@ -91,7 +91,8 @@ def test_fp8_raises_the_bound_and_prefix_hits_lower_prefill_flops(llama, h100):
     ("trtllm", {"tensor_parallel_size": 2, "kv_cache_config": {"dtype": "fp8"}, "quant_config": {"quant_algo": "FP8"}}),
 ])
 def test_precision_and_parallelism_are_read_in_every_engines_names(llama, h100, engine, knobs):
-    assert Precision.from_knobs(llama, knobs, engine) == Precision(weight_bytes=1, kv_bytes=1, devices=2)
+    assert Precision.from_knobs(llama, knobs, engine) == Precision(weight_bytes=1, kv_bytes=1, devices=2,
+                                                                    tensor_parallel=2)
     work, rate = summary(1000, 1000, 1000), 5000.0
     columns = sol_columns(None, "llama-3.1-8b", asdict(h100), work, knobs, rate, engine=engine)
     vllm = sol_columns(None, "llama-3.1-8b", asdict(h100), work,
@@ -104,6 +105,7 @@ def test_precision_and_parallelism_are_read_in_every_engines_names(llama, h100, 
 def test_pipeline_parallel_counts_devices_and_kv_dtype_names_are_sized():
     llama = ModelSpec.load(None, "llama-3.1-8b")
     assert Precision.from_knobs(llama, {"tp_size": 2, "pp_size": 2}, "sglang").devices == 4
+    assert Precision.from_knobs(llama, {"tp_size": 2, "pp_size": 2}, "sglang").tensor_parallel == 2
     assert Precision.from_knobs(llama, {"pipeline_parallel_size": 3}, "trtllm").devices == 3
     assert Precision.from_knobs(llama, {"kv_cache_dtype": "bf16"}, "sglang").kv_bytes == 2
     assert Precision.from_knobs(llama, {"tp_size": 2}, "vllm").devices == 1, "not a vLLM name"
@@ -133,6 +135,57 @@ def test_step_cost_is_a_roofline_for_linear_layers_plus_one_for_attention_plus_o
     assert steps == pytest.approx([decode, prefill]), "the same numbers elementwise on arrays"
     with pytest.raises(ValueError, match="unknown efficiency"):
         Efficiency.from_dict({"compute": 0.5, "speed": 2})
+
+
+def test_allreduce_is_zero_on_one_device_and_a_ring_over_nvlink_under_tensor_parallelism(llama, h100):
+    eff = Efficiency()
+    assert h100.interconnect_bandwidth_bytes_s == 450e9, "NVLink 4: 900 GB/s both ways, 450 GB/s each"
+    assert h100.interconnect_latency_s == pytest.approx(6e-6)
+    one = StepCost(llama, h100, Precision.from_knobs(llama))
+    assert one.allreduce_seconds(4096, eff) == 0.0
+    assert one.step_seconds(256, 256, 256e3, 256e3, eff) == StepCost(llama, h100, Precision(2, 2)).step_seconds(
+        256, 256, 256e3, 256e3, eff)
+    costs = {p: StepCost(llama, h100, Precision.from_knobs(llama, {"tensor_parallel_size": p})) for p in (2, 4, 8)}
+    # units: TP2, one token: 2 all-reduces x 32 layers of 4,096 bf16 values (8,192 B); a ring sends 2(p-1)/p of
+    # them, at 450e9 B/s x the interconnect efficiency, plus 6 us a call
+    expected = 64 * (1.0 * 4096 * 2 / (450e9 * eff.interconnect) + 6e-6)
+    assert costs[2].allreduce_seconds(1, eff) == pytest.approx(expected)
+    assert costs[2].allreduce_seconds(1, eff) == pytest.approx(64 * 6e-6, rel=0.01), "one token: the latency"
+    assert costs[2].allreduce_seconds(8192, eff) - costs[2].allreduce_seconds(0, eff) == pytest.approx(
+        64 * 8192 * 8192 / (450e9 * eff.interconnect)), "8,192 tokens: 64 MiB over the link, in seconds"
+    # grows with tokens and with the group (2(p-1)/p: 1, 1.5, 1.75)
+    assert costs[2].allreduce_seconds(1024, eff) < costs[2].allreduce_seconds(4096, eff)
+    assert costs[2].allreduce_seconds(4096, eff) < costs[4].allreduce_seconds(4096, eff) < costs[8].allreduce_seconds(
+        4096, eff)
+    bandwidth_part = {p: c.allreduce_seconds(4096, eff) - c.allreduce_seconds(0, eff) for p, c in costs.items()}
+    assert bandwidth_part[8] / bandwidth_part[2] == pytest.approx(1.75)
+    assert costs[2].allreduce_seconds(4096, Efficiency(interconnect=0.41)) > costs[2].allreduce_seconds(4096, eff)
+    # it adds to the step, after the layers (a TP2 decode step of 256: per-device FLOP/s and bytes halve)
+    step = costs[2].step_seconds(256, 256, 256e3, 256e3, eff)
+    free = one.step_seconds(256, 256, 256e3, 256e3, replace(eff, compute=eff.compute * 2, bandwidth=eff.bandwidth * 2))
+    assert step == pytest.approx(free + costs[2].allreduce_seconds(256, eff))
+    # pipeline stages alone all-reduce nothing; a spec without an interconnect leaves it unpriced
+    assert StepCost(llama, h100, Precision(2, 2, devices=2, tensor_parallel=1)).allreduce_seconds(4096, eff) == 0
+    bare = replace(h100, interconnect_bandwidth_bytes_s=None)
+    assert StepCost(llama, bare, Precision(2, 2, devices=2, tensor_parallel=2)).allreduce_seconds(4096, eff) == 0
+    import numpy as np
+
+    tokens = np.array([1, 4096])
+    assert costs[2].allreduce_seconds(tokens, eff) == pytest.approx(
+        [costs[2].allreduce_seconds(1, eff), costs[2].allreduce_seconds(4096, eff)]), "elementwise on arrays"
+
+
+def test_attention_runs_at_the_fp8_peak_only_with_an_fp8_kv_cache(llama, h100):
+    eff = Efficiency()
+    fp8_weights = StepCost(llama, h100, Precision.from_knobs(llama, {"quantization": "fp8"}))
+    fp8_both = StepCost(llama, h100, Precision.from_knobs(llama, {"quantization": "fp8", "kv_cache_dtype": "fp8"}))
+    assert fp8_weights.peak == fp8_both.peak == h100.peak_flops_fp8
+    assert fp8_weights.attention_peak == h100.peak_flops_bf16 and fp8_both.attention_peak == h100.peak_flops_fp8
+    # a prefill chunk of 8,192 tokens at 32k context: attention is compute-bound, twice as long in 16 bits
+    pairs = 8192 * 32768
+    attention_bf16 = llama.attention_flops_per_pair * pairs / (h100.peak_flops_bf16 * eff.compute)
+    assert fp8_weights.step_seconds(8192, 1, pairs, 0, eff) == pytest.approx(
+        fp8_both.step_seconds(8192, 1, pairs, 0, eff) + attention_bf16 / 2)
 
 
 def test_sol_columns_for_a_row_and_none_when_unknown(h100):
