@@ -44,7 +44,8 @@ def command(scale: str, data: Path, shard_size: int, work: Path, tag: str, addre
     ray = ["batch.ray.actors=1", f"batch.ray.address={address}"] if scale == "ray" else []
     return [sys.executable, "-m", "harness.batch.cli", f"batch.input={data}", f"batch.output_dir={work / f'out-{tag}'}",
             "batch.sampling=benchmark", f"batch.shard_size={shard_size}", f"batch.scale={scale}", *ray,
-            f"run.results_dir={work / f'results-{tag}'}", "run.progress=false", f"hydra.run.dir={work / f'hydra-{tag}'}",
+            f"run.results_dir={work / f'results-{tag}'}", "run.progress=false",
+            f"hydra.run.dir={work / f'hydra-{tag}'}",
             *overrides]
 
 
@@ -57,7 +58,8 @@ def run_one(scale: str, data: Path, shard_size: int, work: Path, rnd: int, addre
     wall = time.monotonic() - t0
     rows = [json.loads(p.read_text()) for p in sorted((work / f"results-{tag}" / "batch").glob("*.json"))]
     if proc.returncode != 0 or len(rows) != 1 or rows[0].get("status") != "ok":
-        raise SystemExit(f"{tag} failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
+        raise SystemExit(f"{tag} failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-2000:]}\n"
+                         f"{proc.stderr[-3000:]}")
     row = rows[0]
     return {"round": rnd, "scale": scale, "shard_size": shard_size, "engine_steps": row.get("engine_steps"),
             "occupancy": row.get("occupancy"), "output_tok_s": row.get("output_tok_s"),
@@ -120,7 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                     got = run_one(scale, data, size, args.out, rnd, address, env, args.overrides)
                     runs.append(got)
                     print(f"round {rnd} shard {size:>5} {scale:>5}: steps {_f(got['engine_steps'], ',.0f'):>7}  "
-                          f"occupancy {_f(got['occupancy'], '.3f')}  {_f(got['output_tok_s'], ',.1f'):>9} output tok/s  "
+                          f"occupancy {_f(got['occupancy'], '.3f')}  "
+                          f"{_f(got['output_tok_s'], ',.1f'):>9} output tok/s  "
                           f"(idle {_f(got['engine_idle_s'], '.2f')} s, wall {got['process_wall_s']:.0f} s, "
                           f"load {got['load_1min']:.1f})", flush=True)
     finally:
