@@ -11,6 +11,7 @@ from typing import Any
 from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request, StartInfo
 from engines.common import check_names, dtype_name, load_images, model_eos_ids, preflight, token_ids_only
 from engines.decoding import decoding_of
+from engines.faults import failing_after, steps_before_fault
 from engines.feeding import Feeder, OpenShard, ShardOutput, rejected
 from engines.knobs import NativeMapping, inverted
 from engines.statread import TEXT, StatReader
@@ -72,6 +73,9 @@ class VllmEngine(Engine):
         self.started = True
         config = self.llm.llm_engine.vllm_config
         self.step_logger = attach_step_logger(self.llm.llm_engine, self.step_trace, config, self.stat_reader)
+        fault_after = steps_before_fault()   # a test hook (engines.faults), unset in every real job
+        if fault_after is not None:   # LLM.generate and VllmFeeder both advance the engine by llm_engine.step()
+            self.llm.llm_engine.step = failing_after(self.llm.llm_engine.step, fault_after, "vLLM")
         compilation = config.compilation_config
         compile_s = compilation.compilation_time + compilation.encoder_compilation_time
         logged = log.read()

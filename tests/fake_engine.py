@@ -143,16 +143,11 @@ class FakeEngine(Engine):
         return AsyncFeeder(one)
 
     def _fails(self) -> bool:
-        """Whether this engine is one of the first ``fail_times`` to fail (all, without ``fail_file``)."""
-        path = self.knobs.get("fail_file")
-        if not path:
-            return True
-        count = int(open(path).read() or 0) if os.path.exists(path) else 0
-        if count >= int(self.knobs.get("fail_times", 1)):
-            return False
-        with open(path, "w") as f:
-            f.write(str(count + 1))
-        return True
+        """Whether this engine is one of the first ``fail_times`` to fail (all, without ``fail_file``): counted as
+        real engines count ``TROUGHPUT_FAULT_FILE`` (``engines.faults``)."""
+        from engines.faults import claim
+
+        return claim(self.knobs.get("fail_file"), int(self.knobs.get("fail_times", 1)))
 
     def _tokens(self, r: Request) -> list[int]:
         """The prompt's last token ``max_tokens`` times; with ``dtype=lossy`` every third one is another."""

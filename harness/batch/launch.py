@@ -43,7 +43,9 @@ def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan]
                              "Ray)")
     started, t0, run_id = datetime.now(timezone.utc), time.monotonic(), new_run_id()
     state = JobState(plan.output_dir)
+    scanning = time.monotonic()
     index = scan(Path(plan.input), plan.format)  # the one pass over every line: counts, repeated ids, content hash
+    scan_s = time.monotonic() - scanning
     if index.records == 0:
         raise TroughputError(f"{plan.input} holds no records")
     plan.input_digest = index.digest
@@ -64,14 +66,18 @@ def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan]
         run = run_shards(plan, state, index, lambda _: True, make_pool(plan, state, run_id), progress)
     committed = len(state.committed())
     outputs: dict[str, str | None] = {"output": None, "errors": None}
+    merge_s = None   # no merge while shards are left
     if committed == index.shards(plan.shard_size):
+        merging = time.monotonic()
         output, errors = state.merge(committed)
+        merge_s = time.monotonic() - merging
         outputs = {"output": str(output), "errors": str(errors)}
     # answered over the whole job: read from the shards' metas only when this run answered none (a rerun of a
     # finished job runs nothing, yet its job did answer)
     job_ok = None if run.requests_ok else sum(int(state.meta(i)["ok"]) for i in state.committed())
     row = batch_row(plan, run_id, started, index, run, committed, time.monotonic() - t0, peak_rss_bytes(), outputs,
-                    {**(extra or {}), **job_trace_columns(plan.results_dir, run_id, run.steps.snapshot())}, job_ok)
+                    {"scan_s": scan_s, "merge_s": merge_s, **(extra or {}),
+                     **job_trace_columns(plan.results_dir, run_id, run.steps.snapshot())}, job_ok)
     write_row(plan.results_dir, row, kind=BATCH_TABLE)
     return row
 

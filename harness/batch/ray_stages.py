@@ -162,9 +162,13 @@ class EngineStage:
             feed_until_closed(self.engine, feeder, self.commands, self._finished, progress=self._report,
                               capacity=self.capacity)
         except BaseException as e:  # noqa: BLE001 - the actor exits: Ray restarts it and reruns its calls
-            self.failure = f"{type(e).__name__}: {e}"
+            why = f"{type(e).__name__}: {e}"
             if self.exit_on_failure:
-                _exit_for_restart(self.engine, self.failure, self.report_key)
+                # never returns; ``self.failure`` stays unset meanwhile, so no call sees the error while the
+                # engine stops (vLLM's stop takes seconds; a call at the gate that saw it would raise, and Ray
+                # Data, which does not retry Python errors, would end the job)
+                _exit_for_restart(self.engine, why, self.report_key)
+            self.failure = why
         finally:
             if feeder is not None:
                 feeder.close()

@@ -177,3 +177,24 @@ def test_a_decision_whose_winner_has_two_replicas_drives_a_job_with_two_engines(
     assert row["knob.max_num_seqs"] == 16 and row["requests_ok"] == 8
     logs = sorted(p.name.rsplit(".", 2)[-2] for p in (tmp_path / "results" / "logs").glob("*.worker*.log"))
     assert logs == ["worker1", "worker2"], "two engines, one per replica"
+
+
+def test_the_row_times_the_scan_of_the_input_and_the_merge_apart(tmp_path: Path, monkeypatch) -> None:
+    """``scan_s`` (the one pass over the input) and ``merge_s`` (the shards into output.jsonl), each a part of
+    ``wall_s``; a scan and a merge made slow by known amounts show in their own column only. While shards are left
+    there is no merge: ``merge_s`` is empty."""
+    from harness.batch import launch
+    from harness.batch.state import JobState
+
+    scan, merge = launch.scan, JobState.merge
+    monkeypatch.setattr(launch, "scan", lambda *a, **k: (time.sleep(1.0), scan(*a, **k))[1])
+    monkeypatch.setattr(JobState, "merge", lambda self, n: (time.sleep(2.0), merge(self, n))[1])
+    path, out = numbered(tmp_path / "batch.jsonl", 4), tmp_path / "out"
+    args = [FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={out}", "batch.shard_size=2"]
+    assert batch_app(tmp_path, *args, "+engine.knobs.fail_in=generate").returncode == 1   # incomplete: no merge
+    assert batch_app(tmp_path, *args).returncode == 0
+    first, second = sorted(read_rows(tmp_path / "results", "batch"), key=lambda r: r["timestamp"])
+    # each column holds its own sleep and not the other's (a second of room for the real work)
+    assert first["status"] == "incomplete" and first["merge_s"] is None and 1.0 <= first["scan_s"] < 2.0
+    assert second["status"] == "ok" and 1.0 <= second["scan_s"] < 2.0 and 2.0 <= second["merge_s"] < 3.0
+    assert second["scan_s"] + second["merge_s"] < second["wall_s"]
