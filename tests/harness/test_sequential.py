@@ -1,20 +1,25 @@
 """Verdicts under repeated looks (harness.report.sequential): the boundaries, and the whole loop's
 false-winner rate on A/A data with drift and with resampled real runs, at 1, 3 and 10 looks.
 
-The loop simulated is ``rounds.until_decided``'s (``benchmarks.verdict_error_rates.run_loop``): a look
-after every round from the first, stop at the first decision, stop at the cap. The loop before this
-module (the plain rule at α = 0.05 at every look) fails the 5% check; the group-sequential one passes.
+The loop is ``harness.report.rounds.add_rounds`` itself, the loop ``run.rounds=auto`` runs, driven by
+``benchmarks.verdict_error_rates.run_loop`` with simulated rounds instead of engines. The loop before
+``harness.report.sequential`` (the plain rule at α = 0.05 at every look, ``Naive``) fails the 5% check;
+the group-sequential one passes.
 """
 
 import math
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from benchmarks.verdict_error_rates import (FIXTURE, drifting, loop_rates, naive, real_deviations, resampled,
-                                            resampled_rounds, run_loop, sequential)
+                                            resampled_rounds, run_loop, sequential, shifted)
+from harness.report import rounds
 from harness.report.sequential import SequentialPlan, boundaries, nominal_levels, plain, spent
-from harness.report.verdict import CLEAR, compare
+from harness.report.verdict import CLEAR, CLOSE, compare
+from harness.run.results import read_rows, write_row
+from tests.harness.report.conftest import synthetic_row
 
 TRIALS = 2500   # each share is within about ±0.4 points (one standard error) of the loop's true rate
 
@@ -75,25 +80,71 @@ def test_the_fixture_holds_real_runs_with_their_provenance():
     assert all(abs(sum(config)) < 1e-9 for s in real_deviations() for config in s)
 
 
-def test_the_simulated_loop_is_the_rounds_loop():
-    # a source that always returns the same pair: a winner is named at the first look, never before MIN_RUNS
-    seen = []
+def test_the_a_a_simulation_drives_the_rounds_loop(monkeypatch):
+    # every simulated loop is a call of rounds.add_rounds (Hydra's round 1 done, run.max_rounds = the cap), which
+    # plans the looks and runs the rounds: a pair 2x apart is named at round 3, the first look with MIN_RUNS a side,
+    # and an undecidable pair runs every round to the cap
+    calls, seen = [], []
+    real = rounds.add_rounds
+
+    def spy(done_round, max_rounds, *args, **kwargs):
+        calls.append((done_round, max_rounds))
+        return real(done_round, max_rounds, *args, **kwargs)
+
+    monkeypatch.setattr(rounds, "add_rounds", spy)
 
     def fixed(generator, index):
         seen.append(index)
         return 200.0 * (1 + 0.01 * (index % 2)), 100.0 * (1 + 0.01 * ((index + 1) % 2))
 
-    ending = run_loop(fixed, lambda a, b: compare(a, b), 3, 10, np.random.default_rng(0))
-    assert ending == "clear_a" and seen == [0, 1, 2]
-    undecided = run_loop(lambda g, i: (100.0 * (1 + 0.3 * (i % 2)), 100.0 * (1 + 0.3 * ((i + 1) % 2))),
-                         lambda a, b: compare(a, b), 3, 5, np.random.default_rng(0))
-    assert undecided == "undecided"
+    assert run_loop(fixed, sequential(), 12, np.random.default_rng(0)) == "clear_a" and seen == [0, 1, 2]
+    seen.clear()
+    swinging = lambda g, i: (fixed(g, i)[0] * (1 + 0.5 * (i % 2)) / 2, fixed(g, i)[1] * (1 + 0.5 * ((i + 1) % 2)))
+    assert run_loop(swinging, sequential(), 5, np.random.default_rng(0)) == "undecided"
+    assert sorted(set(seen)) == [0, 1, 2, 3, 4]
+    assert loop_rates(lambda: fixed, naive(), 10, trials=3)["clear_a"] == 1.0
+    assert calls == [(1, 12), (1, 5), (1, 12), (1, 12), (1, 12)]
+
+
+@pytest.mark.parametrize("source", [drifting(0.05, 0.03), resampled(), drifting(0.002, 0.0),
+                                    shifted(1.15, drifting(0.05, 0.0))],
+                         ids=["A/A drift, undecided", "A/A resampled, undecided", "A/A quiet, equivalent at round 3",
+                              "A 1.15x B, clear at round 4"])
+def test_the_simulation_s_looks_decide_as_the_report_does_on_the_rows(tmp_path, source):
+    # rounds.until_decided looks by the report's decide on the multirun's rows (written here as the runner would, one
+    # per config and round); the simulation's look judges the pair's rates by the loop's plan: on the same rounds both
+    # run the same rounds and end with the same verdict
+    one_round, drawn = source(), []
+
+    def recorded(generator, index):
+        drawn.append(one_round(generator, index))
+        return drawn[-1]
+
+    ending = run_loop(recorded, sequential(), 6, np.random.default_rng(4))
+    results = tmp_path / "results"
+
+    def run_one(cfg):
+        seed = int(cfg.run.labels.command.split("seed=")[1].split()[0])
+        write_row(results, synthetic_row(knobs={"seed": seed}, passes=(drawn[cfg.run.round - 1][seed - 1],),
+                                         round=cfg.run.round, sweep_id="aa", command=cfg.run.labels.command,
+                                         looks=cfg.run.labels.get("looks")))
+
+    jobs = [rounds.Job(OmegaConf.create({"run": {"round": 1, "labels": {}}}), [f"+engine.knobs.seed={s}"])
+            for s in (1, 2)]
+    for job in jobs:   # Hydra's round 1
+        run_one(OmegaConf.create({"run": {"round": 1, "labels": {"command": job.command}}}))
+    decision, = rounds.until_decided(jobs, results, "aa", 6, 0.02, run_one, say=lambda line: None).values()
+    assert len(read_rows(results)) == 2 * len(drawn), "the same rounds ran"
+    verdict = decision["verdict"]
+    named = {1: "clear_a", 2: "clear_b"}[decision["chosen.knob.seed"]] if verdict == CLEAR else verdict
+    assert ending == {CLOSE: "undecided"}.get(named, named), decision["reason"]
 
 
 SOURCES = {"drift, 5% spread": drifting(0.05, 0.03),
            "drift, 30% spread, 10% outliers": drifting(0.30, 0.05, 0.1),
            "no drift, 5% spread": drifting(0.05, 0.0),
-           "resampled real runs": resampled()}
+           "resampled real runs": resampled(),
+           "resampled real runs, drift": resampled(drift=0.03)}
 
 
 @pytest.mark.parametrize("source", list(SOURCES))
@@ -118,13 +169,7 @@ def test_resampled_real_rounds_keep_their_shared_swings_and_both_loops_stay_unde
 
 def test_power_at_the_cap_is_kept_for_a_clear_difference():
     # a true 10% difference at 2% spread: the sequential loop still finds it (nearly always by the 3rd-5th look)
-    faster = drifting(0.02, 0.0)
-
-    def shifted():
-        inner = faster()
-        return lambda g, i: (lambda x, y: (1.10 * x, y))(*inner(g, i))
-
-    rates = loop_rates(shifted, sequential(), 10, 300, seed=5)
+    rates = loop_rates(shifted(1.10, drifting(0.02, 0.0)), sequential(), 10, 300, seed=5)
     assert rates["clear_a"] >= 0.95, rates
     assert math.isclose(sum(v for k, v in rates.items() if k != "false"), 1.0)
 
