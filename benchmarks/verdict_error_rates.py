@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.report import rounds  # noqa: E402
-from harness.report.sequential import SequentialPlan  # noqa: E402
+from harness.report.sequential import SIMULATED, SequentialPlan  # noqa: E402
 from harness.report.verdict import CLEAR, CLOSE, EQUIVALENT, MIN_EFFECT, MIN_RUNS, Verdict, compare  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "per_run_rates.json"
@@ -206,7 +206,7 @@ def loop_table(trials: int, seed: int) -> None:
     print("| data | looks | before (α = 0.05 at every look) | after (O'Brien–Fleming spending) | after (Pocock) |")
     print("|---|---|---|---|---|")
     for name, source in LOOP_SOURCES.items():
-        for looks in (1, 3, 10):
+        for looks in [last - first + 1 for first, last in SIMULATED]:   # first == MIN_RUNS, as loop_rates plans
             cells = [loop_rates(source, rule, looks, trials, seed)
                      for rule in (naive(), sequential(), sequential(spending="pocock"))]
             print(f"| {name} | {looks} | " + " | ".join(f"{c['false']:.1%} ({c[EQUIVALENT]:.1%})" for c in cells)
@@ -217,7 +217,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--loops", action="store_true", help="the whole rounds=auto loop at 1, 3 and 10 looks")
+    parser.add_argument("--loops", action="store_true",
+                        help="the whole rounds=auto loop on every plan of sequential.SIMULATED (1, 3, 4, 8, 10 looks)")
     args = parser.parse_args()
     if args.loops:
         loop_table(args.trials, args.seed)

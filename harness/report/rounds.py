@@ -15,8 +15,9 @@ cap was reached, with the ratio and its interval.
 Every look after the first is another chance to call a false winner, so the looks are planned
 (``harness.report.sequential.SequentialPlan``: the first at the rounds Hydra ran, at least
 ``MIN_RUNS``, then one per added round up to ``run.max_rounds``) and each look's verdict is taken
-at its group-sequential level (O'Brien–Fleming alpha spending): the whole loop's false-winner
-rate stays at 5% (docs/verdicts.md measures it).
+at its group-sequential level (O'Brien–Fleming alpha spending), which keeps the whole loop's false-winner
+rate at 5% or under for the plans docs/verdicts.md simulates (``sequential.SIMULATED``, the default of 3 to
+10 runs a side among them); the loop's first line says whether its plan is one of them.
 
 The configs are the jobs Hydra ran in this process (``on_job_end``), so this needs a
 launcher that runs jobs in the driver process (the default, basic one); with another

@@ -16,8 +16,8 @@ from omegaconf import OmegaConf
 from benchmarks.verdict_error_rates import (FIXTURE, drifting, loop_rates, naive, real_deviations, resampled,
                                             resampled_rounds, run_loop, sequential, shifted)
 from harness.report import rounds
-from harness.report.sequential import SequentialPlan, boundaries, nominal_levels, plain, spent
-from harness.report.verdict import CLEAR, CLOSE, compare
+from harness.report.sequential import SIMULATED, SequentialPlan, boundaries, nominal_levels, plain, spent
+from harness.report.verdict import CLEAR, CLOSE, MIN_RUNS, compare
 from harness.run.results import read_rows, write_row
 from tests.harness.report.conftest import synthetic_row
 
@@ -47,16 +47,16 @@ def test_known_pocock_boundaries_and_the_one_look_plan():
         (2.438, 2.427, 2.410, 2.397, 2.386), abs=0.002)
     assert nominal_levels((5.0,)) == pytest.approx((0.05,))
     one = plain(3)
-    assert one.looks == 1 and one.level(3) == pytest.approx(0.05) and one.level(7) == pytest.approx(0.05)
+    assert one.looks == 1 and one.level(3) == pytest.approx(0.05) and one.level(2) == pytest.approx(0.05)
     a, b = [100, 104, 108, 103], [96, 99, 95, 97]
-    assert one.judge(a, b) == compare(a, b), "one look is the plain rule"
+    assert plain(4).judge(a, b) == compare(a, b), "one look is the plain rule"
 
 
 def test_levels_grow_to_the_last_look_and_a_clear_difference_still_stops_early():
     plan = SequentialPlan(3, 12)
     assert plan.looks == 10 and list(plan.levels) == sorted(plan.levels) and plan.levels[-1] < 0.05
     assert plan.spent_alpha == pytest.approx(0.04) and plain(5).spent_alpha == 0.05
-    assert plan.level(2) == plan.levels[0] and plan.level(40) == plan.levels[-1]
+    assert plan.level(2) == plan.levels[0] and plan.level(12) == plan.levels[-1]
     assert "10 looks at 3 to 12 runs a side" in plan.describe()
     fast, slow = [500, 505, 498], [100, 101, 99]   # 5x apart, 1% spread: decided at the first look still
     assert plan.judge(fast, slow).verdict == CLEAR
@@ -148,8 +148,11 @@ SOURCES = {"drift, 5% spread": drifting(0.05, 0.03),
 
 
 @pytest.mark.parametrize("source", list(SOURCES))
-@pytest.mark.parametrize("looks", [1, 3, 10])
+@pytest.mark.parametrize("looks", [last - first + 1 for first, last in SIMULATED])
 def test_the_group_sequential_loop_keeps_false_winners_at_5_percent(source, looks):
+    # every plan the docs claim ≤ 5% for (sequential.SIMULATED: 1, 3 and 10 looks, and the defaults of in-job
+    # tuning, 3-6 runs a side, and of run.rounds=auto, 3-10), on every kind of A/A data
+    assert all(first == MIN_RUNS for first, _ in SIMULATED), "loop_rates plans the first look at MIN_RUNS"
     rates = loop_rates(SOURCES[source], sequential(), looks, TRIALS if looks > 1 else 1000, seed=looks)
     assert rates["false"] <= 0.05, f"{source}, {looks} looks: {rates}"
 
@@ -172,6 +175,34 @@ def test_power_at_the_cap_is_kept_for_a_clear_difference():
     rates = loop_rates(shifted(1.10, drifting(0.02, 0.0)), sequential(), 10, 300, seed=5)
     assert rates["clear_a"] >= 0.95, rates
     assert math.isclose(sum(v for k, v in rates.items() if k != "false"), 1.0)
+
+
+def test_a_plan_never_looks_past_its_last_look():
+    # 5 runs a side undecided; 7 later runs that would make it a clear winner at any level: a look past the plan's
+    # last is its last look (the first 5 runs a side, at the last level), never one more chance to cross
+    plan = SequentialPlan(3, 5)
+    a, b = [100, 108, 95, 104, 99], [101, 97, 103, 96, 100]
+    later_a, later_b = [130, 131, 129, 130, 132, 130, 131], [100, 101, 99, 100, 100, 101, 99]
+    assert compare(a + later_a, b + later_b).verdict == CLEAR, "the plain rule on all runs would name a winner"
+    final = plan.judge(a, b)
+    past = plan.judge(a + later_a, b + later_b)
+    assert not final.decided and past.verdict == final.verdict
+    assert (past.ratio, past.low, past.high, past.n_a, past.n_b) == (final.ratio, final.low, final.high, 5, 5)
+    assert "plan's last look is at 5 runs a side, so the 7 and 7 later runs are not counted" in past.reason
+    assert plan.judge(a + later_a, b).n_a == 12, "one side past the last look: the look is the smaller side's"
+    with pytest.raises(ValueError, match="past this plan's last look"):
+        plan.level(6)
+    one = plain(3)
+    assert one.judge(a, b).n_a == 3, "a one-look plan looks once, at its runs"
+
+
+def test_describe_claims_the_measured_rate_only_for_simulated_plans():
+    assert SequentialPlan(3, 10).simulated and SequentialPlan(3, 6).simulated
+    assert "at most 0.05 (simulated for this plan)" in SequentialPlan(3, 10).describe()
+    for unmeasured in (SequentialPlan(4, 10), SequentialPlan(3, 20), SequentialPlan(3, 10, spending="pocock"),
+                       SequentialPlan(3, 10, alpha=0.1)):
+        assert not unmeasured.simulated
+        assert "not simulated for this plan" in unmeasured.describe() and "at most" in unmeasured.describe()
 
 
 def test_runs_to_decide_uses_each_look_s_own_level():

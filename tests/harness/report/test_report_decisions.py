@@ -222,3 +222,23 @@ def test_rows_a_rounds_auto_loop_added_are_judged_at_the_loop_s_level(results, r
     assert compare(a, b).verdict == CLEAR, "one look at 0.05 would name a winner"
     assert SequentialPlan(3, 10).judge(a, b).verdict == CLOSE
     assert looped["verdict"] == CLOSE and "group-sequential" in looped["method"] and "3 to 10" in looped["method"]
+
+
+def test_runs_past_the_loop_s_last_look_are_not_another_look(results, row):
+    # a loop planned 3 to 4 runs a side left the pair undecided; four rounds added afterwards would make it a clear
+    # winner by the plain rule on all 8 runs: the report judges the loop's last look (4 runs a side) and says why
+    a, b = [100, 106, 97, 104, 125, 126, 125, 126], [101, 98, 103, 96, 100, 101, 100, 99]
+    rows = []
+    for round_, (x, y) in enumerate(zip(a, b), 1):
+        looks = {"looks": "3-4"} if round_ == 4 else {}
+        rows.append(row(knobs={"max_num_seqs": 64}, passes=(x,), round=round_, **looks))
+        rows.append(row(knobs={"max_num_seqs": 8}, passes=(y,), round=round_, **looks))
+    [decision] = decisions_for(results(*rows))
+    from harness.report.sequential import SequentialPlan
+
+    assert compare(a, b).verdict == CLEAR, "one more look at 0.05 on all runs would name a winner"
+    final = SequentialPlan(3, 4).judge(a[:4], b[:4])
+    assert decision["verdict"] == final.verdict == CLOSE
+    assert decision["chosen.knob.max_num_seqs"] == 64
+    assert (decision["margin_ci_low"], decision["margin_ci_high"]) == pytest.approx((final.low - 1, final.high - 1))
+    assert "the 4 and 4 later runs are not counted" in decision["reason"]
