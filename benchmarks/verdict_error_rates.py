@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from harness.report import rounds  # noqa: E402
-from harness.report.sequential import SIMULATED, SequentialPlan  # noqa: E402
+from harness.report.sequential import RESERVE, SIMULATED, SequentialPlan  # noqa: E402
 from harness.report.verdict import CLEAR, CLOSE, EQUIVALENT, MIN_EFFECT, MIN_RUNS, Verdict, compare  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "per_run_rates.json"
@@ -149,9 +149,9 @@ def naive() -> Rule:
     return Naive
 
 
-def sequential(spending: str = "obrien-fleming") -> Rule:
+def sequential(spending: str = "obrien-fleming", reserve: float = RESERVE) -> Rule:
     """The loop now: each look at its group-sequential level (``harness.report.sequential``)."""
-    return lambda first, last: SequentialPlan(first, last, spending=spending)
+    return lambda first, last: SequentialPlan(first, last, spending=spending, reserve=reserve)
 
 
 def run_loop(one_round: Round, rule: Rule, last: int, generator: np.random.Generator,

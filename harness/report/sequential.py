@@ -129,6 +129,8 @@ class SequentialPlan:
         last: runs a side at the last look (the loop's cap); ``first == last`` is one look, the plain rule.
         alpha: the whole loop's two-sided false-winner rate.
         spending: ``obrien-fleming`` or ``pocock`` (see the module docstring).
+        reserve: the share of ``alpha`` a plan of more than one look keeps back (``RESERVE``; other values are for
+            ``benchmarks/sequential_reserve.py``, which measures what it buys).
 
     A plan never looks past ``last``: ``level`` refuses such a look and ``judge`` takes it as the last look (see there).
     """
@@ -137,6 +139,7 @@ class SequentialPlan:
     last: int
     alpha: float = ALPHA
     spending: str = "obrien-fleming"
+    reserve: float = RESERVE
     levels: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -147,13 +150,15 @@ class SequentialPlan:
             raise ValueError(f"the last look ({self.last} runs a side) comes before the first ({self.first})")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if not 0 <= self.reserve < 1:
+            raise ValueError(f"reserve must be in [0, 1), got {self.reserve}")
         looks = tuple(float(n) for n in range(self.first, self.last + 1))
         object.__setattr__(self, "levels", nominal_levels(looks, self.spent_alpha, self.spending))
 
     @property
     def spent_alpha(self) -> float:
-        """The α the boundaries spend: ``alpha`` for one look; ``alpha × (1 − RESERVE)`` for more (see ``RESERVE``)."""
-        return self.alpha if self.looks == 1 else self.alpha * (1 - RESERVE)
+        """The α the boundaries spend: ``alpha`` for one look; ``alpha × (1 − reserve)`` for more (see ``RESERVE``)."""
+        return self.alpha if self.looks == 1 else self.alpha * (1 - self.reserve)
 
     @property
     def looks(self) -> int:
@@ -163,7 +168,8 @@ class SequentialPlan:
     def simulated(self) -> bool:
         """Whether this plan's whole-loop false-winner rate is measured (``SIMULATED``): only then is "at most α"
         a measured claim rather than the design's aim."""
-        return (self.first, self.last) in SIMULATED and self.alpha == ALPHA and self.spending == "obrien-fleming"
+        return ((self.first, self.last) in SIMULATED and self.alpha == ALPHA and self.spending == "obrien-fleming"
+                and self.reserve == RESERVE)
 
     def level(self, runs: int) -> float:
         """The nominal two-sided level of a look with ``runs`` runs on its smaller side.

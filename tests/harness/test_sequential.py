@@ -196,6 +196,22 @@ def test_a_plan_never_looks_past_its_last_look():
     assert one.judge(a, b).n_a == 3, "a one-look plan looks once, at its runs"
 
 
+def test_the_reserve_is_the_plan_s_and_the_benchmark_shows_what_it_buys(capsys):
+    # benchmarks/sequential_reserve.py: the same loops at reserves 0 to 0.3, each spending α × (1 - reserve)
+    from benchmarks.sequential_reserve import RESERVES, table
+
+    assert SequentialPlan(3, 12, reserve=0.0).spent_alpha == pytest.approx(0.05)
+    assert SequentialPlan(3, 12).spent_alpha == pytest.approx(0.04) and plain(3).spent_alpha == 0.05
+    assert not SequentialPlan(3, 12, reserve=0.1).simulated
+    with pytest.raises(ValueError, match="reserve"):
+        SequentialPlan(3, 12, reserve=1.0)
+    table(trials=60, seed=0, looks=10)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 0.")]
+    assert [float(line.split("|")[1]) for line in lines] == list(RESERVES)
+    assert [float(line.split("|")[2]) for line in lines] == pytest.approx([0.05, 0.045, 0.04, 0.035])
+    assert all(0 <= float(cell.strip(" %")) <= 100 for line in lines for cell in line.split("|")[3:7])
+
+
 def test_describe_claims_the_measured_rate_only_for_simulated_plans():
     assert SequentialPlan(3, 10).simulated and SequentialPlan(3, 6).simulated
     assert "at most 0.05 (simulated for this plan)" in SequentialPlan(3, 10).describe()
