@@ -25,7 +25,7 @@ def test_separated_independent_runs_are_a_clear_winner_with_its_margin(results, 
     assert d["margin"] == pytest.approx(rule.ratio - 1), "the ratio of geometric means of the runs' median passes"
     assert 0 < d["margin_ci_low"] <= d["margin"] <= d["margin_ci_high"]
     assert d["margin_ci_low"] == pytest.approx(rule.low - 1) and d["chosen.run_values"] == [200, 205, 210]
-    assert d["runner_up.relation"].startswith("second-best config of the same engine")
+    assert d["runner_up.relation"].startswith("second-ranked config of the same engine")
     assert (d["chosen.n_runs"], d["chosen.sample_kind"]) == (3, "runs")
     assert "3 independent runs" in d["reason"]
 
@@ -35,7 +35,7 @@ def test_separated_passes_of_one_run_are_not_a_clear_winner_and_say_what_is_miss
                         row(knobs={"max_num_seqs": 8}, passes=(100, 105, 110)))
     [d] = decisions_for(directory)
     assert d["verdict"] == INSUFFICIENT and d["flags"] == ["single run"]
-    assert "the winner has 1 and the runner-up has 1" in d["reason"] and "run.round=1,2,3" in d["reason"]
+    assert "the first-ranked config has 1 and the runner-up has 1" in d["reason"] and "run.round=1,2,3" in d["reason"]
     assert "run.rounds=auto" in d["reason"]
     assert d["chosen.sample_kind"] == "passes" and "not independent" in d["reason"]
 
@@ -43,7 +43,7 @@ def test_separated_passes_of_one_run_are_not_a_clear_winner_and_say_what_is_miss
 def test_two_runs_per_side_are_still_too_few_for_a_clear_winner(results, row):
     directory = results(*runs(row, {"max_num_seqs": 64}, 200, 210), *runs(row, {"max_num_seqs": 8}, 100, 105, 110))
     [d] = decisions_for(directory)
-    assert d["verdict"] == INSUFFICIENT and "the winner has 2" in d["reason"] and "runner-up has" not in d["reason"]
+    assert d["verdict"] == INSUFFICIENT and "the first-ranked config has 2" in d["reason"] and "runner-up has" not in d["reason"]
     assert d["flags"] == ["too few runs"]
 
 
@@ -135,7 +135,7 @@ def test_the_runner_up_is_another_engine_when_there_is_one(results, row):
                         *runs(row, {"max_running_requests": 8}, 200, 200, 200, engine="sglang"))
     [d] = decisions_for(directory)
     assert d["chosen.engine"] == "vllm" and d["runner_up.engine"] == "sglang"
-    assert d["runner_up.relation"] == "best config of another engine"
+    assert d["runner_up.relation"] == "first-ranked config of another engine"
     assert d["verdict"] == CLEAR and d["margin"] == pytest.approx(0.5)
 
 
