@@ -45,7 +45,9 @@ SPENDING = ("obrien-fleming", "pocock")
 # The boundaries are exact for z statistics. Welch's t at 3-12 runs a side re-estimates the spread at every
 # look, so successive looks are less correlated than z's and the loop crosses a little more often than it
 # spends: spending the full 0.05 measured 5.5% false winners at 10 looks (10,000 A/A loops, no drift, 5%
-# spread; docs/verdicts.md). A multi-look plan therefore spends alpha × (1 − RESERVE); one look is the plain rule.
+# spread), 0.1 gave 4.7%, 0.2 gave 4.2% for about 2 points of power at +5% per 0.1
+# (`PYTHONPATH=. .venv/bin/python benchmarks/sequential_reserve.py --trials 10000`; docs/verdicts.md, "What the
+# reserve buys"). A multi-look plan therefore spends alpha × (1 − RESERVE); one look is the plain rule.
 RESERVE = 0.2
 # The plans (first, last runs a side) whose whole-loop false-winner rate is simulated, with O'Brien–Fleming spending at
 # α = 0.05, this RESERVE and a minimum effect of 2% (a larger one only removes false winners): 1, 3, 4, 8 and 10 looks
