@@ -11,8 +11,8 @@ takes at most 64 MiB of files per call. Four checks, each printed as VERIFIED, F
 2. ``meters``: energy (NVML) and peak memory over a few seconds of bf16 matmuls on the run's GPU, through
    ``EnergyMeter`` and ``GpuMemorySampler`` restricted to a one-GPU run: only that GPU's figures.
 3. ``free memory``: a child holds most of GPU 0's free memory; the pre-run check's rule
-   (``requirements.memory_problems``, vLLM's default ``gpu_memory_utilization=0.9``) must refuse with the
-   numbers; after the child exits it must not.
+   (``requirements.memory_problems`` on ``requirements.memory_gpus``: NVML first, as the check reads them;
+   vLLM's default ``gpu_memory_utilization=0.9``) must refuse with the numbers; after the child exits it must not.
 4. ``troughput-run``: a real ``troughput-run engine=hf`` with the tiny model on the GPU, its rows under
    ``OUT/results``; troughput's driver dependencies that the machine lacks are installed from ``--wheels``
    (made here with ``--fetch-wheels``; no network there).
@@ -146,29 +146,9 @@ def check_free_memory() -> tuple[str, str]:
 
 
 def _memory_check(requirements, run_gpus) -> list[str]:
-    facts = requirements.probe_host()
-    gpus = facts.gpus if any(g.free_mib is not None for g in facts.gpus) else _nvml_gpus()
+    gpus = requirements.memory_gpus(requirements.probe_host())   # NVML first, as the pre-run check reads them
     mine = run_gpus(gpus, os.environ.get("CUDA_VISIBLE_DEVICES"), 1)
     return [str(p) for p in requirements.memory_problems(mine, "vLLM", "gpu_memory_utilization", 0.9)]
-
-
-def _nvml_gpus():
-    """The GPUs with total and free memory from NVML (where ``nvidia-smi`` is not on PATH)."""
-    import pynvml
-
-    from engines.requirements import Gpu
-
-    pynvml.nvmlInit()
-    out = []
-    for i in range(pynvml.nvmlDeviceGetCount()):
-        handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-        info = pynvml.nvmlDeviceGetMemoryInfo(handle)
-        uuid = pynvml.nvmlDeviceGetUUID(handle)
-        name = pynvml.nvmlDeviceGetName(handle)
-        out.append(Gpu(i, uuid.decode() if isinstance(uuid, bytes) else uuid,
-                       name.decode() if isinstance(name, bytes) else name,
-                       int(info.total // 2 ** 20), int(info.free // 2 ** 20)))
-    return tuple(out)
 
 
 def install_missing(wheels: Path | None) -> list[str]:

@@ -3,6 +3,9 @@
     .venv/bin/python benchmarks/verdict_error_rates.py [--trials 4000] [--seed 0]
     .venv/bin/python benchmarks/verdict_error_rates.py --loops [--trials 2000]   # rounds=auto's whole loop, A/A
 
+``--loops`` drives the loop ``run.rounds=auto`` runs (``harness.report.rounds.add_rounds``) on simulated
+and resampled A/A rates, its rounds run by the simulation instead of engines.
+
 Each simulated comparison draws n per-run rates a side from one model of run-to-run
 spread on these hosts: log-normal with standard deviation ``sigma`` of the log rate
 (≈ the coefficient of variation), optionally with outliers (a share ``outliers`` of runs
@@ -24,12 +27,12 @@ from typing import Callable
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from harness.report.sequential import SequentialPlan  # noqa: E402
+from harness.report import rounds  # noqa: E402
+from harness.report.sequential import RESERVE, SIMULATED, SequentialPlan  # noqa: E402
 from harness.report.verdict import CLEAR, CLOSE, EQUIVALENT, MIN_EFFECT, MIN_RUNS, Verdict, compare  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "per_run_rates.json"
 Round = Callable[[np.random.Generator, int], tuple[float, float]]   # (generator, round index) -> (rate A, rate B)
-Judge = Callable[[list, list], Verdict]
 
 # sigma of log per-run rates: a quiet host (README runs 1,014/991/985: 1.5%), typical, noisy, and a host loaded
 # by other agents (docs/verdicts.md's A/A run: about 40%)
@@ -56,11 +59,10 @@ def simulate(n_a: int, n_b: int, sigma: float, ratio: float = 1.0, trials: int =
 
 # --- the whole loop under repeated looks (run.rounds=auto, the tuner's added confirmation rounds) ---------------
 
-def drifting(sigma: float = 0.05, drift: float = 0.03, outliers: float = 0.0) -> Callable[[], Round]:
-    """A/A rounds on a host that drifts: log rate = a random walk over the runs in execution order (step
-    ``drift`` a run, so rounds late in the loop sit apart from early ones) + run noise ``sigma`` (a share
-    ``outliers`` of runs at 0.7x). The order within a round rotates each round, as ``rounds.py`` runs it.
-    Returns a factory: one fresh walk per simulated loop."""
+def walking(noise: Callable[[np.random.Generator], float], drift: float = 0.0) -> Callable[[], Round]:
+    """A/A rounds on a host that drifts: log rate = a random walk over the runs in execution order (step ``drift`` a
+    run, so rounds late in the loop sit apart from early ones) + each run's own ``noise(generator)``. The order
+    within a round rotates each round, as ``rounds.py`` runs it. Returns a factory: one fresh walk per loop."""
     def factory() -> Round:
         level = [0.0]
 
@@ -68,12 +70,27 @@ def drifting(sigma: float = 0.05, drift: float = 0.03, outliers: float = 0.0) ->
             runs = []
             for _ in range(2):
                 level[0] += generator.normal(0.0, drift)
-                rate = 1000 * math.exp(level[0] + generator.normal(0.0, sigma))
-                runs.append(rate * 0.7 if generator.random() < outliers else rate)
+                runs.append(1000 * math.exp(level[0] + noise(generator)))
             first, second = runs
             return (first, second) if index % 2 == 0 else (second, first)
 
         return one_round
+    return factory
+
+
+def drifting(sigma: float = 0.05, drift: float = 0.03, outliers: float = 0.0) -> Callable[[], Round]:
+    """``walking`` with log-normal run noise ``sigma``, a share ``outliers`` of runs at 0.7x."""
+    def noise(generator: np.random.Generator) -> float:
+        x = generator.normal(0.0, sigma)
+        return x + math.log(0.7) if generator.random() < outliers else x
+    return walking(noise, drift)
+
+
+def shifted(ratio: float, source: Callable[[], Round]) -> Callable[[], Round]:
+    """``source``'s rounds with side A's rate ``ratio`` times side B's: not A/A; a clear winner for A is right."""
+    def factory() -> Round:
+        inner = source()
+        return lambda generator, index: (lambda x, y: (ratio * x, y))(*inner(generator, index))
     return factory
 
 
@@ -87,18 +104,12 @@ def real_deviations(path: Path = FIXTURE) -> list[list[list[float]]]:
     return out
 
 
-def resampled(path: Path = FIXTURE) -> Callable[[], Round]:
+def resampled(path: Path = FIXTURE, drift: float = 0.0) -> Callable[[], Round]:
     """A/A runs resampled from real measured runs: every run of both sides draws, independently and with
     replacement, one of the real runs' deviations from its config's geometric mean (all series pooled: quiet
-    and loaded hosts, their outlier runs included). Runs are independent, as the rule assumes."""
+    and loaded hosts, their outlier runs included), on a host that drifts by ``drift`` a run (``walking``)."""
     pool = [d for series in real_deviations(path) for config in series for d in config]
-
-    def factory() -> Round:
-        def one_round(generator: np.random.Generator, index: int) -> tuple[float, float]:
-            i, j = generator.integers(len(pool), size=2)
-            return 1000 * math.exp(pool[i]), 1000 * math.exp(pool[j])
-        return one_round
-    return factory
+    return walking(lambda generator: pool[generator.integers(len(pool))], drift)
 
 
 def resampled_rounds(path: Path = FIXTURE) -> Callable[[], Round]:
@@ -116,53 +127,76 @@ def resampled_rounds(path: Path = FIXTURE) -> Callable[[], Round]:
     return factory
 
 
-def naive(min_effect: float = MIN_EFFECT) -> Callable[[int, int], Judge]:
+class Naive:
+    """The loop before: the plain rule at α = 0.05 at every look (what ``rounds.add_rounds`` judged by before
+    ``harness.report.sequential``), as a plan the real loop can take."""
+
+    def __init__(self, first: int, last: int):
+        self.first, self.last = first, last
+
+    def judge(self, a: list, b: list, min_effect: float = MIN_EFFECT, estimate_rounds: bool = True) -> Verdict:
+        return compare(a, b, min_effect, estimate_rounds=estimate_rounds)
+
+    def describe(self) -> str:
+        return f"the plain rule at α = 0.05 at every look, {self.first} to {self.last} runs a side"
+
+
+Rule = Callable[[int, int], SequentialPlan]   # (first, last) -> the plan the loop judges by
+
+
+def naive() -> Rule:
     """The loop before: the plain rule at α = 0.05 at every look."""
-    return lambda first, last: (lambda a, b: compare(a, b, min_effect, estimate_rounds=False))
+    return Naive
 
 
-def sequential(min_effect: float = MIN_EFFECT, spending: str = "obrien-fleming") -> Callable[[int, int], Judge]:
+def sequential(spending: str = "obrien-fleming", reserve: float = RESERVE) -> Rule:
     """The loop now: each look at its group-sequential level (``harness.report.sequential``)."""
-    def make(first: int, last: int) -> Judge:
-        plan = SequentialPlan(first, last, spending=spending)
-        return lambda a, b: plan.judge(a, b, min_effect, estimate_rounds=False)
-    return make
+    return lambda first, last: SequentialPlan(first, last, spending=spending, reserve=reserve)
 
 
-def run_loop(one_round: Round, judge: Judge, first: int, last: int, generator: np.random.Generator) -> str:
-    """One loop as ``rounds.until_decided`` runs it: ``first`` rounds, then a look after each round until the
-    rule decides or ``last`` rounds. Returns ``clear_a``, ``clear_b``, ``equivalent`` or ``undecided``."""
+def run_loop(one_round: Round, rule: Rule, last: int, generator: np.random.Generator,
+             min_effect: float = MIN_EFFECT) -> str:
+    """One loop driven through ``harness.report.rounds.add_rounds``, the loop ``run.rounds=auto`` runs: round 1
+    (Hydra's), then the real loop's plan, looks and added rounds up to ``last`` (``run.max_rounds``), with one A/B
+    pair's rates for round k from ``one_round(generator, k - 1)`` and each look judging them by the loop's plan, as
+    the report's decision does. Returns ``clear_a``, ``clear_b``, ``equivalent`` or ``undecided``."""
     a: list[float] = []
     b: list[float] = []
-    for index in range(last):
-        x, y = one_round(generator, index)
+
+    def run_round(index: int, open_cells: set, plan: SequentialPlan) -> None:
+        x, y = one_round(generator, index - 1)
         a.append(x)
         b.append(y)
-        if index + 1 < first:
-            continue
-        verdict = judge(a, b)
-        if verdict.verdict == CLEAR:
-            return "clear_a" if verdict.winner == "a" else "clear_b"
-        if verdict.verdict == EQUIVALENT:
-            return EQUIVALENT
-    return "undecided"
+
+    def look(plan: SequentialPlan) -> dict[str, dict]:
+        verdict = plan.judge(a, b, min_effect, estimate_rounds=False)
+        return {"a/b": {"verdict": verdict.verdict, "winner": verdict.winner, "flags": []}}
+
+    run_round(1, set(), None)
+    decisions, _ = rounds.add_rounds(1, last, look, run_round, plan_for=rule, say=lambda line: None)
+    ending = decisions["a/b"]
+    if ending["verdict"] == CLEAR:
+        return "clear_a" if ending["winner"] == "a" else "clear_b"
+    return EQUIVALENT if ending["verdict"] == EQUIVALENT else "undecided"
 
 
-def loop_rates(rounds: Callable[[], Round], rule: Callable[[int, int], Judge], looks: int, trials: int = 1000,
-               seed: int = 0, first: int = MIN_RUNS) -> dict[str, float]:
-    """Shares of each ending over ``trials`` A/A loops of ``looks`` looks (first look at ``first`` runs a side);
-    ``false`` is the share that named a winner."""
+def loop_rates(source: Callable[[], Round], rule: Rule, looks: int, trials: int = 1000, seed: int = 0
+               ) -> dict[str, float]:
+    """Shares of each ending over ``trials`` A/A loops of ``looks`` looks (the first at ``MIN_RUNS`` runs a side, as
+    ``run.rounds=auto`` after one Hydra round: ``run.max_rounds`` = ``MIN_RUNS + looks - 1``); ``false`` is the share
+    that named a winner."""
     generator = np.random.default_rng(seed)
-    judge = rule(first, first + looks - 1)
     counts = dict.fromkeys(("clear_a", "clear_b", EQUIVALENT, "undecided"), 0)
     for _ in range(trials):
-        counts[run_loop(rounds(), judge, first, first + looks - 1, generator)] += 1
+        counts[run_loop(source(), rule, MIN_RUNS + looks - 1, generator)] += 1
     shares = {k: v / trials for k, v in counts.items()}
     return shares | {"false": shares["clear_a"] + shares["clear_b"]}
 
 
-LOOP_SOURCES = {"drift, 5% spread": drifting(0.05, 0.03), "drift, 30% spread, 10% outliers": drifting(0.30, 0.05, 0.1),
+LOOP_SOURCES = {"drift 3%/run, 5% spread": drifting(0.05, 0.03),
+                "drift 5%/run, 30% spread, 10% outliers": drifting(0.30, 0.05, 0.1),
                 "no drift, 5% spread": drifting(0.05, 0.0), "resampled real runs": resampled(),
+                "resampled real runs, drift 3%/run": resampled(drift=0.03),
                 "resampled real rounds (paired)": resampled_rounds()}
 
 
@@ -172,7 +206,7 @@ def loop_table(trials: int, seed: int) -> None:
     print("| data | looks | before (α = 0.05 at every look) | after (O'Brien–Fleming spending) | after (Pocock) |")
     print("|---|---|---|---|---|")
     for name, source in LOOP_SOURCES.items():
-        for looks in (1, 3, 10):
+        for looks in [last - first + 1 for first, last in SIMULATED]:   # first == MIN_RUNS, as loop_rates plans
             cells = [loop_rates(source, rule, looks, trials, seed)
                      for rule in (naive(), sequential(), sequential(spending="pocock"))]
             print(f"| {name} | {looks} | " + " | ".join(f"{c['false']:.1%} ({c[EQUIVALENT]:.1%})" for c in cells)
@@ -183,7 +217,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=4000)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--loops", action="store_true", help="the whole rounds=auto loop at 1, 3 and 10 looks")
+    parser.add_argument("--loops", action="store_true",
+                        help="the whole rounds=auto loop on every plan of sequential.SIMULATED (1, 3, 4, 8, 10 looks)")
     args = parser.parse_args()
     if args.loops:
         loop_table(args.trials, args.seed)

@@ -81,6 +81,8 @@ def preflight(engine: str, knobs: dict[str, Any] | None = None,
     ``memory``: ``(native knob, engine default)`` of the share of each GPU's total memory the engine takes at
     start; with it, each of the run's GPUs (``engines.devices``, from ``knobs``) must have that much free
     (``requirements.memory_problems``), or the check names the GPU, its free and total memory and the knob.
+    Free and total memory come from NVML where it answers, else from the host probe's ``nvidia-smi``
+    (``requirements.memory_gpus``); neither is a CUDA call.
     """
     from engines import requirements, unit
     from engines.devices import per_replica, run_gpus
@@ -95,7 +97,7 @@ def preflight(engine: str, knobs: dict[str, Any] | None = None,
     if memory is not None and environment.needs_gpu:
         knob, default = memory
         fraction = (knobs or {}).get(knob, default)
-        gpus = run_gpus(facts.gpus, facts.visible_devices, per_replica(engine, knobs))
+        gpus = run_gpus(requirements.memory_gpus(facts), facts.visible_devices, per_replica(engine, knobs))
         problems += requirements.memory_problems(gpus, engine_unit.label, knob, fraction)
     if problems:
         raise EngineUnavailable(f"{engine_unit.label} cannot run here (the checks of `troughput-env {engine} "

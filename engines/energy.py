@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from engines.devices import from_environment
-from engines.requirements import Gpu
+from engines.requirements import Gpu, nvml_text
 
 POWERCAP = Path("/sys/class/powercap")
 NVIDIA_DRIVER = Path("/proc/driver/nvidia/version")   # present where an NVIDIA kernel driver is loaded
@@ -37,7 +37,7 @@ def nvml_counters(devices: int | None = None) -> tuple[Counters | None, str]:
         import pynvml
         pynvml.nvmlInit()
         count = pynvml.nvmlDeviceGetCount()
-        gpus = tuple(Gpu(i, _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))), "")
+        gpus = tuple(Gpu(i, nvml_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))), "")
                      for i in range(count))
         handles = {str(g.index): pynvml.nvmlDeviceGetHandleByIndex(g.index)
                    for g in from_environment(gpus, devices)}
@@ -152,7 +152,3 @@ def _read(path: Path, default: str | None = None) -> str:
         if default is None:
             raise
         return default
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from engines.devices import from_environment
-from engines.requirements import Gpu, parse_gpu_query, run_quietly
+from engines.requirements import Gpu, nvml_text, parse_gpu_query, run_quietly
 
 MIB = 1024 * 1024
 DEVICE_QUERY = ["nvidia-smi", "--query-gpu=index,uuid,name,driver_version,memory.used", "--format=csv,noheader,nounits"]
@@ -78,7 +78,7 @@ def nvml_reader(devices: int | None = None) -> Reader | None:
     try:
         import pynvml
         pynvml.nvmlInit()
-        gpus = tuple(Gpu(i, _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))), "")
+        gpus = tuple(Gpu(i, nvml_text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))), "")
                      for i in range(pynvml.nvmlDeviceGetCount()))
     except Exception:  # noqa: BLE001 - no module, no driver, no device: all mean "no NVML"
         return None
@@ -222,7 +222,3 @@ class GpuMemorySampler:
             self.reads_failed += 1
             self.last_error = "no visible device answered"
         return samples
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -2,9 +2,10 @@
 ``troughput-env ENGINE --check`` and for the adapters' pre-run checks.
 
 ``probe_host()`` reads the facts (the NVIDIA driver and GPUs from ``nvidia-smi``, glibc,
-``$CUDA_HOME``'s toolkit, shared libraries); ``unmet(environment, facts, ...)`` compares them
-with an ``engines.unit.Environment`` and returns one ``Problem`` (what is wrong, the exact fix)
-per unmet requirement. Standard library only: it runs in every engine's environment.
+``$CUDA_HOME``'s toolkit, shared libraries); ``nvml_gpus()`` reads the GPUs' total and free memory
+from NVML (``pynvml``, where installed), which the pre-run memory check prefers over ``nvidia-smi``'s;
+``unmet(environment, facts, ...)`` compares them with an ``engines.unit.Environment`` and returns one
+``Problem`` (what is wrong, the exact fix) per unmet requirement. Standard library only: it runs in every engine's environment.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 # Oldest Linux driver branch that runs every minor release of a CUDA major version
 # (CUDA minor-version compatibility; NVIDIA's CUDA compatibility guide, "Minor Version Compatibility").
 DRIVER_FOR_CUDA = {12: 525, 13: 580}
+MIB = 1024 ** 2
 GPU_QUERY = ("nvidia-smi", "--query-gpu=index,uuid,name,driver_version,memory.total,memory.free",
              "--format=csv,noheader,nounits")
 
@@ -96,6 +98,39 @@ def parse_gpu_query(text: str) -> tuple[Gpu, ...]:
             gpus.append(Gpu(int(parts[0]), parts[1], parts[2], int(memory) if memory.isdigit() else None,
                             int(free) if free.isdigit() else None))
     return tuple(gpus)
+
+
+def nvml_gpus() -> tuple[Gpu, ...] | None:
+    """Every GPU NVML lists (NVML's index, as ``nvidia-smi`` numbers them), with its total and free memory in MiB;
+    None where NVML does not answer (``pynvml`` not installed, no driver, no device).
+
+    NVML is the driver's management library, not CUDA: reading it creates no CUDA context, so a worker that
+    reads it before its engine starts may still fork (vLLM's engine core). No torch, no CUDA call here.
+    """
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(Gpu(index, nvml_text(pynvml.nvmlDeviceGetUUID(handle)),
+                            nvml_text(pynvml.nvmlDeviceGetName(handle)), int(memory.total) // MIB,
+                            int(memory.free) // MIB))
+    except Exception:  # noqa: BLE001 - no module, no driver, a device that does not answer: no NVML
+        return None
+    return tuple(gpus) or None
+
+
+def memory_gpus(facts: HostFacts) -> tuple[Gpu, ...]:
+    """The GPUs with the free memory the pre-run check reads: NVML's where it answers, else the host probe's
+    (``nvidia-smi``)."""
+    return nvml_gpus() or facts.gpus
+
+
+def nvml_text(value: object) -> str:
+    """An NVML string (bytes in older ``pynvml``, str in newer) as str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def memory_problems(gpus: tuple[Gpu, ...], label: str, knob: str, fraction: float | None) -> list[Problem]:

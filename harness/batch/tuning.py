@@ -246,7 +246,8 @@ class InJobTuning:
     def confirm_plan(self) -> SequentialPlan:
         """The confirmation's looks: the first after ``confirm_rounds`` runs a side, then one per added round up
         to ``max_confirm_rounds``; each look's verdict at its group-sequential level (docs/verdicts.md), so the
-        added rounds keep the whole confirmation's false-winner rate at 5%."""
+        added rounds keep the whole confirmation's false-winner rate at 5% or under (simulated for the default plan,
+        3 to 6 runs a side, and the others of ``sequential.SIMULATED``)."""
         rounds = int(self.tune["confirm_rounds"])
         return SequentialPlan(rounds, max(rounds, int(self.tune.get("max_confirm_rounds") or rounds)))
 

@@ -1,10 +1,12 @@
 """Engine-choice decisions: computed from rows, recorded append-only, never edited.
 
-For each cell (workload fingerprint, model, hardware, host id) the best config (highest
-geometric mean of output tok/s over its samples: its independent runs from two runs on,
-else the passes of its one run; the estimate the verdict compares) is chosen; the runner-up is the best config of another
-engine, or, with one engine only, its second-best config. Rows from different hosts
-(``env.host_id``) are different cells, so configs are never compared across hosts.
+For each cell (workload fingerprint, model, hardware, host id) the first-ranked config (highest
+geometric mean of output tok/s over its samples: its independent runs from two runs on, else the
+passes of its one run; the estimate the verdict compares) is chosen; the runner-up is the first-ranked
+config of another engine, or, with one engine only, its second-ranked config. ``indistinguishable``
+lists every other config the rule does not put clearly behind the chosen one, with that pair's verdict:
+where the pair is too close to call or equivalent, the page names them all instead of a best. Rows from
+different hosts (``env.host_id``) are different cells, so configs are never compared across hosts.
 
 The verdict is the one rule of ``harness.report.verdict`` applied to the two configs' per-run
 rates (each run's median pass): ``clear winner``, ``equivalent`` or ``too close to
@@ -83,10 +85,36 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         if runner_up is not None:
             decision |= _side("runner_up", runner_up) | {"runner_up.relation": relation}
         decision |= _verdict(winner, runner_up, len(rows), min_effect, looks)
+        decision["indistinguishable"] = _indistinguishable(winner, measured, rows, min_effect, plan)
+        if decision["verdict"] in (CLOSE, EQUIVALENT) and len(decision["indistinguishable"]) > 1:
+            others = "; ".join(f"{c['engine']}: {c['label']} ({c['verdict']})" for c in decision["indistinguishable"])
+            decision["reason"] += f"; the rule cannot tell the first-ranked config from any of: {others}"
         decision |= _rejections(rejected, winner, failing)
         decision["basis"] = _basis(decision)
         decisions.append(decision)
     return decisions
+
+
+def _indistinguishable(first: pd.Series | None, measured: pd.DataFrame, rows: pd.DataFrame, min_effect: float,
+                       plan: SequentialPlan | None) -> list[dict[str, Any]]:
+    """Every other measured config of the cell that the rule does not put clearly behind the first-ranked one
+    (too close to call, equivalent, or too few runs to compare), in rank order, with that pair's verdict: where
+    the cell is not decided, the configs the page names instead of a best."""
+    if first is None:
+        return []
+    out = []
+    for other in measured.to_dict("records"):
+        if other["config_id"] == first["config_id"]:
+            continue
+        if min(len(first["run_values"]), len(other["run_values"])) < MIN_RUNS:
+            verdict = INSUFFICIENT
+        else:
+            looks = plan or _looks_of(rows, first, other)
+            verdict = _judge(first["run_values"], other["run_values"], min_effect, looks, estimate_rounds=False).verdict
+        if verdict != CLEAR:
+            out.append({"engine": other["engine"], "label": other["label"], "config_id": other["config_id"],
+                        "verdict": verdict})
+    return out
 
 
 def _rejections(rejected: pd.DataFrame, winner: pd.Series | None,
@@ -112,8 +140,8 @@ def _runner_up(measured: pd.DataFrame) -> tuple[pd.Series | None, str | None]:
     winner = measured.iloc[0]
     others = measured[measured["engine"] != winner["engine"]]
     if len(others):
-        return others.iloc[0], "best config of another engine"
-    return measured.iloc[1], "second-best config of the same engine (no other engine measured)"
+        return others.iloc[0], "first-ranked config of another engine"
+    return measured.iloc[1], "second-ranked config of the same engine (no other engine measured)"
 
 
 def _side(prefix: str, config: pd.Series) -> dict[str, Any]:
@@ -121,7 +149,7 @@ def _side(prefix: str, config: pd.Series) -> dict[str, Any]:
     return prefixed(prefix, side) | prefixed(f"{prefix}.knob", dict(config["knobs"]))
 
 
-def _looks_of(rows: pd.DataFrame, *configs: pd.Series | None) -> SequentialPlan | None:
+def _looks_of(rows: pd.DataFrame, *configs: pd.Series | dict | None) -> SequentialPlan | None:
     """The plan of the ``rounds=auto`` loop that added runs to these configs (its rows' ``looks`` label,
     ``first-last``), so the report judges them at the level the loop's last look used; None for rows no loop
     added (one look: the plain rule)."""
@@ -135,8 +163,9 @@ def _looks_of(rows: pd.DataFrame, *configs: pd.Series | None) -> SequentialPlan 
     return SequentialPlan(first, last)
 
 
-def _judge(a: list, b: list, min_effect: float, plan: SequentialPlan | None):
-    return compare(a, b, min_effect) if plan is None else plan.judge(a, b, min_effect)
+def _judge(a: list, b: list, min_effect: float, plan: SequentialPlan | None, estimate_rounds: bool = True):
+    return (compare(a, b, min_effect, estimate_rounds=estimate_rounds) if plan is None
+            else plan.judge(a, b, min_effect, estimate_rounds=estimate_rounds))
 
 
 def _rule_prefers(b: pd.Series, a: pd.Series, min_effect: float, plan: SequentialPlan | None = None) -> bool:
@@ -157,18 +186,22 @@ def _verdict(winner, runner_up, n_rows: int, min_effect: float, plan: Sequential
         return out | {"verdict": INSUFFICIENT, "flags": ["no runner-up"],
                       "reason": "only one config was measured here: nothing to compare it with"}
     out["margin"] = winner[METRIC] / runner_up[METRIC] - 1
-    sides = (("winner", winner), ("runner-up", runner_up))
-    basis = "; ".join(f"{name}: {_basis_of(side)}" for name, side in sides)
+
+    def basis(first: str) -> str:   # 'winner' only for a clear winner: elsewhere the rule named no best
+        return f"{first}: {_basis_of(winner)}; runner-up: {_basis_of(runner_up)}"
+
+    sides = (("first-ranked config", winner), ("runner-up", runner_up))
     few = [f"the {name} has {side['n_runs']}" for name, side in sides if side["n_runs"] < MIN_RUNS]
     if few:
         flag = "single run" if any(side["n_runs"] < 2 for _, side in sides) else "too few runs"
         return out | {"verdict": INSUFFICIENT, "flags": [flag], "rounds_needed": MIN_RUNS,
                       "reason": f"the rule needs {MIN_RUNS} independent runs per side and {' and '.join(few)} "
-                                f"({basis}): {_add_runs()}"}
+                                f"({basis('first-ranked')}): {_add_runs()}"}
     verdict = _judge(winner["run_values"], runner_up["run_values"], min_effect, plan)
+    first = "winner" if verdict.verdict == CLEAR else "first-ranked"
     return out | {"verdict": verdict.verdict, "margin": verdict.ratio - 1, "margin_ci_low": verdict.low - 1,
                   "margin_ci_high": verdict.high - 1, "rounds_needed": verdict.rounds_needed,
-                  "spread_log": verdict.spread, "reason": f"winner ÷ runner-up {verdict.reason} ({basis})"}
+                  "spread_log": verdict.spread, "reason": f"{first} ÷ runner-up {verdict.reason} ({basis(first)})"}
 
 
 def _basis_of(side) -> str:
@@ -216,8 +249,8 @@ def record(results_dir: str | Path, decisions: list[dict[str, Any]], extra: dict
     latest = []
     for decision in decisions:
         before = previous.get(cell_of(decision), [])
-        if before and before[-1].get("basis") == decision["basis"]:
-            latest.append(before[-1] | {"recorded": "unchanged"})
+        if before and before[-1].get("basis") == decision["basis"]:   # same rows and method: the recorded one, with
+            latest.append(decision | before[-1] | {"recorded": "unchanged"})   # what newer code derives from them
             continue
         row = _jsonable(decision | (extra or {}) | {
             "decision_id": new_run_id(), "timestamp": datetime.now(timezone.utc).isoformat(),

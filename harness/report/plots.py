@@ -55,7 +55,8 @@ def slug(text: str) -> str:
 
 
 def throughput(configs: pd.DataFrame) -> list[Plot]:
-    """Best config per engine and workload (by the geometric mean the verdict compares), bars with its t interval."""
+    """Each engine's first-ranked config per workload (by the geometric mean the verdict compares: a rank, not a
+    verdict), bars with its t interval."""
     measured = configs[configs["n_passes"] > 0].sort_values(METRIC, ascending=False)
     best = measured.drop_duplicates(["engine", "workload_label", "model", "hardware", "host_id"])  # one bar per host
     if best.empty:
@@ -77,13 +78,15 @@ def throughput(configs: pd.DataFrame) -> list[Plot]:
                 axes.annotate(_wrapped(str(label)), (x[xi], value), xytext=(0, 3), textcoords="offset points",
                               ha="center", va="bottom", fontsize=7)
     axes.set_xticks(np.arange(len(cells_)), cells_)
-    axes.set_ylabel("output tok/s (best config)")
+    axes.set_ylabel("output tok/s (first-ranked config)")
     axes.set_title("Throughput per engine and workload")
     axes.margins(y=0.25)
     axes.legend(title="engine")
     return [Plot("throughput", "Throughput per engine and workload",
-                 "Best config per engine; bars are the geometric mean of its runs (the verdict's estimate; of its "
-                 "passes for a single run), error bars its 95% t interval (zero-width for a single pass).",
+                 "Each engine's first-ranked config; bars are the geometric mean of its runs (the verdict's "
+                 "estimate; of its passes for a single run), error bars its 95% t interval (zero-width for a single "
+                 "pass). A rank, not a verdict: where a cell is too close to call, the recommendation names every "
+                 "config the rule cannot tell apart.",
                  _png(figure))]
 
 
@@ -134,7 +137,7 @@ def response_curves(frame: pd.DataFrame, configs: pd.DataFrame) -> list[Plot]:
         axes.legend(fontsize=8)
         plots.append(Plot(f"response-{slug(knob)}", f"Throughput against {knob}",
                           "One point per config (its geometric mean; error bars: its 95% t interval), the line joins "
-                          "the best config at each value; a red x on the axis marks a failed run.", _png(figure)))
+                          "the highest estimate at each value; a red x on the axis marks a failed run.", _png(figure)))
     return plots
 
 

@@ -15,8 +15,9 @@ cap was reached, with the ratio and its interval.
 Every look after the first is another chance to call a false winner, so the looks are planned
 (``harness.report.sequential.SequentialPlan``: the first at the rounds Hydra ran, at least
 ``MIN_RUNS``, then one per added round up to ``run.max_rounds``) and each look's verdict is taken
-at its group-sequential level (O'Brien–Fleming alpha spending): the whole loop's false-winner
-rate stays at 5% (docs/verdicts.md measures it).
+at its group-sequential level (O'Brien–Fleming alpha spending), which keeps the whole loop's false-winner
+rate at 5% or under for the plans docs/verdicts.md simulates (``sequential.SIMULATED``, the default of 3 to
+10 runs a side among them); the loop's first line says whether its plan is one of them.
 
 The configs are the jobs Hydra ran in this process (``on_job_end``), so this needs a
 launcher that runs jobs in the driver process (the default, basic one); with another
@@ -74,31 +75,31 @@ def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds:
                   run_one: Callable[[DictConfig], Any], say: Callable[[str], None] = print) -> dict[tuple, dict]:
     """Run more rounds of the undecided cells' configs; return the final decision per cell.
 
-    ``run_one(cfg)`` runs one config (the runner's ``execute(build_spec(cfg))``).
+    ``run_one(cfg)`` runs one config (the runner's ``execute(build_spec(cfg))``). The loop itself is
+    ``add_rounds``; this gives it the rounds (this multirun's configs, in a rotating order) and the looks (the
+    report's decisions on this multirun's rows).
     """
     unique: dict[tuple, Job] = {}
     for job in jobs:
         unique.setdefault(job.key, job)
-    done_round = max((job.round for job in jobs), default=0)
-    first = max(done_round, MIN_RUNS)
-    plan = SequentialPlan(first, max(first, max_rounds))
-    say(f"rounds: verdicts by {plan.describe()}")
-    decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect, plan)
-    decided_at: dict[tuple, int] = {}
-    while True:
-        decided_at |= {cell: done_round for cell, d in decisions.items() if d["verdict"] in DECIDED
-                       and cell not in decided_at}
-        open_cells = {cell for cell, d in decisions.items() if cell not in decided_at and _can_decide(d)}
-        if not open_cells or done_round >= max_rounds:
-            break
-        done_round += 1
+    cell_of_command: dict[str, tuple] = {}
+
+    def look(plan: SequentialPlan) -> dict[tuple, dict]:
+        decisions, cells = _decisions(results_dir, sweep_id, min_effect, plan)
+        cell_of_command.clear()
+        cell_of_command.update(cells)
+        return decisions
+
+    def run_round(round_index: int, open_cells: set[tuple], plan: SequentialPlan) -> None:
         todo = [job for job in unique.values() if cell_of_command.get(job.command) in open_cells | {None}]
-        shift = (done_round - 1) % len(todo) if todo else 0  # round 1 ran in the given order
-        say(f"rounds: round {done_round} of at most {max_rounds}: {len(todo)} config(s) of "
+        shift = (round_index - 1) % len(todo) if todo else 0  # round 1 ran in the given order
+        say(f"rounds: round {round_index} of at most {max_rounds}: {len(todo)} config(s) of "
             f"{len(open_cells)} undecided cell(s)")
         for job in todo[shift:] + todo[:shift]:
-            run_one(job.config_for(done_round, sweep_id, plan))
-        decisions, cell_of_command = _decisions(results_dir, sweep_id, min_effect, plan)
+            run_one(job.config_for(round_index, sweep_id, plan))
+
+    done_round = max((job.round for job in jobs), default=0)
+    decisions, decided_at = add_rounds(done_round, max_rounds, look, run_round, say=say)
     for cell, d in decisions.items():
         state = (f"decided after {decided_at[cell]} round(s)" if cell in decided_at
                  else "nothing to compare" if not _can_decide(d)
@@ -106,6 +107,36 @@ def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds:
         say(f"rounds: {d['workload']} ({d['model']}, {d['hardware']}, host {d['host_id']}): {state}: "
             f"{d['verdict']}; {d.get('reason', '')}")
     return decisions
+
+
+def add_rounds(done_round: int, max_rounds: int, look: Callable[[SequentialPlan], dict[tuple, dict]],
+               run_round: Callable[[int, set[tuple], SequentialPlan], None],
+               plan_for: Callable[[int, int], SequentialPlan] = SequentialPlan,
+               say: Callable[[str], None] = print) -> tuple[dict[tuple, dict], dict[tuple, int]]:
+    """The loop of ``run.rounds=auto``, whatever runs its rounds: plan the looks, look, and while a cell that can
+    decide is undecided and ``max_rounds`` is not reached, run one more round and look again.
+
+    ``done_round`` rounds have run (Hydra's); ``look(plan)`` gives each cell's decision (a dict with ``verdict`` and
+    ``flags``) by the plan's rule; ``run_round(k, open_cells, plan)`` runs round k of the undecided cells' configs.
+    ``plan_for(first, last)`` makes the plan: ``SequentialPlan``, or anything with its ``judge`` and ``describe``
+    (the A/A tests in ``tests/harness/test_sequential.py`` also pass the old plain rule at every look, to show that
+    it fails them). Returns the last look's decisions and, per decided cell, the
+    round it decided at.
+    """
+    first = max(done_round, MIN_RUNS)
+    plan = plan_for(first, max(first, max_rounds))
+    say(f"rounds: verdicts by {plan.describe()}")
+    decisions = look(plan)
+    decided_at: dict[tuple, int] = {}
+    while True:
+        decided_at |= {cell: done_round for cell, d in decisions.items() if d["verdict"] in DECIDED
+                       and cell not in decided_at}
+        open_cells = {cell for cell, d in decisions.items() if cell not in decided_at and _can_decide(d)}
+        if not open_cells or done_round >= max_rounds:
+            return decisions, decided_at
+        done_round += 1
+        run_round(done_round, open_cells, plan)
+        decisions = look(plan)
 
 
 def _can_decide(decision: dict) -> bool:

@@ -8,7 +8,7 @@ from typing import Any
 import pandas as pd
 
 from harness.report.data import CELL, METRIC, RUNS_DISAGREE, cells
-from harness.report.decisions import CLEAR, INSUFFICIENT, METHOD, MIN_RUNS
+from harness.report.decisions import CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, METHOD, MIN_RUNS
 from harness.report.document import Details, Figure, Paragraph, RowLink, Section, Table, first_line, fmt, fmt_interval
 from harness.report.predictions import section as predictions
 from harness.report.stats import CI_METHOD, STATISTIC
@@ -70,7 +70,8 @@ def recommendation(report) -> Section:
                   if d.get("runner_up.engine") else "–")
         margin = fmt(d.get("margin"), "pct")
         ci = fmt_interval(d.get("margin_ci_low"), d.get("margin_ci_high"), "pct")
-        basis = _links("winner", d.get("chosen.run_ids")) + _links("runner-up", d.get("runner_up.run_ids"))
+        first = "winner" if d["verdict"] == CLEAR else "first-ranked"
+        basis = _links(first, d.get("chosen.run_ids")) + _links("runner-up", d.get("runner_up.run_ids"))
         count = report.history.get(tuple(d.get(c) for c in CELL), 0)
         recorded = [RowLink(d["decision_id"], "decisions")] if d.get("decision_id") else []
         recorded.append(f" {d['recorded']}" + (f", {count - 1} earlier kept" if count > 1 else ""))
@@ -84,8 +85,8 @@ def recommendation(report) -> Section:
     lead = (f"{clear} of {len(report.decisions)} cell(s) have a clear winner; where the rule cannot tell the "
             f"configs apart, 'use' names them all as indistinguishable instead of a best. The latest decision per cell, "
             f"recomputed from the rows (results/decisions/, append-only: a decision is added only when the rows "
-            f"behind it change). Margin = winner ÷ runner-up − 1 on output tok/s (ratio of the geometric means of "
-            f"their per-run rates).")
+            f"behind it change). Margin = first-ranked config (the winner, where there is one) ÷ runner-up − 1 on "
+            f"output tok/s (ratio of the geometric means of their per-run rates).")
     blocks: list[Any] = [Paragraph([lead]), table]
     for d in report.decisions:
         everything = [RowLink(r) for r in d.get("rests_on", [])] + [RowLink(r) for r in d.get("failed_runs", [])]
@@ -96,8 +97,9 @@ def recommendation(report) -> Section:
 
 
 def use_text(decision: dict[str, Any]) -> str:
-    """What the recommendation says to use: the clear winner; both configs, named indistinguishable, where the
-    rule cannot tell them apart; the config measured best, marked as such, where there is too little data."""
+    """What the recommendation says to use: the clear winner; every config the rule cannot tell from the
+    first-ranked one, named indistinguishable, where the cell is too close to call or equivalent; the config
+    measured ahead, marked as such, where there is too little data."""
     if not decision.get("chosen.engine"):
         return "–"
     chosen = f"{decision['chosen.engine']}: {decision['chosen.label']}"
@@ -106,12 +108,29 @@ def use_text(decision: dict[str, Any]) -> str:
     other = f"{decision['runner_up.engine']}: {decision['runner_up.label']}"
     if decision["verdict"] == INSUFFICIENT:
         return f"no best yet: {chosen} measured ahead of {other}, too few runs to compare"
-    return f"either, indistinguishable ({decision['verdict']}): {chosen} or {other}"
+    names = [chosen, *(f"{c['engine']}: {c['label']}" for c in indistinguishable(decision))]
+    return (f"{'either' if len(names) == 2 else f'any of {len(names)}'}, indistinguishable ({decision['verdict']}): "
+            f"{', '.join(names[:-1])} or {names[-1]}")
+
+
+def indistinguishable(decision: dict[str, Any]) -> list[dict[str, Any]]:
+    """The configs the page names beside the first-ranked one as indistinguishable: where the cell is too close to
+    call or equivalent, every config the rule does not put clearly behind it (the decision's ``indistinguishable``;
+    the runner-up alone in a decision recorded before that field); none elsewhere."""
+    if decision.get("verdict") not in (CLOSE, EQUIVALENT):
+        return []
+    if "indistinguishable" in decision:
+        return list(decision["indistinguishable"])
+    return [{"engine": decision.get("runner_up.engine"), "label": decision.get("runner_up.label"),
+             "config_id": decision.get("runner_up.config_id"), "verdict": decision["verdict"]}]
 
 
 def role_of(config_id: str, decision: dict[str, Any]) -> str:
     """A config's role in its cell's decision, as the headline shows it ('' when it has none)."""
     chosen, runner = decision.get("chosen.config_id"), decision.get("runner_up.config_id")
+    alike = {c["config_id"]: c["verdict"] for c in indistinguishable(decision)}
+    if config_id in alike:   # its own pair's verdict against the first-ranked config
+        return f"indistinguishable ({alike[config_id]})"
     if config_id not in (chosen, runner):
         return ""
     if decision.get("verdict") == CLEAR:
@@ -133,7 +152,8 @@ def headline(report) -> Section:
         baseline = measured[measured["engine"] == baseline_name][METRIC].max()
         shown = measured.drop_duplicates("engine")
         runner_id = decision.get("runner_up.config_id")
-        for wanted in (decision.get("chosen.config_id"), runner_id):   # the decision's configs always have rows
+        named = [decision.get("chosen.config_id"), runner_id, *(c["config_id"] for c in indistinguishable(decision))]
+        for wanted in named:   # the configs the decision names always have rows
             if wanted and wanted not in set(shown["config_id"]):
                 shown = pd.concat([shown, measured[measured["config_id"] == wanted]])
         shown = shown.sort_values(METRIC, ascending=False, na_position="last")
@@ -163,14 +183,16 @@ def headline(report) -> Section:
                    "prefix-cache hit", "ideal hit (ceiling)", "of speed of light", "J / output token", "energy J", "startup s", "compile s",
                    *QUALITY_HEADERS, "margin [CI]", "verdict"],
                   rows, id="headline", row_ids=ids)
-    lead = ("Per workload, the best measured config of each engine side by side, and the configs the decision "
-            "compares (always both). Numbers are the geometric mean of the config's independent runs (each run's "
-            "median pass) from 2 runs on, else of its one run's passes, with its t interval: the estimate the "
-            "verdict compares, so rows rank as the recommendation does; 'runs × passes' says which "
-            f"it rests on, and a CV marked '!' means its runs disagree by more than {RUNS_DISAGREE:.0%} "
-            "((max − min) ÷ median). 'ideal hit (ceiling)' is the share of prompt tokens an unbounded prefix "
-            f"cache could serve (token grain), beside the measured hit rate; '× {baseline_name}' is the "
-            f"config's output tok/s over the best {baseline_name} baseline config of the same workload, "
+    lead = ("Per workload, each engine's first-ranked config side by side, and every config the decision names "
+            "(the two it compares and, where the cell is too close to call or equivalent, every config the rule "
+            "cannot tell from the first-ranked one, each named indistinguishable). Numbers are the geometric mean of the "
+            "config's independent runs (each run's median pass) from 2 runs on, else of its one run's passes, with "
+            "its t interval: the estimate the verdict compares, so rows rank as the recommendation does; "
+            f"'runs × passes' says which it rests on, and a CV marked '!' means its runs disagree by more than "
+            f"{RUNS_DISAGREE:.0%} ((max − min) ÷ median). 'ideal hit (ceiling)' is the share of prompt tokens an "
+            f"unbounded prefix cache could serve (token grain), beside the measured hit rate; '× {baseline_name}' "
+            f"is the "
+            f"config's output tok/s over the first-ranked {baseline_name} baseline config of the same workload, "
             "model and hardware, where baseline rows exist. 'agreement' is the share of the engine default "
             "config's greedy output tokens the config reproduced (quality.reference=default; '–' where not "
             "measured); 'parsed / valid / truncated' are shares of constrained outputs (structured workloads). "
@@ -250,8 +272,9 @@ def planner(report) -> Section | None:
     table = Table(["workload", "engine", "config", "tokens / request", "backlog requests", "backlog tokens", "rate",
                    "generate h", "startup s", "compile s", "total h", "window h", "clears the window",
                    "GPUs", "cost USD", "USD / M tokens"], rows, id="planner")
-    lead = (f"Inputs: {inputs.describe()}. total = backlog ÷ rate + startup + compile, with each engine's best "
-            f"config per workload; tokens are prompt + output, tokens per request the mean measured in the rows. "
+    lead = (f"Inputs: {inputs.describe()}. total = backlog ÷ rate + startup + compile, with each engine's "
+            f"first-ranked config per workload (by the rule's estimate; not a verdict); tokens are prompt + output, "
+            f"tokens per request the mean measured in the rows. "
             f"Startup excludes compile where the engine times compile inside startup (vLLM). Cost = total h × GPUs × "
             f"price; on a CPU host read the price as the machine-hour price. Change with --backlog-requests, "
             f"--backlog-tokens, --window-hours and --gpu-hour-usd.")

@@ -14,7 +14,9 @@ integrated numerically (Armitage, McPherson and Rowe's recursion, Jennison and T
 equal each look's spent α. The verdict then applies the nominal two-sided level 2(1 − Φ(c_k)) to
 Welch's t (the "significance level" approach); that the whole loop keeps its ≤ 5% with t
 statistics, few runs, outlier runs, drift between rounds and resampled real runs is shown by
-simulation (``benchmarks/verdict_error_rates.py --loops``, ``tests/harness/test_sequential.py``).
+simulation (``benchmarks/verdict_error_rates.py --loops``, ``tests/harness/test_sequential.py``) for the
+plans in ``SIMULATED`` only; ``SequentialPlan.describe`` says whether a plan is one of them. A plan never
+looks past its last look (``SequentialPlan.judge``).
 
 Spending functions (``t`` is the information fraction n_k / ``last``):
 
@@ -30,7 +32,7 @@ that looks again reuse ``SequentialPlan.judge``.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from statistics import NormalDist
 from typing import Sequence
@@ -43,8 +45,16 @@ SPENDING = ("obrien-fleming", "pocock")
 # The boundaries are exact for z statistics. Welch's t at 3-12 runs a side re-estimates the spread at every
 # look, so successive looks are less correlated than z's and the loop crosses a little more often than it
 # spends: spending the full 0.05 measured 5.5% false winners at 10 looks (10,000 A/A loops, no drift, 5%
-# spread; docs/verdicts.md). A multi-look plan therefore spends alpha × (1 − RESERVE); one look is the plain rule.
+# spread), 0.1 gave 4.7%, 0.2 gave 4.2% for about 2 points of power at +5% per 0.1
+# (`PYTHONPATH=. .venv/bin/python benchmarks/sequential_reserve.py --trials 10000`; docs/verdicts.md, "What the
+# reserve buys"). A multi-look plan therefore spends alpha × (1 − RESERVE); one look is the plain rule.
 RESERVE = 0.2
+# The plans (first, last runs a side) whose whole-loop false-winner rate is simulated, with O'Brien–Fleming spending at
+# α = 0.05, this RESERVE and a minimum effect of 2% (a larger one only removes false winners): 1, 3, 4, 8 and 10 looks
+# from the third run; (3, 6) is in-job tuning's default confirmation and (3, 10) run.rounds=auto's.
+# tests/harness/test_sequential.py asserts ≤ 5% false winners on each; docs/verdicts.md tabulates them. The ≤ 5% is
+# claimed for these plans only (``SequentialPlan.simulated``); others are computed the same way but not measured.
+SIMULATED = ((3, 3), (3, 5), (3, 6), (3, 10), (3, 12))
 GRID = 401          # points per look in the numerical integration (odd: Simpson's rule)
 _NORMAL = NormalDist()
 
@@ -121,12 +131,17 @@ class SequentialPlan:
         last: runs a side at the last look (the loop's cap); ``first == last`` is one look, the plain rule.
         alpha: the whole loop's two-sided false-winner rate.
         spending: ``obrien-fleming`` or ``pocock`` (see the module docstring).
+        reserve: the share of ``alpha`` a plan of more than one look keeps back (``RESERVE``; other values are for
+            ``benchmarks/sequential_reserve.py``, which measures what it buys).
+
+    A plan never looks past ``last``: ``level`` refuses such a look and ``judge`` takes it as the last look (see there).
     """
 
     first: int
     last: int
     alpha: float = ALPHA
     spending: str = "obrien-fleming"
+    reserve: float = RESERVE
     levels: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -137,32 +152,56 @@ class SequentialPlan:
             raise ValueError(f"the last look ({self.last} runs a side) comes before the first ({self.first})")
         if not 0 < self.alpha < 1:
             raise ValueError(f"alpha must be in (0, 1), got {self.alpha}")
+        if not 0 <= self.reserve < 1:
+            raise ValueError(f"reserve must be in [0, 1), got {self.reserve}")
         looks = tuple(float(n) for n in range(self.first, self.last + 1))
         object.__setattr__(self, "levels", nominal_levels(looks, self.spent_alpha, self.spending))
 
     @property
     def spent_alpha(self) -> float:
-        """The α the boundaries spend: ``alpha`` for one look; ``alpha × (1 − RESERVE)`` for more (see ``RESERVE``)."""
-        return self.alpha if self.looks == 1 else self.alpha * (1 - RESERVE)
+        """The α the boundaries spend: ``alpha`` for one look; ``alpha × (1 − reserve)`` for more (see ``RESERVE``)."""
+        return self.alpha if self.looks == 1 else self.alpha * (1 - self.reserve)
 
     @property
     def looks(self) -> int:
         return self.last - self.first + 1
 
+    @property
+    def simulated(self) -> bool:
+        """Whether this plan's whole-loop false-winner rate is measured (``SIMULATED``): only then is "at most α"
+        a measured claim rather than the design's aim."""
+        return ((self.first, self.last) in SIMULATED and self.alpha == ALPHA and self.spending == "obrien-fleming"
+                and self.reserve == RESERVE)
+
     def level(self, runs: int) -> float:
         """The nominal two-sided level of a look with ``runs`` runs on its smaller side.
 
-        A look before ``first`` runs uses the first look's level, one past ``last`` the last's: a skipped
-        or repeated look (a failed run) only spends less than the plan allows.
+        A look before ``first`` runs uses the first look's level: a look delayed by a failed run is taken at a
+        level no higher than its round's. A look past ``last`` is refused (``ValueError``): the plan's α is spent
+        by its last look, and any further look would spend more.
         """
-        index = min(max(runs - self.first, 0), self.looks - 1)
-        return self.levels[index]
+        if runs > self.last:
+            raise ValueError(f"a look at {runs} runs a side is past this plan's last look ({self.last} runs a side): "
+                             f"it would spend more than α = {self.alpha:g}")
+        return self.levels[max(runs - self.first, 0)]
 
     def judge(self, a: Sequence[float], b: Sequence[float], min_effect: float = MIN_EFFECT,
               estimate_rounds: bool = True) -> Verdict:
-        """``compare(a, b)`` at this look's nominal level (the look is the smaller side's run count)."""
-        return compare(a, b, min_effect=min_effect, alpha=self.level(min(len(a), len(b))),
-                       estimate_rounds=estimate_rounds)
+        """``compare(a, b)`` at this look's nominal level (the look is the smaller side's run count).
+
+        With more than ``last`` runs on both sides (rows added after the loop ended) the look is the plan's last:
+        the first ``last`` runs of each side (``a`` and ``b`` in the order they ran) at the last look's level, and
+        the reason says the later runs are not counted; a look past the plan never spends more than its α.
+        """
+        if min(len(a), len(b)) <= self.last:
+            return compare(a, b, min_effect=min_effect, alpha=self.level(min(len(a), len(b))),
+                           estimate_rounds=estimate_rounds)
+        final = compare(list(a)[:self.last], list(b)[:self.last], min_effect=min_effect,
+                        alpha=self.level(self.last), estimate_rounds=False)
+        return replace(final, reason=f"{final.reason}; the plan's last look is at {self.last} runs a side, so the "
+                                     f"{len(a) - self.last} and {len(b) - self.last} later runs are not counted "
+                                     f"(another look would spend more than α = {self.alpha:g}; report new runs "
+                                     f"on their own: troughput-report --since or --sweep-id)")
 
     def runs_to_decide(self, verdict: Verdict) -> int | None:
         """Fewest runs a side, after the verdict's and up to ``last``, at which this plan's look would decide
@@ -184,9 +223,11 @@ class SequentialPlan:
         if self.looks == 1:
             return f"one look at {self.first} runs a side, α = {self.alpha:g}"
         shown = ", ".join(f"{n}: {lvl:.4f}" for n, lvl in zip(range(self.first, self.last + 1), self.levels))
+        rate = (f"whole-loop false-winner rate at most {self.alpha:g} (simulated for this plan)" if self.simulated
+                else f"aiming at a whole-loop false-winner rate of at most {self.alpha:g} (not simulated for "
+                     f"this plan; docs/verdicts.md lists those that are)")
         return (f"group-sequential, {self.spending} alpha spending of {self.spent_alpha:g}, {self.looks} looks at "
-                f"{self.first} to {self.last} runs a side, whole-loop false-winner rate at most {self.alpha:g}; "
-                f"nominal level per look ({shown})")
+                f"{self.first} to {self.last} runs a side, {rate}; nominal level per look ({shown})")
 
 
 def plain(runs: int = MIN_RUNS) -> SequentialPlan:

@@ -4,11 +4,14 @@ vLLM takes ``gpu_memory_utilization`` × total memory at start and refuses when 
 "Free memory on device ... is less than desired GPU memory utilization"), one GPU at a time and only once
 the engine started (SGLang's ``mem_fraction_static`` is a share of the memory free before it loads, so it
 is not checked). The check reads each GPU's free
-memory with its total (``nvidia-smi --query-gpu=...,memory.total,memory.free``) and names every GPU that
-cannot hold it, with the numbers and the fix, before any engine starts.
+memory with its total from NVML (``pynvml``) where it answers, else from ``nvidia-smi --query-gpu=...,
+memory.total,memory.free``, and names every GPU that cannot hold it, with the numbers and the fix, before any
+engine starts. Neither read is a CUDA call.
 """
 
 import dataclasses
+import sys
+import types
 
 import pytest
 
@@ -16,6 +19,7 @@ from engines import common
 from engines import requirements as req
 from engines.base import EngineUnavailable
 from engines.common import preflight
+from tests.engines.conftest import GIB
 
 # nvidia-smi --query-gpu=index,uuid,name,driver_version,memory.total,memory.free (MiB) on an 8-GPU node where
 # another job holds 50 GiB of GPU 0 and 70 GiB of GPU 3
@@ -54,6 +58,7 @@ def host(monkeypatch):
         monkeypatch.setattr(common, "installed_variant", lambda engine: "default")
         monkeypatch.setattr(req, "probe_host", lambda libraries=(): dataclasses.replace(FACTS, visible_devices=visible))
         monkeypatch.setattr(req, "import_report", lambda module: dict(PASSING))
+        monkeypatch.setitem(sys.modules, "pynvml", None)   # no NVML unless a test installs the fake one
     return set_host
 
 
@@ -101,3 +106,53 @@ def test_the_adapters_pass_their_share():
 
     assert 'memory=("gpu_memory_utilization", 0.9)' in inspect.getsource(vllm.VllmEngine.validate)
     assert "memory=" not in inspect.getsource(sglang.SglangEngine.validate)
+
+
+def nvml_memory(fake, free_gib: dict[int, float]):
+    """``fake``'s memory reads fixed: 80 GiB a GPU, ``free_gib`` free where given, else all but 2 GiB."""
+    def info(handle):
+        free = int(free_gib.get(handle, 78) * GIB)
+        return types.SimpleNamespace(total=80 * GIB, free=free, used=80 * GIB - free)
+    fake.nvmlDeviceGetMemoryInfo = info
+    return fake
+
+
+def test_free_memory_comes_from_nvml_first(host, nvml):
+    # nvidia-smi (FACTS) says another job holds 50 GiB of GPU 0; NVML, asked first, says GPU 0 is free now and
+    # another job holds 72 GiB of GPU 1
+    host()
+    nvml_memory(nvml(set()), {1: 8})
+    assert refusal("vllm", {}, ("gpu_memory_utilization", 0.9)) == "", "GPU 0 by NVML: 78 GiB free"
+    host("1")   # (host() leaves NVML unanswered: install it again)
+    nvml_memory(nvml(set()), {1: 8})
+    message = refusal("vllm", {}, ("gpu_memory_utilization", 0.9))
+    assert "GPU 1 (NVIDIA H100 80GB HBM3, GPU-01c0ffee" in message and "8.0 GiB free of 80.0 GiB" in message
+    assert "gpu_memory_utilization=0.9 takes 72.0 GiB" in message
+
+
+def test_nvidia_smi_s_numbers_where_nvml_does_not_answer(host, nvml):
+    host()
+    fake = nvml(set())
+
+    def no_driver():
+        raise RuntimeError("NVML Shared Library Not Found")
+    fake.nvmlInit = no_driver
+    assert req.nvml_gpus() is None
+    assert "29.6 GiB free of 79.6 GiB" in refusal("vllm", {}, ("gpu_memory_utilization", 0.9)), "nvidia-smi's GPU 0"
+
+
+def test_the_memory_check_makes_no_cuda_call(host, nvml, monkeypatch):
+    # torch's CUDA calls initialise the driver in the worker, which then cannot fork vLLM's engine core; NVML
+    # does not. A torch stand-in records any use while the check reads memory through NVML
+    used = []
+
+    class Torch(types.ModuleType):
+        def __getattr__(self, name):
+            used.append(name)
+            raise AttributeError(name)
+
+    monkeypatch.setitem(sys.modules, "torch", Torch("torch"))
+    host()
+    nvml_memory(nvml(set()), {0: 20})
+    assert "GPU 0" in refusal("vllm", {}, ("gpu_memory_utilization", 0.9))
+    assert used == []

@@ -7,9 +7,6 @@ the first tensor × pipeline parallel GPUs of the visible ones (``engines.device
 
 from __future__ import annotations
 
-import sys
-import types
-
 import pytest
 
 from engines import worker
@@ -18,62 +15,8 @@ from engines.devices import per_replica, run_gpus
 from engines.energy import EnergyMeter
 from engines.gpumem import GpuMemorySampler
 from engines.requirements import Gpu
-from tests.engines.conftest import run_worker
+from tests.engines.conftest import GIB, OWN_J, run_worker
 from tests.fake_engine import FakeEngine
-
-GIB = 1024 ** 3
-OWN_J, IDLE_J = 300.0, 60.0   # joules each device's counter advances per read: busy vs idle
-
-
-class FakeNvml(types.ModuleType):
-    """pynvml with 8 devices; ``busy`` are the ones the engine runs on. Every read of a counter advances it
-    (busy devices by 300 J, idle ones by 60 J); every memory read adds 1 GiB on a busy device and 2 GiB on an
-    idle one (another job's process)."""
-
-    def __init__(self, busy: set[int], count: int = 8):
-        super().__init__("pynvml")
-        self.busy, self.count = busy, count
-        self.energy_mj = dict.fromkeys(range(count), 1e9)
-        self.used = dict.fromkeys(range(count), 1 * GIB)
-
-    def nvmlInit(self):
-        pass
-
-    def nvmlDeviceGetCount(self):
-        return self.count
-
-    def nvmlDeviceGetHandleByIndex(self, index):
-        if not 0 <= index < self.count:
-            raise ValueError(f"no device {index}")
-        return index
-
-    def nvmlDeviceGetUUID(self, handle):
-        return f"GPU-{handle:02d}c0ffee-0000-0000-0000-00000000000{handle}"
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle):
-        self.energy_mj[handle] += 1e3 * (OWN_J if handle in self.busy else IDLE_J)
-        return self.energy_mj[handle]
-
-    def nvmlDeviceGetMemoryInfo(self, handle):
-        self.used[handle] += GIB if handle in self.busy else 2 * GIB
-        return types.SimpleNamespace(used=self.used[handle], total=80 * GIB, free=80 * GIB - self.used[handle])
-
-    def nvmlDeviceGetComputeRunningProcesses(self, handle):
-        return []
-
-
-@pytest.fixture
-def nvml(monkeypatch):
-    def install(busy: set[int], visible: str | None = None) -> FakeNvml:
-        fake = FakeNvml(busy)
-        monkeypatch.setitem(sys.modules, "pynvml", fake)
-        if visible is None:
-            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-        else:
-            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
-        return fake
-    return install
-
 
 CASES = [  # knobs (vLLM's names), CUDA_VISIBLE_DEVICES, the NVML indices the run uses
     ({}, None, [0]),

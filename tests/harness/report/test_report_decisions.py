@@ -25,7 +25,7 @@ def test_separated_independent_runs_are_a_clear_winner_with_its_margin(results, 
     assert d["margin"] == pytest.approx(rule.ratio - 1), "the ratio of geometric means of the runs' median passes"
     assert 0 < d["margin_ci_low"] <= d["margin"] <= d["margin_ci_high"]
     assert d["margin_ci_low"] == pytest.approx(rule.low - 1) and d["chosen.run_values"] == [200, 205, 210]
-    assert d["runner_up.relation"].startswith("second-best config of the same engine")
+    assert d["runner_up.relation"].startswith("second-ranked config of the same engine")
     assert (d["chosen.n_runs"], d["chosen.sample_kind"]) == (3, "runs")
     assert "3 independent runs" in d["reason"]
 
@@ -35,7 +35,7 @@ def test_separated_passes_of_one_run_are_not_a_clear_winner_and_say_what_is_miss
                         row(knobs={"max_num_seqs": 8}, passes=(100, 105, 110)))
     [d] = decisions_for(directory)
     assert d["verdict"] == INSUFFICIENT and d["flags"] == ["single run"]
-    assert "the winner has 1 and the runner-up has 1" in d["reason"] and "run.round=1,2,3" in d["reason"]
+    assert "the first-ranked config has 1 and the runner-up has 1" in d["reason"] and "run.round=1,2,3" in d["reason"]
     assert "run.rounds=auto" in d["reason"]
     assert d["chosen.sample_kind"] == "passes" and "not independent" in d["reason"]
 
@@ -43,7 +43,7 @@ def test_separated_passes_of_one_run_are_not_a_clear_winner_and_say_what_is_miss
 def test_two_runs_per_side_are_still_too_few_for_a_clear_winner(results, row):
     directory = results(*runs(row, {"max_num_seqs": 64}, 200, 210), *runs(row, {"max_num_seqs": 8}, 100, 105, 110))
     [d] = decisions_for(directory)
-    assert d["verdict"] == INSUFFICIENT and "the winner has 2" in d["reason"] and "runner-up has" not in d["reason"]
+    assert d["verdict"] == INSUFFICIENT and "the first-ranked config has 2" in d["reason"] and "runner-up has" not in d["reason"]
     assert d["flags"] == ["too few runs"]
 
 
@@ -135,7 +135,7 @@ def test_the_runner_up_is_another_engine_when_there_is_one(results, row):
                         *runs(row, {"max_running_requests": 8}, 200, 200, 200, engine="sglang"))
     [d] = decisions_for(directory)
     assert d["chosen.engine"] == "vllm" and d["runner_up.engine"] == "sglang"
-    assert d["runner_up.relation"] == "best config of another engine"
+    assert d["runner_up.relation"] == "first-ranked config of another engine"
     assert d["verdict"] == CLEAR and d["margin"] == pytest.approx(0.5)
 
 
@@ -222,3 +222,23 @@ def test_rows_a_rounds_auto_loop_added_are_judged_at_the_loop_s_level(results, r
     assert compare(a, b).verdict == CLEAR, "one look at 0.05 would name a winner"
     assert SequentialPlan(3, 10).judge(a, b).verdict == CLOSE
     assert looped["verdict"] == CLOSE and "group-sequential" in looped["method"] and "3 to 10" in looped["method"]
+
+
+def test_runs_past_the_loop_s_last_look_are_not_another_look(results, row):
+    # a loop planned 3 to 4 runs a side left the pair undecided; four rounds added afterwards would make it a clear
+    # winner by the plain rule on all 8 runs: the report judges the loop's last look (4 runs a side) and says why
+    a, b = [100, 106, 97, 104, 125, 126, 125, 126], [101, 98, 103, 96, 100, 101, 100, 99]
+    rows = []
+    for round_, (x, y) in enumerate(zip(a, b), 1):
+        looks = {"looks": "3-4"} if round_ == 4 else {}
+        rows.append(row(knobs={"max_num_seqs": 64}, passes=(x,), round=round_, **looks))
+        rows.append(row(knobs={"max_num_seqs": 8}, passes=(y,), round=round_, **looks))
+    [decision] = decisions_for(results(*rows))
+    from harness.report.sequential import SequentialPlan
+
+    assert compare(a, b).verdict == CLEAR, "one more look at 0.05 on all runs would name a winner"
+    final = SequentialPlan(3, 4).judge(a[:4], b[:4])
+    assert decision["verdict"] == final.verdict == CLOSE
+    assert decision["chosen.knob.max_num_seqs"] == 64
+    assert (decision["margin_ci_low"], decision["margin_ci_high"]) == pytest.approx((final.low - 1, final.high - 1))
+    assert "the 4 and 4 later runs are not counted" in decision["reason"]

@@ -7,6 +7,10 @@ low median (B first) while the recommendation, ranked by the rule, named A, and 
 Now the recommendation, the headline, the all-configs table, the throughput plot and the decision file rank
 by the same number, show it with its interval, and, the pair being too close to call, call them
 indistinguishable instead of naming a best.
+
+Two more configs share the cell: C (140, 160, 150: geometric mean 149.8, third) which the rule cannot tell from A
+either, and D (about 20), clearly behind A. Where the cell is too close to call, every section names A, B and C
+as indistinguishable (not only the pair the decision compares), none of them "best" or "winner", and not D.
 """
 
 import math
@@ -17,19 +21,23 @@ import pytest
 from harness.report import write_report
 from harness.report import plots as plots_module
 from harness.report.data import METRIC
-from harness.report.decisions import CLOSE, read_decisions
+from harness.report.decisions import CLEAR, CLOSE, read_decisions
 from harness.report.report import build_report
 from harness.report.verdict import compare
 
 A = (100.0, 100.0, 400.0)
 B = (150.0, 150.0, 150.0)
+C = (140.0, 160.0, 150.0)
+D = (20.0, 21.0, 20.0)
+SEQS = {64: A, 8: B, 16: C, 2: D}
 
 
 def rows_where_statistics_disagree(row):
     out = []
-    for round_, (a, b) in enumerate(zip(A, B), 1):   # interleaved rounds, each run's passes tight around its rate
-        out.append(row(knobs={"max_num_seqs": 64}, passes=(a * 0.99, a, a * 1.01), round=round_))
-        out.append(row(knobs={"max_num_seqs": 8}, passes=(b * 0.99, b, b * 1.01), round=round_))
+    for round_ in range(3):   # interleaved rounds, each run's passes tight around its rate
+        for seqs, rates in SEQS.items():
+            rate = rates[round_]
+            out.append(row(knobs={"max_num_seqs": seqs}, passes=(rate * 0.99, rate, rate * 1.01), round=round_ + 1))
     return out
 
 
@@ -47,6 +55,8 @@ def test_the_two_statistics_really_disagree_here():
     assert sorted(A)[1] < sorted(B)[1], "by low median B is ahead"
     assert math.prod(A) ** (1 / 3) > math.prod(B) ** (1 / 3), "by geometric mean (the rule's estimate) A is ahead"
     assert compare(list(A), list(B)).verdict == CLOSE
+    assert compare(list(A), list(C)).verdict == CLOSE and compare(list(A), list(D)).verdict == CLEAR
+    assert math.prod(B) > math.prod(C), "B is the runner-up, C third"
 
 
 def test_every_section_ranks_by_the_rule_s_estimate_and_says_the_pair_is_indistinguishable(report, tmp_path):
@@ -68,25 +78,38 @@ def test_every_section_ranks_by_the_rule_s_estimate_and_says_the_pair_is_indisti
     assert decision["margin"] == pytest.approx(decision["chosen." + METRIC] / decision["runner_up." + METRIC] - 1), \
         "the margin is the ratio of the numbers the page shows"
     assert decision["verdict"] == CLOSE and "geometric mean" in decision["statistic"]
+    alike = [(c["label"], c["verdict"]) for c in decision["indistinguishable"]]
+    assert alike == [("max_num_seqs=8", CLOSE), ("max_num_seqs=16", CLOSE)], "every config not clearly behind A"
+    assert "winner" not in decision["reason"] and "best" not in decision["reason"]
+    assert decision["reason"].startswith("first-ranked ÷ runner-up")
+    assert "cannot tell the first-ranked config from any of: vllm: max_num_seqs=8 (too close to call); " \
+           "vllm: max_num_seqs=16 (too close to call)" in decision["reason"]
     [recorded] = read_decisions(directory)
     assert recorded["chosen.label"] == "max_num_seqs=64" and recorded["chosen." + METRIC] == pytest.approx(geo_a)
+    assert recorded["indistinguishable"] == decision["indistinguishable"], "the decision file names them too"
 
     text = write_report(built, tmp_path / "out", ("markdown",))
     page = next(p for p in text if p.suffix == ".md").read_text()
 
     recommendation = page.split("## Recommendation", 1)[1].split("\n## ", 1)[0]
-    assert "either, indistinguishable (too close to call): vllm: max_num_seqs=64 or vllm: max_num_seqs=8" \
-        in recommendation
+    assert ("any of 3, indistinguishable (too close to call): vllm: max_num_seqs=64, vllm: max_num_seqs=8 or "
+            "vllm: max_num_seqs=16") in recommendation
+    assert "max_num_seqs=2" not in recommendation.split("Rows behind", 1)[0], "D is clearly behind: not named"
+    assert "| winner" not in recommendation and "first-ranked: " in recommendation
     headline = page.split("## Headline", 1)[1].split("\n## ", 1)[0]
     lines = [line for line in headline.splitlines() if "max_num_seqs=" in line]
-    assert [("max_num_seqs=64" in line) for line in lines] == [True, False], "both rows, the rule's order"
+    shown = [re.search(r"max_num_seqs=(\d+)", line).group(1) for line in lines]
+    assert shown == ["64", "8", "16"], "every config named indistinguishable has its row, in the rule's order"
     assert all("indistinguishable (too close to call)" in line for line in lines)
     assert "winner" not in " ".join(lines) and f"{geo_a:,.0f}" in lines[0]
+    assert "best" not in headline.split("|", 1)[0], "the headline's text names no best"
     everything = page.split("## All configs", 1)[1].split("\n## ", 1)[0]
-    order = [m for m in re.findall(r"max_num_seqs=(\d+)", everything)]
-    assert order[0] == "64", "the all-configs table ranks by the same estimate"
+    order = list(dict.fromkeys(re.findall(r"max_num_seqs=(\d+)", everything)))
+    assert order == ["64", "8", "16", "2"], "the all-configs table ranks by the same estimate"
     assert annotated and "max_num_seqs=64" in annotated[0] and not any("max_num_seqs=8" == a for a in annotated), \
         "the throughput plot's bar is the config the rule ranks first"
+    [plot] = [p for p in built.plots if p.name == "throughput"]
+    assert "best" not in (plot.title + plot.caption).lower()
 
 
 def test_a_clear_winner_is_named_winner_in_every_section(results, row, tmp_path):
