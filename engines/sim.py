@@ -29,7 +29,7 @@ from engines.unit import EngineUnit, Environment
 from engines.vllm import UNIT as VLLM_UNIT
 from engines.sim_scheduler import Scheduler, SchedulerConfig
 from engines.perfmodel import Efficiency, HardwareSpec, ModelSpec, Precision, StepCost, kv_budget_bytes
-from engines.stepmodel import StepModel, StepShape
+from engines.stepmodel import EXTRAPOLATED, StepModel, StepShape
 from engines.steptrace import StepRecorder
 
 VERSION = "sim-1 (vLLM 0.32 V1 scheduler model)"
@@ -213,6 +213,7 @@ class SimEngine(Engine):
         self.steps = 0
         self.host_s = 0.0
         self.last_seconds: float | None = None
+        self.beyond = dict.fromkeys(EXTRAPOLATED, 0)  # steps past the step model's traces, by what (stat.beyond.*)
         self.started = True
         return StartInfo(startup_s=0.0, engine_version=VERSION, extra={
             "block_size": config.block_size, "num_blocks": config.num_blocks,
@@ -243,6 +244,8 @@ class SimEngine(Engine):
         self.step_trace = StepRecorder(clock=lambda: 0.0)  # the simulated clock: every generate starts at 0
 
         def on_step(step: StepShape, seconds: float, preempted: int) -> None:
+            for name in self.setup.step_model.beyond(step) if self.setup.step_model else ():
+                self.beyond[name] += 1
             self.step_trace.record(running=step.seqs, decode=step.decode, prefill=step.prefill,
                                    prefill_seqs=step.seqs - step.decode, kv_tokens=step.kv_tokens,
                                    context=step.context, decode_context=step.decode_context,
@@ -265,7 +268,8 @@ class SimEngine(Engine):
         c = self.scheduler.counters
         return EngineStats(preemptions=c.preemptions, prefix_cache_queries=c.prefix_cache_queries,
                            prefix_cache_hits=c.prefix_cache_hits,
-                           extra={"sim_steps": float(self.steps), "sim_host_s": self.host_s})
+                           extra={"sim_steps": float(self.steps), "sim_host_s": self.host_s,
+                                  **{f"beyond.{k}": float(v) for k, v in self.beyond.items()}})
 
     def reset_caches(self) -> None:
         self.require_started()

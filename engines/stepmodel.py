@@ -29,6 +29,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping, NamedTuple
 
+EXTRAPOLATED = ("tokens", "seqs", "context", "preemptions", "encoder_tokens")  # what ``beyond`` can name
 PARTS = ("step", "sequences", "linear", "prefill", "prefill_attention", "attention", "kv_cache", "vision",
          "preemption")
 
@@ -78,9 +79,9 @@ class StepModel:
     kv_held_s: float = 0.0        # per token of KV cache in use
     encoder_token_s: float = 0.0
     preempt_s: float = 0.0        # per request preempted
-    seen: dict[str, float] = field(default_factory=dict)   # largest tokens, seqs, context seen in the traces
+    seen: dict[str, float] = field(default_factory=dict)   # largest of each of EXTRAPOLATED in the traces
     interval: float | None = None   # relative half-width of a run-total prediction (from the fit's residuals)
-    at_bound: tuple[str, ...] = ()  # parameters the fit left on their bound (0 or a physical limit)
+    at_bound: tuple[str, ...] = ()  # parameters the fit left on their bound, 0
     host_id: str | None = None      # the host whose traces it was fitted on
     hardware: str | None = None     # the hardware config of the runs it was fitted on (a simulated H100 is another)
     source: str = ""                # what it was fitted from (runs, engine, date)
@@ -98,9 +99,14 @@ class StepModel:
         return sum(self.parts(s).values())
 
     def beyond(self, s: StepShape) -> list[str]:
-        """What of ``s`` lies past the traces (``seen``): the prediction extrapolates there."""
-        return [name for name, value in (("tokens", s.tokens), ("seqs", s.seqs), ("context", s.attended))
-                if self.seen.get(name) is not None and value > self.seen[name] * 1.001]
+        """What of ``s`` lies past the traces (``seen``), one of ``EXTRAPOLATED``: the prediction extrapolates
+        there (a step larger than any traced; a preemption or an image where the traces had none, so that its
+        part was never fitted and prices it at 0)."""
+        larger = [name for name, value in (("tokens", s.tokens), ("seqs", s.seqs), ("context", s.attended))
+                  if self.seen.get(name) is not None and value > self.seen[name] * 1.001]
+        unfitted = [name for name, value in (("preemptions", s.preempted), ("encoder_tokens", s.encoder_tokens))
+                    if self.seen.get(name) == 0 and value > 0]
+        return larger + unfitted
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -127,4 +133,4 @@ class StepModel:
         return cls(**values)
 
 
-__all__ = ["PARTS", "StepModel", "StepShape"]
+__all__ = ["EXTRAPOLATED", "PARTS", "StepModel", "StepShape"]

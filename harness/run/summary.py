@@ -47,6 +47,7 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
                 for r in rows if r.get("status") != "ok"]
     notes = [f"  {r['run_id']} {r['engine']}: {r['engine_info.sim_warning']}" for r in rows
              if isinstance(r.get("engine_info.sim_warning"), str)]
+    notes += [f"  {r['run_id']} {r['engine']}: {past}" for r in rows if (past := extrapolation(r))]
     predicted = [f"  {r['run_id']}: predicted {r['prediction.sim.predicted']:,.0f} output tok/s before it ran "
                  f"(step model of this host), measured {r.get('output_tok_s') or 0:,.0f}"
                  for r in rows if isinstance(r.get("prediction.sim.predicted"), (int, float))]
@@ -68,3 +69,15 @@ def print_summary(rows: list[dict[str, Any]], results_dir: Path) -> None:
     print(summary_table(rows))
     print(f"\n{len(rows)} row(s) in {Path(results_dir).resolve() / 'runs'}; engine logs in "
           f"{Path(results_dir).resolve() / 'logs'}")
+
+
+def extrapolation(row: dict[str, Any]) -> str | None:
+    """A simulated row's steps that lay past the traces its step model was fitted on (``stat.beyond.*``), said."""
+    past = {k.removeprefix("stat.beyond."): v for k, v in row.items()
+            if k.startswith("stat.beyond.") and isinstance(v, (int, float)) and v > 0}
+    if not past:
+        return None
+    steps = row.get("stat.sim_steps")
+    of = f" of {steps:,.0f}" if isinstance(steps, (int, float)) else ""
+    return ("extrapolates past the traces its step model was fitted on: "
+            + ", ".join(f"{name} in {n:,.0f}{of} steps" for name, n in past.items()))

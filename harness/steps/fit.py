@@ -88,7 +88,10 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
         prefill_token_s=values["prefill_token_s"], prefill_pair_s=values["prefill_pair_s"],
         kv_token_s=values["kv_token_s"], kv_held_s=values["kv_held_s"],
         encoder_token_s=values["encoder_token_s"], preempt_s=values["preempt_s"],
-        seen={"tokens": top, "seqs": float(frame["running"].max()), "context": float(design.matrix[:, design.names.index("kv_token_s")].max())},
+        seen={"tokens": top, "seqs": float(frame["running"].max()),
+              "context": float(design.matrix[:, design.names.index("kv_token_s")].max()),
+              "preemptions": float(frame["preempted"].max()) if "preempted" in frame else 0.0,
+              "encoder_tokens": float(frame["encoder_tokens"].max())},
         interval=interval, at_bound=tuple(at_bound), host_id=host_id, hardware=hardware,
         source=source or f"{len(traces)} run(s), {int(weight.sum())} steps, fitted "
                          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from engines.base import Request
-from engines.stepmodel import StepModel, StepShape
+from engines.stepmodel import StepModel
 
 CYCLE_MIN_FILLS = 6   # full_engine_rate replays at least this many engine fills
 CYCLE_SHIFT = 1 << 24  # token ids of each further pass over cycled requests (the simulator only hashes them)
@@ -30,7 +30,7 @@ class Replay:
     output_tokens: int
     preemptions: int
     steps: int
-    beyond: list[str]   # what of the replayed steps lay past the traces (tokens, seqs, kv_tokens)
+    beyond: list[str]   # what of the replayed steps lay past the traces (engines.stepmodel.EXTRAPOLATED)
     max_seqs: int
 
     @property
@@ -70,22 +70,10 @@ def replay(model: StepModel | None, requests: Sequence[Request], knobs: dict[str
            hardware_spec: dict[str, Any]) -> Replay:
     """Run ``requests`` through the simulator with ``model``'s step times."""
     sim = sim_engine(model, knobs, model_cfg, hardware_spec)
-    beyond: set[str] = set()
-    seen = 0
-    original = sim.setup.step_seconds
-
-    def priced(step: StepShape) -> float:
-        nonlocal seen
-        seen += 1
-        if model is not None:
-            beyond.update(model.beyond(step))
-        return original(step)
-
-    sim.setup.step_seconds = priced  # type: ignore[method-assign]
     completions = sim.generate(list(requests))
     stats = sim.stats()
     return Replay(sim.simulated_seconds() or 0.0, sum(len(c.output_token_ids) for c in completions),
-                  stats.preemptions or 0, seen, sorted(beyond), sim.setup.max_seqs)
+                  stats.preemptions or 0, sim.steps, sorted(k for k, n in sim.beyond.items() if n), sim.setup.max_seqs)
 
 
 def full_engine_rate(model: StepModel | None, requests: Sequence[Request], knobs: dict[str, Any],

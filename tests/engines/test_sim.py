@@ -222,3 +222,27 @@ def test_a_calibration_from_another_host_is_not_applied(tmp_path, monkeypatch):
     here = run(this_host_id())
     assert here["engine_info.sim_warning"] is None and here["engine_info.calibrated"] is True
     assert here["output_tok_s"] != elsewhere["output_tok_s"]
+
+
+def test_a_simulated_run_past_its_step_models_traces_says_so(tmp_path):
+    """A step model whose traces held at most 8 sequences and never preempted: a run at more sequences counts
+    the steps past them in the row (``stat.beyond.*``) and says so in the summary; one within them is silent."""
+    from harness.run.summary import summary_table
+    from harness.run.stepmodels import this_host_id
+
+    def run(max_seqs: int) -> dict:
+        overrides = [f"++engine.knobs.calibration.step_model.{k}={v}" for k, v in
+                     {**STEP_MODEL, "host_id": this_host_id()}.items()]
+        overrides += [f"++engine.knobs.calibration.step_model.seen.{k}={v}" for k, v in
+                      {"seqs": 8, "tokens": 1e6, "context": 1e9, "preemptions": 0, "encoder_tokens": 0}.items()]
+        row = execute(build_spec(compose("engine=sim", "hardware=h100", "workload=unique", "workload.num_requests=40",
+                                         f"engine.knobs.max_num_seqs={max_seqs}", "run.progress=false",
+                                         f"run.results_dir={tmp_path}", *overrides)), progress=False)
+        assert row["status"] == "ok", row["error"]
+        return row
+
+    wide = run(32)
+    assert wide["stat.beyond.seqs"] > 0 and wide["stat.beyond.tokens"] == 0 and wide["stat.beyond.preemptions"] == 0
+    assert "extrapolates past the traces" in summary_table([wide]) and "seqs in" in summary_table([wide])
+    narrow = run(8)
+    assert narrow["stat.beyond.seqs"] == 0 and "extrapolates" not in summary_table([narrow])

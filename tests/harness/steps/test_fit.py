@@ -106,6 +106,9 @@ def test_a_prediction_past_the_traces_says_so():
     model = fit_step_model({"r": run(cpu_curve, 64, 32, seed=3)[0]})
     assert model.beyond(StepShape(tokens=16, seqs=16)) == []
     assert "seqs" in model.beyond(StepShape(tokens=16, seqs=200))
+    assert model.beyond(StepShape(tokens=16, seqs=16, preempted=1)) == ["preemptions"], \
+        "the traces never preempted: the preemption part was never fitted"
+    assert model.beyond(StepShape(tokens=16, seqs=16, encoder_tokens=64)) == ["encoder_tokens"]
 
 
 def test_an_aggregated_trace_fits_like_the_raw_one():
