@@ -12,7 +12,7 @@ what a run costs, and small batches, rare in a trace, are exactly where a predic
 draining run needs them. The interval of
 a run-total prediction is taken from the fit's residuals over whole runs: twice the
 root-mean-square relative error of each training run's summed step seconds, each run predicted by a fit
-without it (k-fold over runs, from 3 runs; at least 2%).
+without it (k-fold over runs; at least 2%); from fewer than 3 runs there is none.
 """
 
 from __future__ import annotations
@@ -108,17 +108,19 @@ def _solve(matrix: np.ndarray, y: np.ndarray, weight: np.ndarray, used: list[int
 
 
 def _interval(runs: np.ndarray, matrix: np.ndarray, y: np.ndarray, weight: np.ndarray, used: list[int],
-              coef: np.ndarray) -> float:
+              coef: np.ndarray) -> float | None:
     """Relative half-width of a run-total prediction: twice the root-mean-square error of each run's summed
-    step seconds, each run predicted by a fit without it (up to 5 folds) where there are 3 runs or more, else
-    by the fit itself (in sample, too narrow); at least ``MIN_INTERVAL``."""
+    step seconds, each run predicted by a fit without it (up to 5 folds), at least ``MIN_INTERVAL``; ``None``
+    from fewer than 3 runs (no out-of-sample error to take it from: an in-sample one would be too narrow)."""
     names = sorted(set(runs))
-    folds = [names[i::min(len(names), 5)] for i in range(min(len(names), 5))] if len(names) >= 3 else [[]]
+    if len(names) < 3:
+        return None
+    folds = [names[i::min(len(names), 5)] for i in range(min(len(names), 5))]
     errors = []
     for fold in folds:
         out = np.isin(runs, fold)
-        fitted = _solve(matrix[~out], y[~out], weight[~out], used) if fold else coef
-        for run in fold or names:
+        fitted = _solve(matrix[~out], y[~out], weight[~out], used)
+        for run in fold:
             mine = runs == run
             errors.append(float(np.sum(matrix[mine] @ fitted * weight[mine]) / np.sum(y[mine] * weight[mine]) - 1))
     return max(MIN_INTERVAL, 2 * float(np.sqrt(np.mean(np.square(errors)))))

@@ -113,6 +113,6 @@ def prediction_columns(name: str, predicted: float | None, measured: float | Non
     p = f"prediction.{name}."
     error = measured / predicted - 1 if predicted and measured is not None else None
     return {p + "predicted": predicted, p + "measured": measured, p + "unit": unit, p + "error": error,
-            p + "lo": predicted * (1 - interval) if predicted and interval else None,
+            p + "lo": max(0.0, predicted * (1 - interval)) if predicted and interval else None,
             p + "hi": predicted * (1 + interval) if predicted and interval else None, p + "note": note}
 
