@@ -93,14 +93,21 @@ def step_model_for(results_dir: str | os.PathLike, model: str | None, given: dic
     host_id = host_id or this_host_id()
     if given and given.get("host_id") == host_id and (key is None or given.get("hardware") in (None, key["hardware"])):
         return StepModel.from_dict(given), f"calibration fitted on this host ({host_id})"
+    not_here = _not_applied(given, host_id, key) if given else ""
     traces = host_traces(results_dir, model, host_id, key=key)
     if traces:
-        why = (f"the calibration file was fitted on host {given.get('host_id')}, not this one; "
-               if given else "") + f"refitted from {len(traces)} {STANDS_FOR} run(s) of this host ({host_id})"
-        return fit_step_model(traces, host_id=host_id, hardware=key["hardware"] if key else None), why
+        return (fit_step_model(traces, host_id=host_id, hardware=key["hardware"] if key else None),
+                not_here + f"refitted from {len(traces)} {STANDS_FOR} run(s) of this host ({host_id})")
     where = f" for {key['hardware']} ({', '.join(f'{k}={v}' for k, v in key.items() if k != 'hardware')})" if key else ""
-    return None, (f"calibration fitted on host {given.get('host_id')} (hardware {given.get('hardware')}), not this "
-                  f"one ({host_id}), and " if given else "") + f"no step trace of this host{where} to fit: uncalibrated"
+    return None, not_here + f"no step trace of this host{where} to fit: uncalibrated"
+
+
+def _not_applied(given: dict[str, Any], host_id: str, key: dict[str, Any] | None) -> str:
+    """Why a calibration file was not applied here: fitted on another host, or for other hardware."""
+    if given.get("host_id") != host_id:
+        return f"the calibration file was fitted on host {given.get('host_id')}, not this one ({host_id}); "
+    return (f"the calibration file was fitted for hardware {given.get('hardware')}, not {key['hardware'] if key else '?'}"
+            f" (same host); ")
 
 
 def calibrate_sim_spec(spec: Any) -> Any:

@@ -246,3 +246,13 @@ def test_a_simulated_run_past_its_step_models_traces_says_so(tmp_path):
     assert "extrapolates past the traces" in summary_table([wide]) and "seqs in" in summary_table([wide])
     narrow = run(8)
     assert narrow["stat.beyond.seqs"] == 0 and "extrapolates" not in summary_table([narrow])
+
+
+def test_a_calibration_not_applied_says_whether_the_host_or_the_hardware_differs(tmp_path):
+    from harness.run.stepmodels import step_model_for, this_host_id
+
+    key = {"hardware": "h100"}
+    same_host = step_model_for(tmp_path, "tiny", {**STEP_MODEL, "host_id": this_host_id(), "hardware": "cpu"}, key=key)
+    assert same_host[0] is None and "fitted for hardware cpu, not h100 (same host)" in same_host[1]
+    other_host = step_model_for(tmp_path, "tiny", {**STEP_MODEL, "host_id": "elsewhere", "hardware": "h100"}, key=key)
+    assert other_host[0] is None and "fitted on host elsewhere, not this one" in other_host[1]
