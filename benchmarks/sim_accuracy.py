@@ -1,7 +1,8 @@
 """The simulator held out on the CPU default: fitted on the step traces of a few runs, judged on others.
 
 1. Real vLLM (the CPU build, tiny models) runs every setting below through the runner like
-   any run (``--repeats`` timed passes each; the row's median pass is its rate), the fit
+   any run (``--repeats`` timed passes each; by default each row's fastest pass is fitted and
+   judged, ``--passes median`` takes the row's median pass, its reported rate), the fit
    settings and the held-out ones interleaved in one loop, so that load on a shared host
    falls on both. Each row keeps its step trace (``results/steps/<run_id>.parquet``).
 2. The step model (``harness.steps.fit``) is fitted per model on the *fit* rows' traces only.
