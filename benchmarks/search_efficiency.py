@@ -48,7 +48,7 @@ import optuna  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 
 from harness.run.results import read_rows  # noqa: E402
-from sweeps.study import grid_values, make_sampler  # noqa: E402
+from harness.tune.study import grid_values, make_sampler  # noqa: E402
 
 SHARES = (0.02, 0.05)
 BUDGET_SHARE = 0.2  # the goal: within 2% of the grid's best in at most this share of its trials
@@ -82,7 +82,7 @@ CELLS = {
                           "engine.knobs.kv_cache_memory_bytes": 16777216}, grid_points=3),
 }
 SAMPLERS = {  # tune overrides per sampler setting tried
-    "tpe": {"sampler": "tpe"},  # the default: multivariate TPE after 4 random trials (sweeps.study.make_sampler)
+    "tpe": {"sampler": "tpe"},  # the default: multivariate TPE after 4 random trials (harness.tune.study.make_sampler)
     "tpe-independent": {"sampler": "tpe", "multivariate": False},  # each param modelled on its own
     "tpe-sobol": {"sampler": "tpe", "startup": "sobol", "multivariate": False},  # 4 Sobol points first
     "tpe-sobol8": {"sampler": "tpe", "startup": "sobol", "n_startup_trials": 8, "multivariate": False},
@@ -134,7 +134,7 @@ def tune_config(cell: Cell, out: Path, extra: list[str]) -> DictConfig:
 
 
 def run_grid(cell: Cell, out: Path, extra: list[str]) -> Grid:
-    from sweeps.cli import tune
+    from harness.tune.cli import tune
 
     cfg = tune_config(cell, out, ["tune.sampler=grid", "tune.n_trials=1000000", "tune.study_name=grid", *extra])
     OmegaConf.update(cfg, "tune.seeds", [*OmegaConf.to_container(cfg.tune.seeds),
@@ -205,7 +205,7 @@ def replay(grid: Grid, sampler: optuna.samplers.BaseSampler, seeds: list[str], b
 def live(cell: Cell, out: Path, extra: list[str], settings: dict[str, Any], seed: int, with_seeds: bool,
          budget: int, tag: str) -> list[float | None]:
     """The same, every trial a real run through troughput-tune."""
-    from sweeps.cli import tune
+    from harness.tune.cli import tune
 
     options = [f"tune.{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in settings.items()]
     cfg = tune_config(cell, out, [*options, f"tune.seed={seed}", f"tune.n_trials={budget}",
@@ -255,7 +255,7 @@ def main() -> None:
     import logging
     import warnings
 
-    logging.getLogger("sweeps").setLevel(logging.ERROR)
+    logging.getLogger("harness.tune").setLevel(logging.ERROR)
     warnings.filterwarnings("ignore")
     cell = CELLS[args.cell]
     if args.grid_points:

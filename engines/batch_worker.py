@@ -13,12 +13,12 @@ the engine cannot take (a constraint or sampling it lacks, an input it rejects w
 worker. End of stdin, once every fed shard is done, stops the engine. ``{"restart": {"job": ...}}``
 restarts the engine in this process with another job (an in-job tuning's next run);
 ``{"park": true}`` stops it and leaves the process waiting for the next restart (a slot an
-in-job tuning's run with fewer replicas does not use, ``harness.batch.pool``); a ``job.json`` of
+in-job tuning's run with fewer replicas does not use, ``harness.batch.scale.pool``); a ``job.json`` of
 ``{"park": true}`` starts the worker parked. A park that names its ``engine`` imports the engine's
 package while parked (``Engine.preload``), so the slot's first start does not wait for the import. A job's ``cores`` (a run on fewer replicas than the
 pool's workers, on the CPU) pins the engine to them before it starts; its ``generation`` (the
 pool's run number) comes back in ``started``. ``start_engine`` and
-``feed_until_closed`` are also ``batch.scale=ray``'s engine stage (``harness.batch.ray_stages``).
+``feed_until_closed`` are also ``batch.scale=ray``'s engine stage (``harness.batch.scale.ray_stages``).
 Standard library only, besides the adapter and its engine.
 """
 
@@ -215,7 +215,7 @@ def feed_until_closed(engine: Engine, feeder: Feeder, commands: queue.Queue[dict
     ``capacity``: the sequences the engine holds at once (its start's ``max_num_seqs``), in each result's
     ``measured.max_num_seqs``: the driver's occupancy is its steps' mean running over it (``engines.steptrace``).
     ``progress``: ``True``, progress events on stdout (``_progress``); a function, called with the same dict
-    instead (a Ray actor's feeding gate, ``harness.batch.ray_stages``); ``False``, none. Each result's
+    instead (a Ray actor's feeding gate, ``harness.batch.scale.ray_stages``); ``False``, none. Each result's
     ``measured.shards_in_engine`` is how many shards the engine held once it was fed (itself included).
     """
     shards: dict[str, tuple[dict[str, str], float, int]] = {}  # shard -> (screened errors, idle before it,
@@ -277,7 +277,8 @@ def _progress(feeder: Feeder, last: float, fed: int, force: bool = False,
               report: Callable[[dict[str, Any]], None] | None = None) -> float:
     """Every half second (and when a shard finished): requests finished in shards not yet done, for the
     progress bar, and ``pending``, the requests in the engine not finished yet, with ``fed``, all requests
-    handed over so far: the driver hands this engine another shard when few are pending (``harness.batch.pool``)."""
+    handed over so far: the driver hands this engine another shard when few are pending
+    (``harness.batch.scale.pool``)."""
     now = time.monotonic()
     if now - last < 0.5 and not force:
         return last

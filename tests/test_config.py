@@ -47,7 +47,7 @@ def test_knobs_merge_hardware_then_model_then_engine(tmp_path: Path):
 
 @pytest.mark.parametrize("option", [o for o in TUNE_OPTIONS if o != "auto"])
 def test_every_search_space_composes_and_parses(option):
-    from sweeps.space import SearchSpace
+    from harness.tune.space import SearchSpace
 
     engine, _, rest = option.partition("_")   # <engine>_<hardware>[_<variant>], or a generic space
     hardware = next((h for h in options("hardware") if rest == h or rest.startswith(h + "_")), None)
@@ -63,8 +63,8 @@ def test_every_search_space_composes_and_parses(option):
 @pytest.mark.parametrize("hardware", options("hardware"))
 def test_every_engine_on_every_hardware_gets_a_space_from_its_unit(engine, hardware):
     from engines import unit
-    from sweeps.space import SearchSpace
-    from sweeps.space_choice import with_default_space
+    from harness.tune.space import SearchSpace
+    from harness.tune.space_choice import with_default_space
 
     cfg = with_default_space(compose(f"engine={engine}", f"hardware={hardware}", config_name="tuning"))
     expected = unit(engine).tune_space(cfg.hardware.spec.kind)
@@ -72,14 +72,14 @@ def test_every_engine_on_every_hardware_gets_a_space_from_its_unit(engine, hardw
 
 
 def test_settings_given_on_the_command_line_win_over_the_space_file():
-    from sweeps.space_choice import with_default_space
+    from harness.tune.space_choice import with_default_space
 
     cfg = with_default_space(compose("tune.seeds=[]", "tune.n_trials=2", config_name="tuning"))
     assert list(cfg.tune.seeds) == [] and cfg.tune.n_trials == 2 and cfg.tune.auto == "vllm_cpu"
 
 
 def test_tuning_picks_the_space_of_the_engine_and_hardware():
-    from sweeps.space_choice import with_default_space
+    from harness.tune.space_choice import with_default_space
 
     cfg = with_default_space(compose(config_name="tuning"))
     assert "engine.canonical.max_seqs" in cfg.tune.space.params
@@ -94,12 +94,12 @@ def test_the_cpu_space_seeds_pin_what_they_assume(tmp_path):
     import optuna
     from omegaconf import OmegaConf
 
-    from sweeps.seeds import enqueue_seeds
-    from sweeps.space import SearchSpace
+    from harness.tune.seeds import enqueue_seeds
+    from harness.tune.space import SearchSpace
 
     (tmp_path / "config.json").write_text(json.dumps({"num_attention_heads": 4, "hidden_size": 128, "head_dim": 32,
                                                       "num_key_value_heads": 2, "num_hidden_layers": 4}))
-    from sweeps.space_choice import with_default_space
+    from harness.tune.space_choice import with_default_space
 
     base = OmegaConf.to_container(with_default_space(compose(config_name="tuning")), resolve=True)
     study = optuna.create_study(direction="maximize")

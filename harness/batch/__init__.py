@@ -8,4 +8,8 @@ of the stages in ``ray_stages``),
 ``output`` writes OpenAI Batch output lines, and ``state`` commits each shard atomically
 and merges them. ``job`` drives it; ``source`` says where the config came from and what
 it predicted; ``row`` records the job in the results table's ``batch`` table.
+
+By role, lowest first: ``job/`` (the job itself), then ``scale/`` (where it runs) and ``tune/``
+(in-job tuning), which import ``job/`` and not each other; ``launch`` (one invocation) and ``cli``
+(the Hydra app) sit on top, ``example`` writes a file to try it with.
 """

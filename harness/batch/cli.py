@@ -12,10 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 from engines.base import KnobError
 from engines.common import PROJECT_ROOT
 from engines.knobs import canonical_view
+from harness.batch.job.plan import Plan, model_revision
+from harness.batch.job.source import apply_source
 from harness.batch.launch import run_job
-from harness.batch.plan import Plan, model_revision
-from harness.batch.source import apply_source
-from harness.batch.tune_config import check_space, phase_planner, tune_settings
+from harness.batch.tune.tune_config import check_space, phase_planner, tune_settings
 from harness.core.errors import TroughputError
 from harness.core.models import resolve_model
 from harness.run.spec import command_line, layered_knobs, worker_env

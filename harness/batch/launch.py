@@ -13,12 +13,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.batch.job import ShardsRun, run_shards
-from harness.batch.node import load_index, make_pool
-from harness.batch.plan import Plan
-from harness.batch.row import BATCH_TABLE, batch_row
-from harness.batch.shards import scan
-from harness.batch.state import JobState
+from harness.batch.job.job import ShardsRun, run_shards
+from harness.batch.job.plan import Plan
+from harness.batch.job.row import BATCH_TABLE, batch_row
+from harness.batch.job.shards import scan
+from harness.batch.job.state import JobState
+from harness.batch.scale.node import load_index, make_pool
 from harness.core.errors import TroughputError
 from harness.run.results import new_run_id, write_row
 from harness.steps.store import job_trace_columns
@@ -31,8 +31,8 @@ def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan]
             ) -> dict[str, Any]:
     """Run what is left of ``plan``'s job; merge the outputs when every shard is committed; return its row.
 
-    ``tuning``: ``(plan_for, base config)`` for a job with ``plan.tune`` (``harness.batch.tune_config``):
-    its tuning phase and main phase run here (``harness.batch.tuning``).
+    ``tuning``: ``(plan_for, base config)`` for a job with ``plan.tune`` (``harness.batch.tune.tune_config``):
+    its tuning phase and main phase run here (``harness.batch.tune.tuning``).
     """
     if plan.scale not in SCALES:
         raise TroughputError(f"batch.scale={plan.scale!r}: use one of {', '.join(SCALES)}")
@@ -55,11 +55,11 @@ def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan]
     if plan.tune:
         run, extra = _tuned(plan, state, index, tuning, progress)
     elif plan.scale == "slurm":
-        from harness.batch.slurm import run_array
+        from harness.batch.scale.slurm import run_array
 
         run = run_array(plan, state)
     elif plan.scale == "ray":
-        from harness.batch.ray_job import run_ray
+        from harness.batch.scale.ray_job import run_ray
 
         run = run_ray(plan, state, index, progress)
     else:
@@ -93,9 +93,9 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
     (``LocalPool.runs_as``: the last run of the tuning phase ran the chosen config); every other run starts
     its engines. On Ray each phase is one pipeline whose actors start with the phase's knobs.
     """
-    from harness.batch.pool import slot_misfit
-    from harness.batch.tune_config import replica_slots
-    from harness.batch.tuning import InJobTuning
+    from harness.batch.scale.pool import slot_misfit
+    from harness.batch.tune.tune_config import replica_slots
+    from harness.batch.tune.tuning import InJobTuning
 
     if tuning is None:
         raise TroughputError("a job with batch.tune needs its config to build each trial's plan (troughput-batch)")
@@ -107,7 +107,7 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
 
     def run_phase(phase: Plan, target: JobState, shards: set[int], probe: Any) -> ShardsRun:
         if plan.scale == "ray":  # one pipeline per phase, its actors started with the phase's knobs
-            from harness.batch.ray_job import run_ray
+            from harness.batch.scale.ray_job import run_ray
 
             return run_ray(phase, target, index, progress, shards.__contains__, cluster)
         pool = pools[-1] if pools else None
@@ -140,7 +140,7 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
 
     with ExitStack() as stack:
         if plan.scale == "ray":
-            from harness.batch.ray_job import session
+            from harness.batch.scale.ray_job import session
 
             cluster = stack.enter_context(session(plan))
         stack.callback(lambda: pools and pools[-1].close())

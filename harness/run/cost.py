@@ -8,7 +8,7 @@
   which compiles before it returns) + backlog ÷ measured rate.
 
 The planner (``harness.report.planner``) and the tuner's ``job_time`` objective
-(``sweeps.objective``) both call these.
+(``harness.tune.objective``) both call these.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ from typing import Any
 SCHEMA_VERSION = 1
 RUNS_DIR = "runs"
 DECISIONS_DIR = "decisions"
-BATCH_DIR = "batch"  # troughput-batch's rows (harness.batch.row)
+BATCH_DIR = "batch"  # troughput-batch's rows (harness.batch.job.row)
 
 
 def new_run_id() -> str:

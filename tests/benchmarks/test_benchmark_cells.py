@@ -7,8 +7,8 @@ import pytest
 
 from benchmarks.in_job_tuning import load_grid
 from benchmarks.search_efficiency import CELLS, tune_config
-from sweeps.space import SearchSpace
-from sweeps.study import grid_values
+from harness.tune.space import SearchSpace
+from harness.tune.study import grid_values
 
 
 def test_the_replicas_cell_is_an_18_cell_grid_whose_seeds_lie_in_its_space(tmp_path):

@@ -1,7 +1,7 @@
 """Import direction: the worker side never imports the driver; no import circles; no room imports one above it.
 
 Every ``import``/``from ... import`` counts, at any depth (module level, inside functions, under
-``if TYPE_CHECKING``), over engines/, hydra_plugins/, harness/, sweeps/ and benchmarks/.
+``if TYPE_CHECKING``), over engines/, hydra_plugins/, harness/ and benchmarks/.
 """
 
 import ast
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-DRIVER_PACKAGES = ("harness", "sweeps")
-PACKAGES = ("engines", "hydra_plugins", "harness", "sweeps", "benchmarks")
+DRIVER_PACKAGES = ("harness",)
+PACKAGES = ("engines", "hydra_plugins", "harness", "benchmarks")
 # The rooms, lowest first, in the order data flows (docs/design.md#rooms); rooms on one line are siblings.
 # A module may import its own room and rooms below it, never a sibling or a room above.
 ROOMS = [
@@ -23,8 +23,10 @@ ROOMS = [
     ("harness/steps/",),  # step traces: stored, fitted into a step model, replayed for predictions
     ("harness/run/",),
     ("harness/report/",),
-    ("harness/calibration/", "sweeps/"),
-    ("harness/batch/",),  # runs a job with a chosen config, or tunes on it (sweeps' tuner)
+    ("harness/calibration/", "harness/tune/"),  # harness/tune/: troughput-tune's Optuna studies
+    ("harness/batch/job/",),  # the batch job itself: plan, shards, conversion, output, state, its row
+    ("harness/batch/scale/", "harness/batch/tune/"),  # where it runs (batch.scale); in-job tuning (harness/tune's tuner)
+    ("harness/batch/",),  # troughput-batch: one invocation (launch.py) and its CLI, run with a chosen config or tuned
     ("harness/",),  # the top-level CLI modules (harness/cli.py, harness/docs.py)
     ("benchmarks/",),
 ]
@@ -187,7 +189,7 @@ def test_no_module_under_engines_imports_the_driver_side():
 
 def test_the_check_sees_imports_inside_functions(tmp_path):
     module = tmp_path / "m.py"
-    module.write_text("def f():\n    from harness.perfmodel import x\n    import sweeps.study\n")
+    module.write_text("def f():\n    from harness.perfmodel import x\n    import harness.tune.study\n")
     assert len(driver_imports(module, tmp_path)) == 2
 
 
@@ -265,8 +267,8 @@ def test_the_room_check_sees_an_import_up_and_one_across(tmp_path):
         "harness/workloads/__init__.py": "def f():\n    import harness.run.spec\n",
         "harness/run/__init__.py": "",
         "harness/run/spec.py": "from harness.workloads import f\n",
-        "harness/calibration/__init__.py": "from sweeps import fit\n",
-        "sweeps/__init__.py": "fit = 1\n",
+        "harness/calibration/__init__.py": "from harness.tune import fit\n",
+        "harness/tune/__init__.py": "fit = 1\n",
     })
     found = sorted(upward_imports(root))
     assert [f.split(":")[0] for f in found] == ["harness/calibration/__init__.py", "harness/workloads/__init__.py"]

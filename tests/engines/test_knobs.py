@@ -130,8 +130,8 @@ def test_embedding_replaces_a_stale_table_and_needs_the_markers():
 
 
 def test_the_driver_imports_no_engine_module():
-    code = ("import sys, harness.cli, harness.run.runner, harness.core.engine_env, harness.report.cli, sweeps.cli, engines, "
-            "engines.knobs; "
+    code = ("import sys, harness.cli, harness.run.runner, harness.core.engine_env, harness.report.cli, "
+            "harness.tune.cli, engines, engines.knobs; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('vllm', 'sglang', 'tensorrt_llm') "
             "or m in ('engines.vllm', 'engines.sglang', 'engines.trtllm')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

@@ -65,7 +65,7 @@ def test_troughput_env_and_the_knob_table_know_the_plugin(site):
 
 
 def test_the_tuner_searches_the_space_the_plugin_ships(site, tmp_path):
-    proc = run(site, "-m", "sweeps.cli", "engine=echo", "workload=unique", "workload.num_requests=8",
+    proc = run(site, "-m", "harness.tune.cli", "engine=echo", "workload=unique", "workload.num_requests=8",
                "tune.n_trials=2", "tune.confirm_rounds=0", "run.repeats=1", "run.warmup_requests=0",
                f"run.results_dir={tmp_path}", "run.progress=false")
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -412,7 +412,7 @@ def test_own_sampling_and_constraints_reach_the_recorded_sampling_params(fake_tr
 
 def test_the_h100_space_never_proposes_a_budget_below_the_prompts_without_chunked_prefill():
     yaml = pytest.importorskip("yaml")
-    from sweeps.space import SearchSpace
+    from harness.tune.space import SearchSpace
     from tests.conftest import ROOT
 
     space = SearchSpace(yaml.safe_load((ROOT / "conf" / "tune" / "trtllm_h100.yaml").read_text())["space"])

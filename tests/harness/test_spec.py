@@ -30,7 +30,7 @@ def test_inputs_are_reused_only_for_the_model_and_workload_they_were_built_for(m
 
 
 def test_a_study_builds_its_workload_once_for_every_trial_and_confirmation_run(monkeypatch, tmp_path):
-    from sweeps.cli import tune
+    from harness.tune.cli import tune
 
     builds = counting_builds(monkeypatch)
     summary = tune(compose("engine=sim", "workload=unique", "workload.num_requests=32", "run.warmup_requests=0",

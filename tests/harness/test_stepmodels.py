@@ -14,7 +14,7 @@ from harness.report.planner import PlannerInputs, plan_line
 from harness.run.results import write_row
 from harness.run.spec import build_spec
 from harness.run.stepmodels import calibrate_sim_spec, full_engine_columns, predict_run, this_host_id
-from sweeps.objective import Objective
+from harness.tune.objective import Objective
 from tests.conftest import compose
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_cpu_steps"

@@ -184,7 +184,7 @@ def test_the_row_times_the_scan_of_the_input_and_the_merge_apart(tmp_path: Path,
     ``wall_s``; a scan and a merge made slow by known amounts show in their own column only. While shards are left
     there is no merge: ``merge_s`` is empty."""
     from harness.batch import launch
-    from harness.batch.state import JobState
+    from harness.batch.job.state import JobState
 
     scan, merge = launch.scan, JobState.merge
     monkeypatch.setattr(launch, "scan", lambda *a, **k: (time.sleep(1.0), scan(*a, **k))[1])

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.batch.convert import convert_shard
-from harness.batch.images import image_resolver
-from harness.batch.output import ENGINE_FAULT, failure, success
-from harness.batch.plan import Plan, model_revision
-from harness.batch.shards import iter_shards, scan
-from harness.batch.state import JobState
+from harness.batch.job.convert import convert_shard
+from harness.batch.job.images import image_resolver
+from harness.batch.job.output import ENGINE_FAULT, failure, success
+from harness.batch.job.plan import Plan, model_revision
+from harness.batch.job.shards import iter_shards, scan
+from harness.batch.job.state import JobState
 from harness.core.errors import TroughputError
 from harness.workloads.records import Options
 from tests.harness.batch.conftest import chat, completion, png_data_url, write_jsonl
@@ -79,7 +79,7 @@ def test_output_lines_read_as_openai_types() -> None:
 
 
 def convert_items():
-    from harness.batch.convert import Item
+    from harness.batch.job.convert import Item
     from engines.base import Request
 
     return [Item("c", 1, "/v1/chat/completions", Request("c", [1], 2)),
@@ -181,7 +181,7 @@ def test_images_from_data_urls_local_paths_and_remote_only_when_allowed(tmp_path
 def test_config_from_a_decision_or_a_tuned_engine_file(tmp_path: Path) -> None:
     from hydra import compose, initialize_config_dir
 
-    from harness.batch.source import apply_source
+    from harness.batch.job.source import apply_source
     from harness.run.results import write_row
     from tests.conftest import ROOT
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.batch.plan import Plan
-from harness.batch.ray_job import engine_resources, runtime_env, settings
+from harness.batch.job.plan import Plan
+from harness.batch.scale.ray_job import engine_resources, runtime_env, settings
 from harness.core.errors import TroughputError
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
@@ -38,7 +38,7 @@ def _stage_overlap(knobs: dict) -> list[dict]:
     import threading
 
     from engines.base import Request
-    from harness.batch.ray_stages import EngineStage
+    from harness.batch.scale.ray_stages import EngineStage
 
     stage = EngineStage({"engine": FAKE_ENGINE, "knobs": {"max_num_seqs": 4, **knobs}, "model": {}})
     results: dict[int, dict] = {}
@@ -97,9 +97,9 @@ def test_bundles_give_each_engine_actor_a_placement_group() -> None:
 
 
 def test_without_an_engine_start_in_the_shards_start_up_is_the_wait_for_the_first_request(tmp_path: Path) -> None:
-    from harness.batch.job import ShardsRun
-    from harness.batch.ray_job import tally
-    from harness.batch.state import JobState
+    from harness.batch.job.job import ShardsRun
+    from harness.batch.job.state import JobState
+    from harness.batch.scale.ray_job import tally
 
     state = JobState(tmp_path / "out")
     state.shards_dir.mkdir(parents=True)
@@ -139,9 +139,9 @@ def test_shards_are_converted_and_committed_no_further_ahead_than_the_engines_ta
     import ray
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-    from harness.batch.pool import MAX_IN_FLIGHT_FACTOR
-    from harness.batch.ray_job import pipeline
-    from harness.batch.shards import Index
+    from harness.batch.job.shards import Index
+    from harness.batch.scale.pool import MAX_IN_FLIGHT_FACTOR
+    from harness.batch.scale.ray_job import pipeline
 
     calls: dict[str, dict] = {}
 

@@ -6,7 +6,7 @@ from collections import defaultdict
 
 import pandas as pd
 
-from harness.batch.ray_llm import HEADER, ShardAssembler
+from harness.batch.scale.ray_llm import HEADER, ShardAssembler
 
 
 def _assembler(commits: list[tuple[int, list[str]]]) -> ShardAssembler:

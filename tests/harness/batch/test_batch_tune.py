@@ -212,9 +212,9 @@ def test_each_config_s_plan_carries_its_knobs_replicas_and_ordering_and_an_unkno
         tmp_path: Path) -> None:
     """``vllm_cpu``'s space (replicas, canonical knobs, KV bytes) mapped to each run's plan without an engine."""
     from harness.batch.cli import build_plan
-    from harness.batch.job import job_id
-    from harness.batch.source import apply_source
-    from harness.batch.tune_config import check_space, phase_planner
+    from harness.batch.job.job import job_id
+    from harness.batch.job.source import apply_source
+    from harness.batch.tune.tune_config import check_space, phase_planner
     from harness.core.errors import TroughputError
     from tests.conftest import compose
 
@@ -315,9 +315,9 @@ def test_a_replica_switch_keeps_the_workers_and_a_1_replica_run_leaves_the_secon
 def test_a_run_takes_the_kept_slots_only_where_its_replicas_fit_their_devices(monkeypatch) -> None:
     from dataclasses import replace
 
-    from harness.batch.plan import Plan
-    from harness.batch.pool import slot_misfit
-    from harness.batch.tune_config import replica_slots
+    from harness.batch.job.plan import Plan
+    from harness.batch.scale.pool import slot_misfit
+    from harness.batch.tune.tune_config import replica_slots
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
 
@@ -352,8 +352,8 @@ def test_a_run_on_fewer_replicas_than_slots_gets_its_own_cores_and_an_earlier_ru
         monkeypatch, tmp_path: Path) -> None:
     """On the CPU a 1-replica run on 2 slots is laid out as the config run on its own (all the cores), a
     2-replica run one slice each; a ``started`` from an engine started for an earlier run is dropped."""
-    from harness.batch.plan import Plan
-    from harness.batch.pool import LocalPool
+    from harness.batch.job.plan import Plan
+    from harness.batch.scale.pool import LocalPool
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
     plan = Plan(input="in.jsonl", format="jsonl", output_dir="out", shard_size=8, engine="vllm", model={},
@@ -378,8 +378,8 @@ def test_the_main_phase_goes_on_with_engines_that_run_its_config_and_any_other_c
     """``LocalPool.runs_as``: only engines that are all up, with the same knobs, model limits, replicas and cores,
     are kept for the next plan; anything else (another knob, another replica count, an engine still starting,
     a dead worker) needs a restart, and ``keep`` refuses it."""
-    from harness.batch.plan import Plan
-    from harness.batch.pool import LocalPool
+    from harness.batch.job.plan import Plan
+    from harness.batch.scale.pool import LocalPool
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
     plan = Plan(input="in.jsonl", format="jsonl", output_dir="out", shard_size=8, engine="vllm", model={},

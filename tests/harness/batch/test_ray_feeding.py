@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 
 from engines.base import Request
-from harness.batch.pool import MAX_IN_FLIGHT_FACTOR
+from harness.batch.scale.pool import MAX_IN_FLIGHT_FACTOR
 from tests.conftest import FAKE_ENGINE
 
 GAP_S, GAP_TOLERANCE_S = 1.5, 0.5   # the stage's gate and feeding loop poll at 0.05-0.5 s: above, never below
 
 
 def stage(knobs: dict[str, Any], in_flight: int = 1, shard_size: int = 4) -> Any:
-    from harness.batch.ray_stages import EngineStage
+    from harness.batch.scale.ray_stages import EngineStage
 
     return EngineStage({"engine": FAKE_ENGINE, "knobs": knobs, "model": {}},
                        {"in_flight": in_flight, "shard_size": shard_size})

@@ -24,8 +24,8 @@ def png(path: Path, color: tuple[int, int, int]) -> Path:
 
 @pytest.mark.engine   # imports Ray Data (no cluster): the read and convert stages' functions
 def test_local_images_travel_with_the_records_from_the_read_stage(tmp_path: Path) -> None:
-    from harness.batch.plan import Plan
-    from harness.batch.ray_stages import convert, shard_source
+    from harness.batch.job.plan import Plan
+    from harness.batch.scale.ray_stages import convert, shard_source
     from harness.core.models import resolve_model
 
     (tmp_path / "pics").mkdir()

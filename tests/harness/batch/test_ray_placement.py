@@ -31,10 +31,10 @@ def drive(address: str, path: str, out: str, results: str) -> None:
     """Two runs of one job in one session (shards {0, 1}, then {2, 3}); one JSON line of counts after each."""
     import ray
 
-    from harness.batch.plan import Plan
-    from harness.batch.ray_job import run_ray, session
-    from harness.batch.shards import scan
-    from harness.batch.state import JobState
+    from harness.batch.job.plan import Plan
+    from harness.batch.job.shards import scan
+    from harness.batch.job.state import JobState
+    from harness.batch.scale.ray_job import run_ray, session
     from harness.core.models import resolve_model
 
     model = resolve_model({"name": "tiny", "path": ".cache/troughput/models/tiny", "build": "tiny"}, sys.executable)

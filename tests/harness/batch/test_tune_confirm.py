@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
-from harness.batch.plan import Plan
-from harness.batch.tune_runs import RunRecord
-from harness.batch.tuning import InJobTuning
+from harness.batch.job.plan import Plan
+from harness.batch.tune.tune_runs import RunRecord
+from harness.batch.tune.tuning import InJobTuning
 
 
 class Scripted(InJobTuning):
@@ -122,7 +122,7 @@ def test_a_resume_inside_an_added_round_finishes_that_round_before_deciding_agai
 
 
 def test_runs_are_sized_to_leave_room_for_the_added_rounds_where_the_job_is_big_enough() -> None:
-    from harness.batch.tune_runs import shards_per_run
+    from harness.batch.tune.tune_runs import shards_per_run
 
     class Index:
         def __init__(self, records: int):

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from harness.batch.tune_runs import RunRecord, confirm_shards
+from harness.batch.tune.tune_runs import RunRecord, confirm_shards
 
 TINY_LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256, "vocab_size": 2048,
@@ -59,7 +59,7 @@ def test_the_rest_of_the_job_from_draining_runs_is_predicted_by_replaying_their_
     """192-request runs on an engine of 512 seats (every request starts at once and the run drains: the case whose
     old prediction from finish times read 2-11× long): the step model fitted to their steps, replayed over the
     20,000 requests left on one engine, predicts the rest within 10%."""
-    from harness.batch.tune_predict import predict_rest, save_run
+    from harness.batch.tune.tune_predict import predict_rest, save_run
 
     knobs = {"max_num_seqs": 512, "block_size": 16, "max_model_len": 1024, "kv_cache_memory_bytes": 1 << 34}
     sample = []
@@ -81,7 +81,7 @@ def test_the_rest_of_the_job_from_draining_runs_is_predicted_by_replaying_their_
 
 
 def test_what_an_engine_runs_at_once_is_its_sequences_or_what_its_kv_cache_holds() -> None:
-    from harness.batch.tune_runs import concurrency
+    from harness.batch.tune.tune_runs import concurrency
 
     # 128 prompt and 64 output tokens each: a request holds 160 tokens on average while it runs
     same = [(128, 64)] * 100
@@ -125,7 +125,7 @@ def test_confirmation_runs_are_sized_to_one_fill_as_far_as_the_budget_holds() ->
 def test_the_run_log_reads_lines_with_derived_or_unknown_keys_and_old_lines_without_engines_kept(tmp_path) -> None:
     import json
 
-    from harness.batch.tune_runs import RunLog
+    from harness.batch.tune.tune_runs import RunLog
 
     log = RunLog(tmp_path)
     log.append(RunRecord(kind="main", label="main", values={}, shards=[1], engines_kept=True))
@@ -142,7 +142,7 @@ def test_a_draining_runs_full_engine_rate_is_what_the_engine_keeps_fed_without_e
     """A 320-request trial on 256 seats is about one draining batch: its own rate reads the config low. Its
     full-engine rate, from its steps, is within 10% of a 20,000-request run of the same config (ramp-up and drain
     a small part of it); the trial's plain rate is well below."""
-    from harness.batch.tune_predict import full_engine_rate, save_run
+    from harness.batch.tune.tune_predict import full_engine_rate, save_run
 
     knobs = {"max_num_seqs": 256, "block_size": 16, "max_model_len": 1024, "kv_cache_memory_bytes": 1 << 34}
     hardware = {"name": "cpu", "kind": "cpu", "peak_flops_bf16": 1e12, "bandwidth_bytes_s": 1e11}

@@ -24,7 +24,7 @@ def test_an_engine_without_structured_outputs_gives_an_invalid_row_saying_so(tmp
 
 
 # Agreement with the default config (computed once, reused) and the dtype rows record: checked on the quality
-# guard's study (tests/sweeps/test_quality_guard.py), whose reference and two trials are the same three runs.
+# guard's study (tests/harness/tune/test_quality_guard.py), whose reference and two trials are the same three runs.
 
 
 def test_an_openai_batch_file_with_response_format_runs_constrained(tmp_path):

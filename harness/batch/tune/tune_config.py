@@ -1,0 +1,146 @@
+"""``batch.tune``, read from the Hydra config: the in-job tuning settings and a plan for each config tried.
+
+The search space is the one ``troughput-tune`` would take for this engine and hardware
+(``tune: auto``, ``harness.tune.space_choice``; ``tune=<file>`` picks another), with its seed
+trials and sizing heuristic. Everything here runs before any engine starts, so a space
+that names a knob the engine lacks, or an output-changing knob without the quality guard,
+fails first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Callable
+
+from omegaconf import DictConfig, OmegaConf
+
+from engines.knobs import TABLE, canonical_view
+from harness.batch.job.job import job_id
+from harness.batch.job.plan import Plan
+from harness.core.errors import TroughputError
+from harness.run.spec import layered_knobs
+
+OUTPUT_CHANGING = ("dtype", "kv_cache_dtype", "quantization")  # knobs that change outputs by design
+SAMPLER_KEYS = ("sampler", "seed", "n_startup_trials", "startup", "multivariate", "grid_points")
+SCALES = ("local", "ray")
+RESTARTS = ("in_process", "new_worker")
+
+
+def tune_settings(cfg: DictConfig) -> dict[str, Any]:
+    """``plan.tune``: ``batch.tune`` with the space, seeds and heuristic; ``{}`` without a tuning phase."""
+    tune = OmegaConf.to_container(cfg.batch.tune, resolve=True)
+    trials = tune.get("trials") or 0
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 0:
+        raise TroughputError(f"batch.tune.trials={trials!r}: must be an integer >= 0 (0: no tuning phase)")
+    if not trials:
+        return {}
+    from harness.tune.space import SearchSpace  # the tuner (Optuna) only for a job that tunes
+    from harness.tune.space_choice import with_default_space
+
+    if cfg.batch.scale not in SCALES:
+        raise TroughputError(f"batch.tune.trials with batch.scale={cfg.batch.scale}: in-job tuning runs on one node "
+                             "(local) or on Ray; for a SLURM array, tune first (troughput-tune, or a local job's "
+                             "tuning phase) and run the array with batch.engine_file=")
+    if trials < 2:
+        raise TroughputError("batch.tune.trials=1 would only run the engine defaults: use 2 or more")
+    share = float(tune["max_share"])
+    if not 0 < share < 1:
+        raise TroughputError(f"batch.tune.max_share={share}: must be a fraction in (0, 1)")
+    if tune.get("restart") not in RESTARTS:
+        raise TroughputError(f"batch.tune.restart={tune.get('restart')!r}: use one of {', '.join(RESTARTS)}")
+    rounds = int(tune["confirm_rounds"])
+    if rounds < 3:
+        raise TroughputError(f"batch.tune.confirm_rounds={rounds}: the verdict rule (docs/verdicts.md) needs 3 "
+                             "runs a side")
+    fill = tune.get("confirm_fill") or 0
+    if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill) or fill < 0:
+        raise TroughputError(f"batch.tune.confirm_fill={fill!r}: must be a number >= 0 (0: confirmation runs as "
+                             "large as a trial's)")
+    cap = int(tune.get("max_confirm_rounds") or rounds)
+    if cap < rounds:
+        raise TroughputError(f"batch.tune.max_confirm_rounds={cap} is below batch.tune.confirm_rounds={rounds}: it "
+                             "caps the rounds added while the verdict is undecided")
+    full = with_default_space(cfg)
+    space = OmegaConf.to_container(full.tune.space, resolve=True)
+    SearchSpace(space)  # checks the space's shape
+    changing = output_changing(space["params"])
+    if changing and tune.get("min_agreement") is None:
+        raise TroughputError(f"the search space holds {', '.join(changing)}, which change outputs by design: set "
+                             "batch.tune.min_agreement (e.g. 0.99) so that each such config's outputs are checked "
+                             "against the engine defaults' before its shards count, or drop them from the space")
+    if changing and cfg.batch.scale == "ray":
+        raise TroughputError(f"the quality guard for {', '.join(changing)} runs on batch.scale=local only (its probe "
+                             "requests are fed beside the shards of one local pool); drop them from the space on Ray")
+    return {**tune, "space": space, "seeds": _plain(full.tune.get("seeds")),
+            "heuristic": _plain(full.tune.get("heuristic")), "space_name": _space_name(full),
+            "output_changing": changing}
+
+
+def output_changing(paths: Any) -> list[str]:
+    """The param paths among ``paths`` that set a knob changing outputs by design (``OUTPUT_CHANGING``)."""
+    from harness.tune.seeds import knob_key
+
+    return [p for p in paths if knob_key(p).split(".")[-1] in OUTPUT_CHANGING]
+
+
+def phase_planner(cfg: DictConfig, plan: Plan) -> Callable[[dict[str, Any], dict[str, Any]], Plan]:
+    """``plan_for(values, phase)``: the job's plan with a config's values applied (its knobs, replicas, ordering).
+
+    Each param path is applied as ``troughput-tune`` applies it (``harness.tune.study.apply_values``);
+    the resulting knobs go through the same layering and canonical mapping as the job's own.
+    """
+    from harness.tune.study import apply_values
+
+    base = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+
+    def plan_for(values: dict[str, Any], phase: dict[str, Any]) -> Plan:
+        trial = apply_values(base, values)
+        knobs = layered_knobs(trial)
+        return replace(plan, knobs=knobs, ordering=_plain(trial.ordering),
+                       replicas=int(trial.engine.get("replicas", 1)),
+                       max_model_len=canonical_view(plan.engine, knobs).get("context_length"),
+                       phase=phase, job=job_id(plan))  # the job's id: read when the input has been scanned
+    return plan_for
+
+
+def replica_slots(plan: Plan) -> int:
+    """The most replicas a tuned job's runs can ask for: the search space's ``engine.replicas`` high bound (or its
+    largest choice), and the job's own replicas (the engine defaults' runs)."""
+    param = plan.tune["space"]["params"].get("engine.replicas") or {}
+    bounds = param.get("choices") or [param.get("high")]
+    return max([plan.replicas, *(int(b) for b in bounds if b is not None)])
+
+
+def check_space(plan_for: Callable[..., Plan], space: dict[str, Any]) -> None:
+    """Every param's extreme values mapped to engine knobs now, so that an unknown canonical knob, or one the
+    engine lacks, fails before any engine starts (a native ``engine.knobs.*`` name is checked by the engine
+    itself when the first run that sets it starts: a failed trial with the engine's reason)."""
+    for path, param in space["params"].items():
+        if not path.startswith(("engine.", "model.", "ordering")):
+            raise TroughputError(f"search space param {path!r}: in-job tuning sets engine.*, model.* or ordering")
+        if path.startswith("engine.canonical.") and path.removeprefix("engine.canonical.") not in TABLE:
+            raise TroughputError(f"search space param {path!r}: no canonical knob of that name (docs/knobs.md: "
+                                 f"{', '.join(TABLE)})")
+        values = param.get("choices") or [param.get("low"), param.get("high")]
+        for value in values:
+            plan_for({path: value}, {})
+
+
+def sampler_config(tune: dict[str, Any], storage: str) -> DictConfig:
+    """The ``tune`` node ``harness.tune.study``'s sampler and budget read, for the in-job study."""
+    return OmegaConf.create({"tune": {**{k: tune.get(k) for k in SAMPLER_KEYS}, "space": tune["space"],
+                                      "n_trials": tune["trials"], "storage": storage}})
+
+
+def _space_name(cfg: DictConfig) -> str:
+    """The ``conf/tune/`` file the space came from: the unit's choice (``tune: auto``) or ``tune=<file>``."""
+    if cfg.tune.get("auto"):
+        return str(cfg.tune.auto)
+    from hydra.core.hydra_config import HydraConfig
+
+    return str(HydraConfig.get().runtime.choices.get("tune")) if HydraConfig.initialized() else "given"
+
+
+def _plain(node: Any) -> Any:
+    return OmegaConf.to_container(node, resolve=True) if node is not None else None

@@ -1,0 +1,243 @@
+"""The runs of an in-job tuning phase: which shards each takes, how many, and their record in the job folder.
+
+``<output_dir>/tune/runs.jsonl`` holds one line per finished run (a trial, a confirmation run,
+the main phase), appended and fsynced as it ends, so a job killed at any moment resumes with
+every finished run's measurement; a run that was cut short has no line (its committed shards
+stay committed and count as output). ``<output_dir>/tune/study.db`` is the Optuna study.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from engines.base import Request
+from harness.batch.job.convert import Item, convert_shard
+from harness.batch.job.plan import Plan
+from harness.batch.job.shards import Index, iter_shards
+from harness.core.errors import TroughputError
+from harness.core.tokens import TextTokenizer
+from harness.workloads.records import Options
+
+
+@dataclass
+class RunRecord:
+    """One finished run of the job: its config, its shards and what it measured."""
+
+    kind: str                      # trial | confirm | main
+    label: str                     # "trial 3 (batch recipe)", "confirm default 2", "main"
+    values: dict[str, Any]         # the config's params ({} = the engine defaults)
+    shards: list[int]              # shards this run committed to the job's output
+    requests: int = 0
+    output_tokens: int = 0
+    probe_output_tokens: int = 0   # the quality probe's tokens (generated in this run's time, committed nowhere)
+    generation_s: float = 0.0      # engines up to last commit (engine start excluded)
+    startup_s: float | None = None  # the engines' start (each run is one start, but a main phase on kept engines)
+    wall_s: float = 0.0            # the run's whole time, start included
+    status: str = "ok"             # ok | failed | rejected (quality guard)
+    reason: str = ""
+    trial: int | None = None       # the study's trial number (trial and confirm runs)
+    side: str | None = None        # confirm runs: default | candidate
+    agreement: float | None = None  # token agreement of the probe with the engine defaults' (quality guard)
+    full_engine_tok_s: float | None = None  # its config with the engines kept full, from its step trace
+    full_engine_beyond: list[str] = field(default_factory=list)  # what of that replay lay past its own steps
+    concurrency: float | None = None  # requests its engines run at once, where they say (``concurrency``)
+    discarded: list[int] = field(default_factory=list)  # shards it ran whose outputs were thrown away (rejected)
+    engines_kept: bool = False     # it went on with the last run's engines, no start (the main phase, same config)
+
+    @property
+    def fill(self) -> float | None:
+        """Its requests ÷ what its engines run at once (under 2: one draining batch; under ``FILLED``: reads low)."""
+        return self.requests / self.concurrency if self.concurrency else None
+
+    @property
+    def rate(self) -> float | None:
+        """Output tok/s over the run's generation time (probe tokens included: the engine made them in it)."""
+        tokens = self.output_tokens + self.probe_output_tokens
+        return tokens / self.generation_s if self.status == "ok" and self.generation_s > 0 and tokens else None
+
+    @property
+    def value(self) -> float | None:
+        """What the study is told: the full-engine rate where the run's steps give one, else its plain rate."""
+        return self.full_engine_tok_s or self.rate
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "output_tok_s": self.rate, "fill": self.fill}
+
+
+FIELDS = frozenset(f.name for f in fields(RunRecord))
+
+
+class RunLog:
+    """``<output_dir>/tune/runs.jsonl``: the finished runs, oldest first."""
+
+    def __init__(self, root: Path):
+        self.path = root / "runs.jsonl"
+
+    def read(self) -> list[RunRecord]:
+        if not self.path.exists():
+            return []
+        records = []
+        for n, line in enumerate(self.path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                data = json.loads(line)
+            except json.JSONDecodeError:  # a line cut by a kill while written: that run is not finished
+                continue
+            records.append(RunRecord(**{k: v for k, v in data.items() if k in FIELDS}))  # derived or newer keys
+        return records
+
+    def append(self, record: RunRecord) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record.to_dict()) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def sample_order(shards: int, seed: int) -> list[int]:
+    """Every shard index in a seeded random order: the order the tuning phase takes shards in.
+
+    Shards are consecutive runs of records, so a run sees a random sample of the file's
+    records in blocks of ``shard_size``, drawn from the whole file, not its first lines.
+    """
+    order = list(range(shards))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
+    """How many shards each trial takes (and each confirmation run at least: ``confirm_shards``).
+
+    The tuning budget (``max_share`` of the job's shards) is split evenly over the trials and
+    ``2 × max_confirm_rounds`` confirmation runs (the rounds asked for and those the confirmation
+    may add while undecided), so each run measures as many tokens as the budget allows; where runs
+    that small would hold fewer than ``min_run_requests`` requests, over the trials and
+    ``2 × confirm_rounds`` runs only (no room for added rounds). ``shards_per_run`` sets it by hand.
+    A run must hold at least ``min_run_requests`` requests (several engine batches, so that ramp-up
+    and the drain at its end are a small part of its time); a job too small for that is refused
+    before any engine starts.
+    """
+    shards = index.shards(shard_size)
+    runs = int(tune["trials"]) + 2 * int(tune["confirm_rounds"])
+    budget = int(float(tune["max_share"]) * shards)
+    given = tune.get("shards_per_run")
+    min_requests = int(tune["min_run_requests"])
+    roomy = int(tune["trials"]) + 2 * max(int(tune.get("max_confirm_rounds") or 0), int(tune["confirm_rounds"]))
+    k = int(given) if given else budget // roomy
+    if not given and k * shard_size < min_requests:   # too small for room to add rounds: the rounds asked for
+        k = budget // runs
+    if given and k * runs > budget:
+        raise TroughputError(f"batch.tune.shards_per_run={k} × {runs} runs = {k * runs} shards, over "
+                             f"batch.tune.max_share={tune['max_share']} of the job's {shards} shards ({budget})")
+    if k < 1 or k * shard_size < min_requests:
+        per_run = math.ceil(min_requests / shard_size)
+        need = math.ceil(per_run * runs / float(tune["max_share"])) * shard_size
+        raise TroughputError(
+            f"the job is too small for {tune['trials']} trials and {tune['confirm_rounds']} confirmation rounds: "
+            f"{runs} runs of at least {min_requests} requests (batch.tune.min_run_requests) within "
+            f"batch.tune.max_share={tune['max_share']} of its {index.records:,} records needs about {need:,} "
+            f"records (shard_size {shard_size}). Use fewer trials or confirmation rounds, a lower "
+            f"batch.tune.min_run_requests, or tune separately (troughput-tune) and run the job with batch.engine_file=")
+    return k
+
+
+FILLED = 8.0  # runs of fewer than this many times what their engines run at once read their config's rate low
+
+
+def confirm_shards(k: int, shard_size: int, room: int, rounds: int, concurrencies: dict[str, float | None],
+                   target: float) -> dict[str, int]:
+    """Shards per confirmation run, for each side (``default``, ``candidate``).
+
+    Both sides at one fill (a run's requests ÷ what its engines run at once, ``concurrencies``,
+    known from the trial each side's config ran), up to ``target``: as high as ``rounds`` rounds of
+    both fit in ``room`` shards, never fewer than ``k`` shards a run (the trials' run size, for
+    which the trials kept room), so where the budget holds less than the target, the side that
+    runs fewer at once may run fuller than the other (at ``k``). Where either side's concurrency
+    is unknown (Ray; an engine that does not say its ``max_num_seqs``), or ``target`` is 0, both run
+    ``k``: runs sized for one side only would compare two fills. Where ``room`` holds not even
+    ``k`` a run, also ``k`` (over the budget; the caller warns).
+
+    Why: a confirmation run that holds less than about 2× what its engines run at once is one
+    draining batch (``concurrency``), so a candidate that runs many sequences at once reads low
+    against the defaults and is not called a winner, and the rest of the job's prediction, which
+    rests on these runs, reads long.
+    """
+    seats = list(concurrencies.values())
+    if target <= 0 or any(not c or c <= 0 for c in seats):
+        return {side: k for side in concurrencies}
+
+    def sizes(fill: float) -> dict[str, int]:
+        return {side: max(k, math.ceil(fill * c / shard_size - 1e-9)) for side, c in concurrencies.items()}
+
+    def fits(fill: float) -> bool:
+        return sum(sizes(fill).values()) * rounds <= room
+
+    if fits(target):
+        return sizes(target)
+    # the largest fill that fits, to a quarter of the smallest step one shard makes on either side
+    low, high, step = 0.0, float(target), min(shard_size / c for c in seats) / 4  # type: ignore[operator]
+    while high - low > step:
+        mid = (low + high) / 2
+        low, high = (mid, high) if fits(mid) else (low, mid)
+    return sizes(low)
+
+
+def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]],
+                per_engine_cap: int | None = None) -> float | None:
+    """How many of a run's requests its engines run at once: per engine, its ``max_num_seqs`` or the requests its
+    KV cache holds, whichever is fewer (and at most ``per_engine_cap``: an engine fed one shard at a time runs
+    at most a shard); summed over the engines. ``None`` where an engine does not say its ``max_num_seqs``
+    (vLLM's adapter and the simulator do) or the run has no requests.
+
+    What a request holds: its prompt plus half its output on average while it runs, weighted by its output
+    length (a long output holds its KV for longer, so the requests running at any moment are the long ones):
+    ``Σ o × (p + o/2) ÷ Σ o`` over the run's (prompt, output) token counts ``lengths``.
+
+    A run of fewer than about 2× that many requests runs as one batch that drains: every request starts at
+    once and the engine empties as the short ones finish, so it measures the drain, below what the same config
+    does fed without end (the main phase); its full-engine rate (``harness.batch.tune.tune_predict``) does not."""
+    if not limits or not lengths or any(not (lim or {}).get("max_num_seqs") for lim in limits):
+        return None
+    outputs = sum(o for _, o in lengths)
+    held = (sum(o * (p + o / 2) for p, o in lengths) / outputs if outputs
+            else sum(p for p, _ in lengths) / len(lengths))
+    cap = per_engine_cap or math.inf
+    return float(sum(min(lim["max_num_seqs"], cap, lim["kv_cache_tokens"] / held if lim.get("kv_cache_tokens") and held
+                         else math.inf) for lim in limits))
+
+
+def probe_requests(plan: Plan, index: Index, shard: int, count: int, max_tokens: int) -> list[Request]:
+    """The quality guard's probe: ``count`` requests of ``shard``, greedy, at most ``max_tokens`` each."""
+    items = _items(plan, index, {shard}, Options(plan.default_max_tokens, "benchmark"))
+    requests = [replace(i.request, id=f"probe-{i.request.id}", max_tokens=min(i.request.max_tokens, max_tokens))
+                for i in items if i.request is not None]
+    return requests[:count]
+
+
+def sample_requests(plan: Plan, index: Index, shards: set[int]) -> list[Request]:
+    """The requests of ``shards`` as the engines get them (the job's sampling)."""
+    return [i.request for i in _items(plan, index, shards, Options(plan.default_max_tokens, plan.sampling))
+            if i.request is not None]
+
+
+def sample_summary(plan: Plan, index: Index, shards: set[int]) -> dict[str, Any]:
+    """Requests and requested prompt and output tokens of ``shards`` (what the sizing heuristic sizes for)."""
+    requests = [i.request for i in _items(plan, index, shards, Options(plan.default_max_tokens, plan.sampling))
+                if i.request is not None]
+    return {"requests": max(len(requests), 1), "input_tokens_requested": sum(len(r.prompt_token_ids) for r in requests),
+            "output_tokens_requested": sum(r.max_tokens for r in requests)}
+
+
+def _items(plan: Plan, index: Index, shards: set[int], options: Options) -> Iterator[Item]:
+    tok = TextTokenizer(Path(plan.model["local_dir"]))
+    for shard in iter_shards(Path(plan.input), plan.format, plan.shard_size, shards.__contains__):
+        yield from convert_shard(shard, plan.format, tok, options, index, Path(plan.input), plan.max_model_len,
+                                 plan.served_models())
