@@ -16,7 +16,7 @@ from harness.run.results import write_row
 from harness.run.spec import build_spec
 from harness.run.stepmodels import calibrate_sim_spec, full_engine_columns, predict_run, this_host_id
 from sweeps.objective import Objective
-from tests.conftest import compose
+from tests.conftest import FAKE_ENGINE, compose
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "vllm_cpu_steps"
 
@@ -118,3 +118,44 @@ def test_a_job_past_the_replay_cap_goes_on_at_the_full_engine_rate(tmp_path, mon
     assert capped["predicted_rest_s"] == pytest.approx(whole["predicted_rest_s"], rel=0.05)
     assert capped["predicted_rest_output_tokens"] == pytest.approx(whole["predicted_rest_output_tokens"], rel=0.05)
     shutil.rmtree(tmp_path / "steps")
+
+
+def test_the_runner_keeps_the_prediction_made_before_a_run_beside_what_it_measured(results, monkeypatch):
+    """The scripted engine, scheduling like vLLM (``token_s``: ``schedules_like`` vllm-v1), stands for a vLLM run:
+    the runner asks for the prediction before the run (the real ``predict_run`` on the spec as vLLM's on the CPU
+    default, from the fixture's traces) and writes it beside what the run measured (``prediction.sim.*``). Where
+    the prediction fails, the row keeps why."""
+    import dataclasses
+
+    import harness.run.runner as runner
+    import harness.run.stepmodels as stepmodels
+    from harness.run.runner import execute
+
+    made = []
+
+    def as_vllm(run_spec):
+        as_run = dataclasses.replace(run_spec, engine="vllm", knobs={**run_spec.knobs, "enforce_eager": True})
+        made.append(predict_run(as_run))   # vLLM as the CPU default runs it (eager), like the fixture's runs
+        return made[-1]
+
+    monkeypatch.setattr(runner, "predict_run", as_vllm)
+    run_spec = spec(results, f"engine.name={FAKE_ENGINE}", "run.warmup_requests=0", "+engine.knobs.token_s=0.001")
+    row = execute(run_spec, progress=False)
+    assert row["status"] == "ok" and row["engine_info.scheduler"] == "vllm-v1", row.get("error")
+    [prediction] = made
+    assert prediction.rate > 0 and "refitted from 4 vllm run(s)" in prediction.note
+    assert row["prediction.sim.predicted"] == prediction.rate and row["prediction.sim.unit"] == "output tok/s"
+    assert row["prediction.sim.measured"] == row["output_tok_s"] > 0
+    assert row["prediction.sim.error"] == pytest.approx(row["output_tok_s"] / prediction.rate - 1)
+    assert row["prediction.sim.lo"] == pytest.approx(prediction.rate * (1 - prediction.interval))
+    assert row["prediction.sim.hi"] == pytest.approx(prediction.rate * (1 + prediction.interval))
+    assert row["prediction.sim.note"] == prediction.note
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("scripted replay failure")
+
+    monkeypatch.setattr(stepmodels, "replay", broken)
+    row = execute(run_spec, progress=False)
+    assert row["status"] == "ok" and row["prediction.sim.predicted"] is None
+    assert row["prediction.sim.note"] == "not predicted: RuntimeError: scripted replay failure"
+    assert row["prediction.sim.measured"] == row["output_tok_s"] and row["prediction.sim.error"] is None
