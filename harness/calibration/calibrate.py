@@ -9,7 +9,8 @@ tok/s is printed beside the measured one. The file goes to
 ``conf/calibration/<engine>/<hardware>-<model>.yaml`` with the host id it was fitted on;
 ``engine=sim`` applies it only on that host (``harness.run.stepmodels``).
 
-Usage: ``troughput-calibrate [engine=vllm] [hardware=cpu] [model=tiny] [run.results_dir=results] [--dry-run]``
+Usage: ``troughput-calibrate [engine=vllm] [hardware=cpu] [model=tiny] [run.results_dir=results] [--dry-run]
+[--out-dir DIR]`` (``DIR/vllm/<hardware>-<model>.yaml`` instead of ``conf/calibration``)
 (with no argument: the default config's cell).
 """
 

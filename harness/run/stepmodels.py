@@ -142,16 +142,18 @@ def _present(value: Any) -> bool:
 
 @dataclass
 class RunPrediction:
-    """A real run's output tok/s as predicted before it ran."""
+    """A real run's output tok/s as predicted before it ran; ``rate`` None where the prediction failed (``note``
+    says why, and the row keeps it as ``prediction.sim.note``)."""
 
-    rate: float
+    rate: float | None
     interval: float | None
     note: str
 
 
 def predict_run(spec: Any) -> RunPrediction | None:
-    """``spec``'s output tok/s from this host's earlier traces of its engine and model, or None (no traces,
-    another engine than the simulator's, or a simulator failure, which is logged)."""
+    """``spec``'s output tok/s from this host's earlier traces of its engine and model; None where there is nothing
+    to predict from (no traces, another engine than the simulator's); a failure of the fit or the replay is logged
+    and returned as a prediction without a rate whose note says why."""
     from harness.ordering.policies import apply_ordering
 
     if spec.engine != STANDS_FOR or not spec.hardware_spec:
@@ -165,7 +167,7 @@ def predict_run(spec: Any) -> RunPrediction | None:
         replays = [replay(model, shard, spec.knobs, spec.model, spec.hardware_spec) for shard in shards]
     except Exception as e:  # noqa: BLE001 - a prediction never stops a measured run
         log.warning("no step-model prediction for this run: %s: %s", type(e).__name__, e)
-        return None
+        return RunPrediction(None, None, f"not predicted: {type(e).__name__}: {e}"[:500])
     seconds = max(r.seconds for r in replays)
     beyond = sorted({b for r in replays for b in r.beyond})
     note = why + (f"; extrapolates past the traces in {', '.join(beyond)}" if beyond else "")

@@ -6,7 +6,13 @@ tokens and hinges on tokens at a few knees, prefill tokens, KV tokens, encoder t
 requests preempted).
 ``scipy.optimize.lsq_linear`` keeps every coefficient ≥ 0 (the hinges ≥ 0 make the
 linear-layer curve convex and increasing: flat-then-rising on a GPU, growing on a CPU);
-a part the traces never exercise (no images) is left out and stays 0. No step is dropped as
+a part the traces never exercise (no images) is left out and stays 0. So are the context parts
+(``kv_token_s``, ``prefill_pair_s``) where no step of the traces knows its context (``context`` and
+``decode_context`` all -1: vLLM's engine core in a child process does not say it): there the
+attended context would fall back to the KV cache in use, the very column of ``kv_held_s``, and
+the two would split one effect between them at random; the KV cache in use (``kv_held_s``) then
+carries attention alone, which the simulator's replay knows as well (``seen["context"]`` is then the
+largest KV cache in use, what the fit saw of attention). No step is dropped as
 an outlier: a slow step (the first large batch of a process, a pause of the host) is part of
 what a run costs, and small batches, rare in a trace, are exactly where a prediction of a
 draining run needs them. The interval of
@@ -27,6 +33,7 @@ from engines.stepmodel import StepModel, StepShape
 
 KNEE_FRACTIONS = (0.125, 0.25, 0.5, 0.75)  # knees at these fractions of the largest step's tokens
 MIN_INTERVAL = 0.02
+CONTEXT_PARTS = ("kv_token_s", "prefill_pair_s")   # priced by the steps' context: fitted only where it is known
 
 
 @dataclass
@@ -75,11 +82,15 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
     knees = sorted({round(top * f) for f in KNEE_FRACTIONS if top * f >= 2})
     design = features(frame, knees)
     used = [i for i in range(design.matrix.shape[1]) if np.any(design.matrix[:, i] != design.matrix[0, i]) or i == 0]
+    if not _knows_context(frame):   # kv_token_s would be kv_held_s's column again: left out, stays 0
+        used = [i for i in used if design.names[i] not in CONTEXT_PARTS]
     weight = frame["weight"].to_numpy(float)
     y = frame["dt"].to_numpy(float)
     coef = _solve(design.matrix, y, weight, used)
     values = {name: max(0.0, float(v)) for name, v in zip(design.names, coef)}  # BVLS can end a hair below 0
-    at_bound = [name for name, i in zip(design.names, range(len(coef))) if i in used and coef[i] <= 0.0
+    # on its bound: 0, or so near it that the part adds under a millionth of the mean step (BVLS ends a hair off)
+    share = coef * np.abs(design.matrix).mean(axis=0) / max(float(y.mean()), 1e-12)
+    at_bound = [name for i, name in enumerate(design.names) if i in used and share[i] < 1e-6
                 and not name.startswith("knee")]
     interval = _interval(frame["run"].to_numpy(), design.matrix, y, weight, used, coef)
     return StepModel(
@@ -95,6 +106,11 @@ def fit_step_model(traces: dict[str, pd.DataFrame], host_id: str | None = None, 
         interval=interval, at_bound=tuple(at_bound), host_id=host_id, hardware=hardware,
         source=source or f"{len(traces)} run(s), {int(weight.sum())} steps, fitted "
                          f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC")
+
+
+def _knows_context(frame: pd.DataFrame) -> bool:
+    """Whether any step says its context (``context`` or ``decode_context`` ≥ 0)."""
+    return any(name in frame and bool((frame[name] >= 0).any()) for name in ("context", "decode_context"))
 
 
 def _solve(matrix: np.ndarray, y: np.ndarray, weight: np.ndarray, used: list[int]) -> np.ndarray:

@@ -70,20 +70,21 @@ def engine_share(requests: list[Request], engines: int) -> list[Request]:
 
 
 def full_engine_rate(root: Path, label: str, requests: list[Request], model_cfg: dict[str, Any],
-                     hardware_spec: dict[str, Any]) -> tuple[float | None, list[str]]:
-    """The run's config with its engines kept full (output tok/s, all engines; None where it kept no trace), and
-    what of the replay lay past the run's own steps (a draining run's batch never reached the engine's seats)."""
+                     hardware_spec: dict[str, Any]) -> tuple[float | None, list[str], str | None]:
+    """The run's config with its engines kept full (output tok/s, all engines), what of the replay lay past the
+    run's own steps (a draining run's batch never reached the engine's seats), and, where there is no rate, why
+    (the run kept no trace, had no requests, or the fit or replay failed; the run's record keeps it)."""
     traces, metas = load_runs(root, [label])
     if not traces or not requests:
-        return None, []
+        return None, [], "not computed: " + ("the run kept no step trace" if not traces else "no requests to replay")
     try:
         model = fit_step_model(traces)
         rate, replayed = replayed_full_rate(model, engine_share(requests, metas[0]["engines"]), metas[0]["knobs"],
                                             model_cfg, hardware_spec)
     except (ValueError, MemoryError, RuntimeError) as e:
         log.warning("%s: no full-engine rate (%s)", label, e)
-        return None, []
-    return rate * metas[0]["engines"], replayed.beyond
+        return None, [], f"not computed: {type(e).__name__}: {e}"[:500]
+    return rate * metas[0]["engines"], replayed.beyond, None
 
 
 def predict_rest(root: Path, labels: Sequence[str], load_requests: Callable[[set[int]], list[Request]],

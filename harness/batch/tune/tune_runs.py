@@ -47,6 +47,7 @@ class RunRecord:
     agreement: float | None = None  # token agreement of the probe with the engine defaults' (quality guard)
     full_engine_tok_s: float | None = None  # its config with the engines kept full, from its step trace
     full_engine_beyond: list[str] = field(default_factory=list)  # what of that replay lay past its own steps
+    full_engine_note: str | None = None  # why it has no full-engine rate where it was asked for one (then: its rate)
     concurrency: float | None = None  # requests its engines run at once, where they say (``concurrency``)
     discarded: list[int] = field(default_factory=list)  # shards it ran whose outputs were thrown away (rejected)
     engines_kept: bool = False     # it went on with the last run's engines, no start (the main phase, same config)

@@ -310,7 +310,7 @@ class InJobTuning:
                          {**plan.knobs, **{f"engine_{k}": v for k, v in limits.items() if v}},
                          max(len(run.engine_limits), 1), committed)
         if saved and kind in ("trial", "confirm") and committed and limits.get("scheduler") == REPLAYABLE:
-            record.full_engine_tok_s, record.full_engine_beyond = full_engine_rate(
+            record.full_engine_tok_s, record.full_engine_beyond, record.full_engine_note = full_engine_rate(
                 self.root, label, self._requests(set(committed)), self.plan.model, self._hardware())
         run.finishes, run.engine_limits, run.lengths = [], [], []  # measured; not carried into the job's totals
         failed = [f"shard {i}: {why}" for i, why in sorted(run.shards_failed.items())] + run.errors
@@ -525,6 +525,8 @@ def _describe(record: RunRecord) -> str:
         rate += (f" (full engine {record.full_engine_tok_s:,.1f}"
                  + (f", extrapolated in {', '.join(record.full_engine_beyond)}" if record.full_engine_beyond else "")
                  + ")")
+    elif record.full_engine_note:
+        rate += f" (no full-engine rate: {record.full_engine_note})"
     text = f"{record.status}, {rate}, {record.requests} requests, {len(record.shards)} shards committed"
     if record.fill is not None:   # under 2: one draining batch
         text += f", {record.fill:.2f}× the {record.concurrency:.0f} requests its engines run at once"

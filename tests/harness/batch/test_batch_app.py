@@ -9,6 +9,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
+
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
 from tests.harness.batch.conftest import batch_app, chat, completion, numbered, read_jsonl, troughput_batch, write_jsonl
@@ -177,6 +179,52 @@ def test_a_decision_whose_winner_has_two_replicas_drives_a_job_with_two_engines(
     assert row["knob.max_num_seqs"] == 16 and row["requests_ok"] == 8
     logs = sorted(p.name.rsplit(".", 2)[-2] for p in (tmp_path / "results" / "logs").glob("*.worker*.log"))
     assert logs == ["worker1", "worker2"], "two engines, one per replica"
+
+
+def test_a_tuned_source_predicts_the_jobs_rate_and_the_row_keeps_it_beside_what_the_job_measured(tmp_path: Path):
+    """A decision whose config has a full-engine rate predicts that (req/s scaled alike); a tuned engine file whose
+    run has none predicts the run's measured rate; a decision measured on another host predicts nothing comparable:
+    no ``prediction.batch_rate.*`` columns, and the row says so."""
+    from harness.run.results import write_row
+    from harness.run.stepmodels import this_host_id
+
+    results, here = tmp_path / "results", this_host_id()
+    for decision_id, host in (("d3", here), ("d4", "another-host")):
+        write_row(results, {
+            "decision_id": decision_id, "model": "tiny", "verdict": "clear winner", "workload": "unique",
+            "chosen.engine": "vllm", "chosen.ordering": "as_given", "chosen.knob.max_num_seqs": 4,
+            "chosen.output_tok_s": 900.0, "chosen.req_s": 90.0, "chosen.full_engine_tok_s": 1200.0,
+            "host_id": host}, kind="decisions", id_key="decision_id")
+    write_row(results, {"run_id": "r9", "workload": "unique", "output_tok_s": 321.0, "req_s": 9.0,
+                        "full_engine_tok_s": None, "env.host_id": here})
+    tuned = tmp_path / "fake-tuned.yaml"
+    tuned.write_text(f"# Tuned by troughput-tune, study 'fake-tiny', trial 2, run r9\nname: {FAKE_ENGINE}\n"
+                     "python: null\nenv: {}\nreplicas: 1\nknobs:\n  max_num_seqs: 4\ncanonical: {}\n")
+    path = numbered(tmp_path / "batch.jsonl", 6)
+    sources = {"d3": ["batch.decision=d3", FAKE], "d4": ["batch.decision=d4", FAKE],
+               "file": [f"batch.engine_file={tuned}"]}
+    for name, source in sources.items():
+        proc = batch_app(tmp_path, *source, GREEDY, f"batch.input={path}", f"batch.output_dir={tmp_path / name}",
+                         "batch.shard_size=3")
+        assert proc.returncode == 0, proc.stderr
+    rows = {Path(r["output_dir"]).name: r for r in read_rows(results, "batch")}
+    decision = rows["d3"]
+    assert decision["config_source.predicted_method"] == "full engine (step model)"
+    assert decision["predicted_output_tok_s"] == 1200.0 and decision["predicted_req_s"] == pytest.approx(120.0)
+    assert decision["prediction.batch_rate.predicted"] == 1200.0
+    assert decision["prediction.batch_rate.measured"] == decision["output_tok_s"] > 0
+    assert decision["prediction.batch_rate.error"] == pytest.approx(decision["output_tok_s"] / 1200.0 - 1)
+    assert decision["prediction.batch_rate.unit"] == "output tok/s"
+    assert decision["prediction.batch_rate.note"] == "full engine (step model) of decision"
+    assert decision["predicted_other_host"] is False
+    tuned_row = rows["file"]
+    assert tuned_row["config_source.run_id"] == "r9" and tuned_row["predicted_req_s"] == 9.0
+    assert tuned_row["prediction.batch_rate.predicted"] == 321.0
+    assert tuned_row["prediction.batch_rate.measured"] == tuned_row["output_tok_s"] > 0
+    assert tuned_row["prediction.batch_rate.note"] == "measured rate of engine_file"
+    elsewhere = rows["d4"]
+    assert elsewhere["predicted_other_host"] is True and elsewhere["predicted_output_tok_s"] == 1200.0
+    assert not any(k.startswith("prediction.batch_rate.") for k in elsewhere), "not compared across hosts"
 
 
 def test_the_row_times_the_scan_of_the_input_and_the_merge_apart(tmp_path: Path, monkeypatch) -> None:

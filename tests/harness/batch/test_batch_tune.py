@@ -112,6 +112,27 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp
     assert len(logs) == 1, "one worker for the whole job: each run restarts the engine in it (batch.tune.restart)"
 
 
+def test_a_trial_whose_steps_give_no_full_engine_rate_keeps_why_in_its_record(tmp_path: Path, monkeypatch) -> None:
+    """The step model cannot be fitted (scripted): every trial and confirmation run says why it has no full-engine
+    rate, in ``tune.runs`` and in its log line, and the job goes on with the plain rates."""
+    from harness.batch.tune import tune_predict
+
+    def failing(traces, **kwargs):
+        raise ValueError("scripted: no usable step")
+
+    monkeypatch.setattr(tune_predict, "fit_step_model", failing)
+    path, args = _job(tmp_path, 256)
+    proc = batch_app(tmp_path, *args, "batch.tune.trials=2", "batch.tune.max_confirm_rounds=null",
+                     "+engine.knobs.token_s=0.002", "+engine.knobs.max_num_seqs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = read_rows(tmp_path / "results", "batch")
+    asked = [r for r in row["tune.runs"] if r["kind"] in ("trial", "confirm")]
+    assert len(asked) == 8 and all(r["full_engine_tok_s"] is None and r["output_tok_s"] for r in asked)
+    assert {r["full_engine_note"] for r in asked} == {"not computed: ValueError: scripted: no usable step"}
+    assert row["tune.runs"][-1]["kind"] == "main" and row["tune.runs"][-1]["full_engine_note"] is None
+    assert "(no full-engine rate: not computed: ValueError: scripted: no usable step)" in proc.stdout + proc.stderr
+
+
 def test_a_job_too_small_for_the_trials_is_refused_before_any_engine_starts(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 40)
     proc = batch_app(tmp_path, *args, "batch.tune.trials=4", "+engine.knobs.fail_in=start")

@@ -149,10 +149,41 @@ def test_a_draining_runs_full_engine_rate_is_what_the_engine_keeps_fed_without_e
     trial = _requests(_lengths(320, 0), 0)
     trace, seconds = _sim_run(trial, 256)
     save_run(tmp_path, "trial 0", trace, knobs, 1, [0])
-    full, beyond = full_engine_rate(tmp_path, "trial 0", trial, {"name": "t", "local_dir": str(model_dir)}, hardware)
+    full, beyond, why_not = full_engine_rate(tmp_path, "trial 0", trial, {"name": "t", "local_dir": str(model_dir)},
+                                             hardware)
+    assert why_not is None
     assert "seqs" not in beyond, "its steps reached the engine's 256 seats (its context did not: said so)"
     long = _requests(_lengths(20_000, 7), 7)
     _, long_seconds = _sim_run(long, 256)
     fed = sum(r.max_tokens for r in long) / long_seconds
     assert full / fed == pytest.approx(1.0, abs=0.10)
     assert sum(r.max_tokens for r in trial) / seconds < 0.8 * fed, "the trial's own rate is its drain"
+
+
+def test_a_run_without_a_full_engine_rate_keeps_why(tmp_path, model_dir, monkeypatch) -> None:
+    """Where the full-engine rate cannot be had (no trace, or the fit fails), the run's record says why, kept in
+    ``tune/runs.jsonl``, and the study is told its plain rate."""
+    from harness.batch.tune import tune_predict
+    from harness.batch.tune.tune_predict import full_engine_rate, save_run
+    from harness.batch.tune.tune_runs import RunLog, RunRecord
+
+    knobs = {"max_num_seqs": 8, "block_size": 16, "max_model_len": 1024, "kv_cache_memory_bytes": 1 << 34}
+    hardware = {"name": "cpu", "kind": "cpu", "peak_flops_bf16": 1e12, "bandwidth_bytes_s": 1e11}
+    model = {"name": "t", "local_dir": str(model_dir)}
+    trial = _requests(_lengths(32, 0), 0)
+    trace, _ = _sim_run(trial, 8)
+    save_run(tmp_path, "trial 0", trace, knobs, 1, [0])
+    assert full_engine_rate(tmp_path, "trial 9", trial, model, hardware) == \
+        (None, [], "not computed: the run kept no step trace")
+
+    def failing(traces, **kwargs):
+        raise ValueError("scripted: no usable step")
+
+    monkeypatch.setattr(tune_predict, "fit_step_model", failing)
+    rate, beyond, why_not = full_engine_rate(tmp_path, "trial 0", trial, model, hardware)
+    assert (rate, beyond, why_not) == (None, [], "not computed: ValueError: scripted: no usable step")
+    log = RunLog(tmp_path / "tune")
+    log.append(RunRecord(kind="trial", label="trial 0", values={}, shards=[0], output_tokens=100, generation_s=2.0,
+                         full_engine_tok_s=rate, full_engine_beyond=beyond, full_engine_note=why_not))
+    [kept] = log.read()
+    assert kept.full_engine_note == why_not and kept.value == kept.rate == 50.0

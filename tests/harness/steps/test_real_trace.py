@@ -68,3 +68,18 @@ def test_the_recorded_steps_are_what_the_replay_schedules(runs, model_cfg):
     assert len(steps) == len(trace)
     assert sum(s.prefill for s in steps) == trace["prefill"].sum()
     assert sum(s.decode for s in steps) == trace["decode"].sum()
+
+
+def test_with_the_context_unknown_the_kv_cache_in_use_carries_attention_alone(runs, model_cfg):
+    """vLLM's engine core in a child process does not say the steps' context (``context``/``decode_context`` -1):
+    the attended context would then be the KV cache in use again, ``kv_held_s``'s own column, so the context parts
+    are left out of the fit (0) and ``kv_held_s`` prices attention; the held-out run is still predicted."""
+    fitted = {slug: pd.read_parquet(FIXTURE / f"{slug}.parquet").assign(context=-1.0, decode_context=-1.0)
+              for slug, run in runs.items() if run["role"] == "fit"}
+    model = fit_step_model(fitted)
+    assert model.kv_token_s == 0.0 and model.prefill_pair_s == 0.0, "no context: nothing fitted per context token"
+    assert model.kv_held_s > 0, "the KV cache in use carries attention"
+    run = runs["unique_seqs32"]
+    engine = {f"engine_{k}": v for k, v in run["engine"].items() if v}
+    got = replay(model, requests(run["lengths"], 0), {**run["knobs"], **engine}, model_cfg, CPU)
+    assert run["output_tok_s"] / got.rate == pytest.approx(1.0, abs=0.10)

@@ -97,6 +97,47 @@ def test_every_trial_is_a_row_and_memory_failures_cap_later_proposals(tmp_path, 
         capsys.readouterr().out
 
 
+def test_the_study_is_told_the_full_engine_rate_and_the_confirmation_uses_measured_rates(tmp_path, monkeypatch):
+    """Each trial's row gets a scripted full-engine rate, far above any measured one, that ranks the configs the
+    other way round from what they measure (fewer sequences: higher); the study is told it, says so
+    (``value_from``), and the side-by-side confirmation compares measured rates only. The engine defaults' row
+    has none: its measured rate, ``measured``."""
+    import harness.run.runner
+    from harness.tune.cli import tune
+
+    def scripted(spec, row):
+        seqs = spec.knobs.get("max_num_seqs")
+        if row.get("status") != "ok" or seqs is None:
+            return {"full_engine_tok_s": None, "full_engine_note": None}
+        return {"full_engine_tok_s": 1e7 / seqs, "full_engine_note": "scripted"}
+
+    monkeypatch.setattr(harness.run.runner, "full_engine_columns", scripted)
+    summary = tune(compose(*settings(tmp_path, 4, **{"tune.confirm_rounds": 3, "tune.confirm_top": 1}),
+                           config_name="tuning"))
+    rows = {r["run_id"]: r for r in read_rows(tmp_path / "results")}
+    complete = [t for t in load(tmp_path).get_trials() if t.state == optuna.trial.TrialState.COMPLETE]
+    assert len(complete) >= 3 and any(not t.params for t in complete), "the defaults and two tuned configs ran"
+    for trial in complete:
+        row = rows[trial.user_attrs["run_id"]]
+        if trial.params:
+            assert row["full_engine_tok_s"] == 1e7 / trial.params["engine.knobs.max_num_seqs"]
+            assert trial.values == [row["full_engine_tok_s"]] and row["full_engine_tok_s"] != row["output_tok_s"]
+            assert trial.user_attrs["value_from"] == "full_engine"
+        else:
+            assert row["full_engine_tok_s"] is None
+            assert trial.values == [row["output_tok_s"]] and trial.user_attrs["value_from"] == "measured"
+    tuned = [t for t in complete if t.params]
+    best = max(tuned, key=lambda t: t.values[0])
+    assert best.params["engine.knobs.max_num_seqs"] == min(t.params["engine.knobs.max_num_seqs"] for t in tuned), \
+        "ranked by the full-engine rate, not by what the trials measured"
+    measured = summary["confirm"]["measured"]
+    assert set(measured) == {"default", f"trial {best.number}"}
+    for which, values in measured.items():
+        confirm_rows = [r for r in rows.values() if r.get("confirm") == which]
+        assert len(confirm_rows) == 3 and all(r["full_engine_tok_s"] for r in confirm_rows if which != "default")
+        assert sorted(values) == sorted(r["output_tok_s"] for r in confirm_rows), "a verdict rests on measurements"
+
+
 # Every config runs one step of step_s on 4 requests: no knob value here changes the speed.
 FLAT_SPACE = """
 space:
