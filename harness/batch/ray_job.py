@@ -115,7 +115,18 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True,
     finally:
         bar.close()
         release(groups)
+        _forget(key)
     return tally(state, sorted(state.committed() - before), run, began)
+
+
+def _forget(key: str) -> None:
+    """What this pipeline's engine actors left in Ray's store removed (``ray_stages.forget``)."""
+    from harness.batch.ray_stages import forget
+
+    try:
+        forget(key)
+    except Exception:  # noqa: BLE001 - the store is gone with the session
+        log.debug("could not clear the actors' reports of pipeline %s", key, exc_info=True)
 
 
 def explain(error: Exception, key: str) -> str:
