@@ -269,6 +269,9 @@ def tally(state: JobState, indices: list[int], run: ShardsRun, began: float | No
     for i in indices:
         meta = state.meta(i)
         run.add(meta)
+        # the engine's own step count (its latest, per actor process: a restarted actor's engine counts anew), as
+        # the local runner takes it from each worker's results
+        run.engine_counted(f"{meta.get('engine_node')}/{meta.get('engine_pid')}", meta.get("engine_steps_since_start"))
         run.peak_worker_rss_bytes = max(run.peak_worker_rss_bytes, meta.get("peak_rss_bytes") or 0)
         if meta.get("started_at"):
             starts.append(meta["started_at"])
