@@ -128,7 +128,9 @@ class EngineStage:
             watchdog.set()
         self.capacity = (start.get("extra") or {}).get("max_num_seqs")
         self.about = {"engine_pid": os.getpid(), "engine_node": _node_id(),
-                      "startup_s": start.get("startup_s"), "code_dir": str(Path(__file__).resolve().parents[2])}
+                      "startup_s": start.get("startup_s"), "code_dir": str(Path(__file__).resolve().parents[2]),
+                      **({"fault_hook": start["extra"]["fault_hook"]} if (start.get("extra") or {}).get("fault_hook")
+                         else {})}   # a test hook set (engines.faults): in each shard's meta, for the row
         self.commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.waiting: dict[str, tuple[threading.Event, dict[str, Any]]] = {}
         self.lock = threading.Lock()

@@ -121,6 +121,29 @@ def test_engines_that_fail_leave_the_job_incomplete_and_a_fixed_rerun_finishes_i
     assert [r["status"] for r in sorted(rows, key=lambda r: r["timestamp"])] == ["incomplete", "ok"]
 
 
+def test_a_fault_hook_left_set_warns_and_shows_in_the_row_and_a_bad_value_stops_the_engine_naming_it(
+        tmp_path: Path) -> None:
+    """``TROUGHPUT_FAULT_AFTER_STEPS`` (a test hook, ``engines.faults``) set by mistake: before, an engine without
+    the hook (the scripted one) said nothing, even of a value like ``twenty``; vLLM, which has it, failed mid-job
+    with nothing in the row to say why it was asked to, or at its start with Python's bare ``invalid literal for
+    int()``. Now every engine checks the value before it starts and says the hook is set (a warning in its log,
+    ``engine_info.fault_hook`` in the row)."""
+    path = numbered(tmp_path / "batch.jsonl", 4)
+    args = [FAKE, GREEDY, f"batch.input={path}", "batch.shard_size=2"]
+    ran = batch_app(tmp_path, *args, f"batch.output_dir={tmp_path / 'set'}", "+engine.env.TROUGHPUT_FAULT_AFTER_STEPS=5")
+    assert ran.returncode == 0, ran.stderr
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["engine_info.fault_hook"] == ("TROUGHPUT_FAULT_AFTER_STEPS=5 is set, but engine 'fake' has no such "
+                                             "hook: it has no effect")
+    logs = "".join(p.read_text() for p in (tmp_path / "results" / "logs").glob("*.worker*.log"))
+    assert "troughput: warning: TROUGHPUT_FAULT_AFTER_STEPS=5 is set" in logs
+    bad = batch_app(tmp_path, *args, f"batch.output_dir={tmp_path / 'bad'}",
+                    "+engine.env.TROUGHPUT_FAULT_AFTER_STEPS=twenty")
+    assert bad.returncode == 1 and "TROUGHPUT_FAULT_AFTER_STEPS='twenty': must be an integer >= 0" in bad.stdout
+    rows = sorted(read_rows(tmp_path / "results", "batch"), key=lambda r: r["timestamp"])
+    assert [r["status"] for r in rows] == ["ok", "incomplete"] and rows[1]["engine_info.fault_hook"] is None
+
+
 def test_slurm_array_through_submitit_local(tmp_path: Path) -> None:
     path = numbered(tmp_path / "batch.jsonl", 10)
     out = tmp_path / "out"

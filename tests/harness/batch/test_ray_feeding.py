@@ -126,17 +126,20 @@ def test_on_ray_a_long_tailed_job_takes_the_engine_steps_it_takes_on_one_node(tm
 
 @pytest.mark.engine   # joins the session's Ray head: one Ray Data pipeline, beside the same job on one node
 @pytest.mark.xdist_group("ray")
-def test_engine_steps_are_the_engines_own_counts_on_ray_as_on_one_node(tmp_path: Path, ray_head) -> None:
+def test_engine_steps_and_a_fault_hook_note_come_from_the_engines_on_ray_as_on_one_node(tmp_path: Path,
+                                                                                      ray_head) -> None:
     """The scripted engine counts its own steps from 1,000 (knob ``step_counter``), a count no step trace holds; two
     engines, on one node and on Ray: each row's ``engine_steps`` is each engine's latest count summed over its
     engines, from its shards' metas (``engine_steps_since_start``), not the traces' steps. Before, a Ray row
-    summed the step traces (under 1,000) while a local row took the engines' counts."""
+    summed the step traces (under 1,000) while a local row took the engines' counts. A test hook left set in the
+    engines' environment (``engines.faults``) is in both rows (``engine_info.fault_hook``)."""
     from harness.run.results import read_rows
     from tests.harness.batch.conftest import numbered, read_jsonl, troughput_batch
 
     path = numbered(tmp_path / "batch.jsonl", 24, max_tokens=8)
     common = [f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark", f"batch.input={path}", "batch.shard_size=4",
-              "+engine.knobs.token_s=0.02", "+engine.knobs.step_counter=1000"]
+              "+engine.knobs.token_s=0.02", "+engine.knobs.step_counter=1000",
+              "+engine.env.TROUGHPUT_FAULT_AFTER_STEPS=1000"]   # no effect on the scripted engine, but said
     local = troughput_batch(tmp_path, *common, f"batch.output_dir={tmp_path / 'local'}", "engine.replicas=2")
     ray = troughput_batch(tmp_path, *common, f"batch.output_dir={tmp_path / 'ray'}", "batch.scale=ray",
                           f"batch.ray.address={ray_head.address}", "batch.ray.actors=2", env=ray_head.driver_env,
@@ -151,3 +154,5 @@ def test_engine_steps_are_the_engines_own_counts_on_ray_as_on_one_node(tmp_path:
         traced = sum(m["engine_steps"] for m in metas)
         assert rows[scale]["engine_steps"] == sum(latest.values()), (scale, rows[scale]["engine_steps"], latest)
         assert rows[scale]["engine_steps"] >= 1000 * len(latest) + traced * 0.9 and traced < 1000, (scale, traced)
+        assert rows[scale]["engine_info.fault_hook"] == ("TROUGHPUT_FAULT_AFTER_STEPS=1000 is set, but engine 'fake' "
+                                                         "has no such hook: it has no effect"), scale
