@@ -34,7 +34,9 @@ class Plan:
     replicas: int = 1
     device_kind: str = "cpu"
     in_flight: int = 2
-    stall_timeout_s: float | None = 1800.0  # a worker with work and no progress this long is killed (None: never)
+    stall_timeout_s: float | None = 1800.0  # an engine still STARTING this long, with shards waiting, looks hung:
+    #   its worker is killed (on Ray its actor ends, not restarted); None: never. A running engine is not watched
+    #   (a request may rightly take longer; ``harness.batch.job._Runner._kill_stalled`` says why)
     sampling: str = "as_given"
     default_max_tokens: int | None = 256
     allow_remote_images: bool = False

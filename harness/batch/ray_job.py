@@ -237,8 +237,10 @@ def _through_ray_llm(ds: Any, plan: Plan, opts: dict[str, Any], here: dict[str, 
 
 def engine_resources(opts: dict[str, Any]) -> dict[str, Any]:
     """Each engine actor's resources: ``num_cpus``/``num_gpus``, or a placement group of ``bundles`` (TP, PP), one
-    per actor started (a restarted actor gets a new one); each group made is appended to ``opts["groups"]``, which
-    ``run_ray`` releases when its pipeline is over (``release``)."""
+    per actor Ray Data creates (``ray_remote_args_fn`` runs in ``ActorPoolMapOperator._start_actor``); an actor Ray
+    restarts (``batch.ray.max_restarts``) keeps its creation options, so it goes back into its own group, and no new
+    one is made. Each group made is appended to ``opts["groups"]``, which ``run_ray`` releases when its pipeline is
+    over (``release``)."""
     bundles = opts.get("bundles")
     if not bundles:
         return {"num_cpus": float(opts["num_cpus"]), "num_gpus": float(opts["num_gpus"])}
