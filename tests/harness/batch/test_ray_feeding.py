@@ -15,7 +15,8 @@ from engines.base import Request
 from harness.batch.pool import MAX_IN_FLIGHT_FACTOR
 from tests.conftest import FAKE_ENGINE
 
-GAP_S, GAP_TOLERANCE_S = 1.5, 0.5   # the stage's gate and feeding loop poll at 0.05-0.5 s: above, never below
+GAP_S = 3.0                    # the stage's gate and feeding loop poll at 0.05-0.5 s: above, never below
+GAP_TOLERANCE_S = 0.5 * GAP_S  # a share of the gap, so that the gap, not a loaded host's speed, decides
 
 
 def stage(knobs: dict[str, Any], in_flight: int = 1, shard_size: int = 4) -> Any:
@@ -73,7 +74,7 @@ def test_an_engine_actor_s_shards_carry_idle_time_steps_and_occupancy() -> None:
     first = actor.generate(0, shard(0, [5, 5]))
     time.sleep(GAP_S)
     second = actor.generate(1, shard(1, [5, 5]))
-    assert first["measured"]["idle_before_s"] < 0.5
+    assert first["measured"]["idle_before_s"] < 0.25 * GAP_S   # fed at once: far below the gap
     assert GAP_S <= second["measured"]["idle_before_s"] <= GAP_S + GAP_TOLERANCE_S, second["measured"]
     from engines.steptrace import occupancy
 
