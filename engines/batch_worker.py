@@ -37,7 +37,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from engines import get_engine_class
+from engines import faults, get_engine_class
 from engines.base import Engine, Request
 from engines.feeding import Feeder, ShardOutput, feeder_for
 from engines.worker import emit, peak_rss_bytes, pin_to_cores, reserve_stdout_for_events
@@ -47,8 +47,10 @@ def start_engine(job: dict[str, Any]) -> tuple[Engine, dict[str, Any]]:
     """The job's engine, validated and started; with its ``StartInfo`` as a dict."""
     engine = get_engine_class(job["engine"])(job["model"], job.get("knobs") or {})
     engine.validate()
+    faults.after_steps()   # a test hook's bad value stops the start before the engine loads (engines.faults)
     start = asdict(engine.start())
     start["extra"]["scheduler"] = engine.schedules_like   # whether the simulator can replay its steps
+    faults.announce(start["extra"], engine.name)   # a test hook left set warns, and the start info says so
     return engine, start
 
 

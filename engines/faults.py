@@ -6,13 +6,17 @@
 vLLM's engine-core process is killed for memory on a GPU. With ``TROUGHPUT_FAULT_FILE=<path>`` only the first
 ``TROUGHPUT_FAULT_TIMES`` engines (default 1) fail, counted across processes in that file, so that an engine
 restarted after the failure runs on (the scripted test engine counts its ``fail_file`` knob the same way).
-Unset (every real job): nothing is counted or read. Standard library only (the worker side imports it).
+Unset (every real job): nothing is counted or read. Set, it never goes unseen: a value that is not an integer
+>= 0 stops the engine before it starts, with an error naming the variable; otherwise every engine start warns
+on stderr and says so in its start info (``extra["fault_hook"]``; a batch row's ``engine_info.fault_hook``), also
+on an engine whose adapter has no hook. Standard library only (the worker side imports it).
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -42,18 +46,64 @@ def claim(path: str | None, times: int) -> bool:
         return True
 
 
+def after_steps(env: Mapping[str, str] | None = None) -> int | None:
+    """``TROUGHPUT_FAULT_AFTER_STEPS`` as an integer >= 0, or ``None`` where it is unset; any other value is an error
+    naming the variable (checked before an engine starts, whether or not its adapter has the hook)."""
+    env = os.environ if env is None else env
+    value = env.get(AFTER_STEPS)
+    if value in (None, ""):
+        return None
+    try:
+        after = int(str(value).strip())
+    except ValueError:
+        after = -1
+    if after < 0:
+        raise ValueError(f"{AFTER_STEPS}={value!r}: must be an integer >= 0 (a test hook that makes the engine fail "
+                         f"after that many steps, engines/faults.py; unset it in a real job)")
+    return after
+
+
+def _times(env: Mapping[str, str]) -> int:
+    value = env.get(FAULT_TIMES) or "1"
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{FAULT_TIMES}={value!r}: must be an integer (how many engines fail, with "
+                         f"{FAULT_FILE})") from None
+
+
 def steps_before_fault(env: Mapping[str, str] | None = None) -> int | None:
     """The steps this engine may take before it fails (``TROUGHPUT_FAULT_AFTER_STEPS``), or ``None``: it never
     does (unset, or this engine is past ``TROUGHPUT_FAULT_TIMES`` of ``TROUGHPUT_FAULT_FILE``). Call it once per
     engine start: each call with a fault file counts one engine."""
     env = os.environ if env is None else env
-    value = env.get(AFTER_STEPS)
-    if value in (None, ""):
+    after = after_steps(env)
+    if after is None:
         return None
-    after = int(value)
-    if after < 0:
-        raise ValueError(f"{AFTER_STEPS}={value!r}: must be an integer >= 0")
-    return after if claim(env.get(FAULT_FILE), int(env.get(FAULT_TIMES) or 1)) else None
+    return after if claim(env.get(FAULT_FILE), _times(env)) else None
+
+
+def hook_note(after: int, fails: bool, env: Mapping[str, str] | None = None) -> str:
+    """What an adapter with the hook says of it in its start info (``extra["fault_hook"]``)."""
+    env = os.environ if env is None else env
+    if fails:
+        return f"{AFTER_STEPS}={after}: this engine fails at its step {after + 1} (a test hook, engines/faults.py)"
+    return (f"{AFTER_STEPS}={after} is set; this engine is past {FAULT_TIMES}={_times(env)} of {FAULT_FILE}="
+            f"{env.get(FAULT_FILE)}, so it does not fail (a test hook, engines/faults.py)")
+
+
+def announce(extra: dict[str, Any], engine: str, env: Mapping[str, str] | None = None) -> str | None:
+    """Once an engine has started: where ``TROUGHPUT_FAULT_AFTER_STEPS`` is set, its start info says so
+    (``extra["fault_hook"]``: the adapter's own note, else that this engine has no such hook) and a warning goes to
+    stderr (the worker's log), so a hook set by mistake leaves a trace in the row (``engine_info.fault_hook``).
+    Returns the note, ``None`` where the hook is unset."""
+    after = after_steps(env)
+    if after is None:
+        return None
+    note = extra.setdefault("fault_hook", f"{AFTER_STEPS}={after} is set, but engine {engine!r} has no such hook: "
+                                          f"it has no effect")
+    print(f"troughput: warning: {note}; unset {AFTER_STEPS} in a real job", file=sys.stderr, flush=True)
+    return str(note)
 
 
 def failing_after(step: Callable[..., Any], after: int, label: str) -> Callable[..., Any]:

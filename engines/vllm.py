@@ -11,7 +11,7 @@ from typing import Any
 from engines.base import Completion, Engine, EngineStats, EngineUnavailable, KnobError, Request, StartInfo
 from engines.common import check_names, dtype_name, load_images, model_eos_ids, preflight, token_ids_only
 from engines.decoding import decoding_of
-from engines.faults import failing_after, steps_before_fault
+from engines.faults import after_steps, failing_after, hook_note, steps_before_fault
 from engines.feeding import Feeder, OpenShard, ShardOutput, rejected
 from engines.knobs import NativeMapping, inverted
 from engines.statread import TEXT, StatReader
@@ -73,7 +73,8 @@ class VllmEngine(Engine):
         self.started = True
         config = self.llm.llm_engine.vllm_config
         self.step_logger = attach_step_logger(self.llm.llm_engine, self.step_trace, config, self.stat_reader)
-        fault_after = steps_before_fault()   # a test hook (engines.faults), unset in every real job
+        armed = after_steps()   # a test hook (engines.faults), unset in every real job
+        fault_after = steps_before_fault() if armed is not None else None
         if fault_after is not None:   # LLM.generate and VllmFeeder both advance the engine by llm_engine.step()
             self.llm.llm_engine.step = failing_after(self.llm.llm_engine.step, fault_after, "vLLM")
         compilation = config.compilation_config
@@ -93,7 +94,8 @@ class VllmEngine(Engine):
                                 "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
                                 "kv_cache_tokens": _kv_cache_tokens(config.cache_config) if _dp(config) == 1 else None,
                                 "dtype": dtype_name(config.model_config.dtype),
-                                "grammar_backend": config.structured_outputs_config.backend})
+                                "grammar_backend": config.structured_outputs_config.backend,
+                                **({} if armed is None else {"fault_hook": hook_note(armed, fault_after is not None)})})
 
     def generate(self, requests: list[Request], on_finish=None) -> list[Completion]:
         self.require_started()

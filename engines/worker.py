@@ -21,7 +21,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-from engines import get_engine_class
+from engines import faults, get_engine_class
 from engines.base import Completion, Engine, EngineUnavailable, KnobError, Request
 from engines.decoding import needs_tokenizer, unsupported
 from engines.devices import per_replica
@@ -169,10 +169,12 @@ def run_job(job_dir: Path) -> int:
         if why:
             raise EngineUnavailable(why)
         engine.validate()
+        faults.after_steps()   # a test hook's bad value stops the run before the engine loads (engines.faults)
         result["phase"] = "start"
         emit("phase", phase="start")
         result["start"] = asdict(engine.start())
         result["start"]["extra"]["scheduler"] = engine.schedules_like   # whether the simulator can replay its steps
+        faults.announce(result["start"]["extra"], engine.name)   # a test hook left set: a warning, engine_info
         warmup = requests[: int(job.get("warmup_requests", 0))]
         if warmup:
             result["phase"] = "warmup"

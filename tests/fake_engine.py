@@ -15,7 +15,13 @@ token ``max_tokens`` times, so token counts are exact. ``token_s`` makes ``feede
 running request a token each ``token_s`` and records each step in its step trace (``engines.steptrace``). ``dtype``:
 ``lossy`` changes every third output token (an output-changing knob, for the quality guard);
 any other value leaves outputs as they are. ``hang_in: start`` hangs the start for good, in every replica or
-only in replica ``hang_replica`` (1-based): a hung engine start, for the batch watchdog. ``fail_after_steps``
+only in replica ``hang_replica`` (1-based): a hung engine start, for the batch watchdog. ``start_file``: each
+engine start adds one to the count in that file (before it hangs), so a test counts the starts across processes.
+``fed_dir`` (with ``token_s``): each shard fed leaves a marker there (``<pid>-<n>.json``: the shard's key, its
+request ids, this process's id and Ray node id, when), so a test sees which engine, on which node, held a shard.
+``step_counter`` (with ``token_s``): the engine keeps its own count of steps since start, as vLLM does, starting
+from that number, in ``stats().extra["engine_steps"]``; a count its step traces cannot give, so a test tells which
+of the two a row holds. ``fail_after_steps``
 (with ``token_s``): the engine fails (``RuntimeError``, every request it runs) after that many steps, mid-shard,
 while its process lives; with ``fail_file`` only the first ``fail_times`` (default 1) engines do, counted across
 processes in that file (an engine that fails once, then works after a restart).
@@ -31,7 +37,7 @@ from engines.base import Completion, Engine, EngineStats, KnobError, Request, St
 
 KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs",
          "fail_replica", "sleep_cycle_s", "cycle_file", "token_s", "dtype", "hang_in", "hang_replica",
-         "fail_after_steps", "fail_file", "fail_times"}
+         "fail_after_steps", "fail_file", "fail_times", "start_file", "fed_dir", "step_counter"}
 
 
 class FakeEngine(Engine):
@@ -53,9 +59,14 @@ class FakeEngine(Engine):
     def start(self) -> StartInfo:
         if self.knobs.get("fail_in") == "start":
             raise RuntimeError("scripted failure in start")
+        if self.knobs.get("start_file"):   # counted across processes, as fail_file is (engines.faults.claim)
+            from engines.faults import claim
+
+            claim(self.knobs["start_file"], 1 << 62)
         self._hang("start")
         self.started = True
         self.generated = 0
+        self.steps_counted = int(self.knobs.get("step_counter") or 0)   # its own count (knob step_counter)
         if "token_s" in self.knobs:   # it streams: a seat limit and a token a step, which the simulator replays
             self.records_steps, self.schedules_like = True, "vllm-v1"
         cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
@@ -122,6 +133,7 @@ class FakeEngine(Engine):
                     running.clear()
                     return
                 n = len(running)
+                self.steps_counted += 1
                 for rid, state in list(running.items()):
                     state[0] -= 1
                     if state[0] <= 0:
@@ -140,7 +152,16 @@ class FakeEngine(Engine):
                 raise failure[0]
             return Completion(r.id, len(r.prompt_token_ids), self._tokens(r), cached_tokens=0)
 
-        return AsyncFeeder(one)
+        feeder = AsyncFeeder(one)
+        if self.knobs.get("fed_dir"):
+            feed, fed = feeder.feed, iter(range(1 << 62))
+
+            def marked(shard: str, requests: list[Request]) -> None:
+                _mark_fed(self.knobs["fed_dir"], shard, requests, next(fed))
+                feed(shard, requests)
+
+            feeder.feed = marked
+        return feeder
 
     def _fails(self) -> bool:
         """Whether this engine is one of the first ``fail_times`` to fail (all, without ``fail_file``): counted as
@@ -156,7 +177,25 @@ class FakeEngine(Engine):
         return [last + 1 if lossy and i % 3 == 2 else last for i in range(r.max_tokens)]
 
     def stats(self) -> EngineStats:
-        return EngineStats(preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0)
+        counted = {"engine_steps": getattr(self, "steps_counted", 0)} if "step_counter" in self.knobs else {}
+        return EngineStats(preemptions=0, prefix_cache_queries=0, prefix_cache_hits=0, extra=counted)
 
     def stop(self) -> None:
         self.started = False
+
+
+def _mark_fed(folder: str, shard: str, requests: list[Request], n: int) -> None:
+    """A marker of one shard fed to this engine (knob ``fed_dir``), written whole (renamed into place)."""
+    import json
+    import sys
+    from pathlib import Path
+
+    node = None
+    if "ray" in sys.modules:   # in a Ray actor: the node it runs on
+        import ray
+
+        node = ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
+    path = Path(folder) / f"{os.getpid()}-{n}.json"
+    path.with_suffix(".tmp").write_text(json.dumps({"shard": shard, "ids": [r.id for r in requests],
+                                                    "pid": os.getpid(), "node": node, "at": time.time()}))
+    os.replace(path.with_suffix(".tmp"), path)

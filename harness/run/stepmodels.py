@@ -87,19 +87,25 @@ def host_traces(results_dir: str | os.PathLike, model: str | None, host_id: str,
 
 def step_model_for(results_dir: str | os.PathLike, model: str | None, given: dict[str, Any] | None = None,
                    host_id: str | None = None, key: dict[str, Any] | None = None) -> tuple[StepModel | None, str]:
-    """The step model to use here, and how it was chosen (a sentence for the row). ``key`` (``speed_key``): a
-    calibration applies only where it was fitted for the same hardware config, and a refit reads only traces
-    of runs with the same key."""
+    """The step model to use here, and how it was chosen (a sentence for the row): refitted from this host's
+    own traces where the results folder has any (they were measured on this machine as it runs now; a
+    calibration file of the same kind of host, fitted in another session, read 28% fast after a fresh
+    clone's ``make run``), else the calibration file where it was fitted on this host for the same hardware
+    config, else none. ``key`` (``speed_key``): a refit reads only traces of runs with the same key."""
     host_id = host_id or this_host_id()
-    if given and given.get("host_id") == host_id and (key is None or given.get("hardware") in (None, key["hardware"])):
-        return StepModel.from_dict(given), f"calibration fitted on this host ({host_id})"
-    not_here = _not_applied(given, host_id, key) if given else ""
+    applies = bool(given) and given.get("host_id") == host_id and \
+        (key is None or given.get("hardware") in (None, key["hardware"]))
     traces = host_traces(results_dir, model, host_id, key=key)
     if traces:
         return (fit_step_model(traces, host_id=host_id, hardware=key["hardware"] if key else None),
-                not_here + f"refitted from {len(traces)} {STANDS_FOR} run(s) of this host ({host_id})")
+                f"refitted from {len(traces)} {STANDS_FOR} run(s) of this host ({host_id})"
+                + ("; this host's own traces win over the calibration file" if applies else
+                   "; " + _not_applied(given, host_id, key).rstrip("; ") if given else ""))
+    if applies:
+        return StepModel.from_dict(given), f"calibration fitted on this host ({host_id}); no trace of its own here"
     where = f" for {key['hardware']} ({', '.join(f'{k}={v}' for k, v in key.items() if k != 'hardware')})" if key else ""
-    return None, not_here + f"no step trace of this host{where} to fit: uncalibrated"
+    return None, (_not_applied(given, host_id, key) if given else "") + \
+        f"no step trace of this host{where} to fit: uncalibrated"
 
 
 def _not_applied(given: dict[str, Any], host_id: str, key: dict[str, Any] | None) -> str:

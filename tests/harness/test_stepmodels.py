@@ -159,3 +159,17 @@ def test_the_runner_keeps_the_prediction_made_before_a_run_beside_what_it_measur
     assert row["status"] == "ok" and row["prediction.sim.predicted"] is None
     assert row["prediction.sim.note"] == "not predicted: RuntimeError: scripted replay failure"
     assert row["prediction.sim.measured"] == row["output_tok_s"] and row["prediction.sim.error"] is None
+
+
+def test_this_hosts_own_traces_win_over_a_calibration_file_of_the_same_host(results):
+    """A file fitted on this kind of host in another session may be off by a quarter: the results folder's own
+    traces, measured on this machine as it runs now, are refitted instead; the file applies where there are none."""
+    from harness.run.stepmodels import step_model_for
+
+    stale = {"step_s": 1.0, "host_id": this_host_id(), "hardware": "cpu"}
+    model, why = step_model_for(results, "tiny", stale, key=None)
+    assert model.step_s < 0.1 and "own traces win over the calibration file" in why
+    empty = results / "elsewhere"
+    empty.mkdir()
+    model, why = step_model_for(empty, "tiny", stale, key=None)
+    assert model.step_s == 1.0 and "calibration fitted on this host" in why

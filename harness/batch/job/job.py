@@ -51,7 +51,8 @@ class ShardsRun:
     engine_s: float = 0.0          # engine-busy seconds, summed over shards (their measured wall_s)
     engine_idle_s: float = 0.0     # seconds an engine waited with nothing fed, summed (shard boundaries, driver)
     engine_steps: int | None = None  # engine steps since start, summed over engines, where the engine counts them
-    #                                  (else the steps the shards' step traces hold)
+    #                                  (``engine_counted``; else the row takes the steps the shards' traces hold)
+    steps_by_engine: dict[str, int] = field(default_factory=dict)  # each engine's own count, its latest
     traced_steps: int = 0            # steps in the shards' step traces
     occupancy_steps: int = 0         # of those, the steps whose engine's capacity is known ...
     running_share: float = 0.0       # ... and the sum over them of running ÷ capacity (``occupancy``)
@@ -68,6 +69,8 @@ class ShardsRun:
     lengths: list[tuple[int, int]] = field(default_factory=list)  # (prompt, output tokens) per request, kept for an
     #                                  in-job tuning's runs (``tune_runs.concurrency``)
     steps: StepRecorder = field(default_factory=StepRecorder)  # the engines' steps (bounded; harness.steps.store)
+    fault_hooks: list[str] = field(default_factory=list)  # what engines started with a test hook set said of it
+    #                                  (``engines.faults.announce``): the row's ``engine_info.fault_hook``
     serial: bool = False           # an engine ran a shard at a time (no ``feeder()``): at most a shard at once
     engines_kept: bool = False     # it went on with the previous run's engines (no start: no ``startup_s``)
 
@@ -82,9 +85,21 @@ class ShardsRun:
         self.engine_s += float(meta["engine_s"])
         self.engine_idle_s += float(meta.get("idle_before_s") or 0.0)
         self.traced_steps += int(meta.get("engine_steps") or 0)
+        if meta.get("fault_hook") and meta["fault_hook"] not in self.fault_hooks:   # on Ray, from the actor
+            self.fault_hooks.append(meta["fault_hook"])
         if meta.get("occupancy") is not None:
             self.occupancy_steps += int(meta["engine_steps"])
             self.running_share += float(meta["occupancy"]) * int(meta["engine_steps"])
+
+    def engine_counted(self, engine: str, steps: Any) -> None:
+        """An engine's own count of its steps since it started (``measured.engine_steps``, where the engine counts
+        them: vLLM), as of a shard it finished. ``engine_steps`` is each engine's latest (largest) count, summed
+        over engines: one rule on one node (an engine per worker) and on Ray (an engine per actor process,
+        ``harness.batch.scale.ray_job.tally``), so both rows' ``engine_steps`` come from the engines' own counters."""
+        if steps is None:
+            return
+        self.steps_by_engine[engine] = max(self.steps_by_engine.get(engine, 0), int(steps))
+        self.engine_steps = sum(self.steps_by_engine.values())
 
     @property
     def occupancy(self) -> float | None:
@@ -113,6 +128,7 @@ class ShardsRun:
             total.peak_worker_rss_bytes = max(total.peak_worker_rss_bytes, part.peak_worker_rss_bytes)
             total.shards_failed.update({i: why for i, why in part.shards_failed.items() if i not in committed})
             total.steps.extend(part.steps.snapshot())
+            total.fault_hooks += [h for h in part.fault_hooks if h not in total.fault_hooks]
         if parts and (total.shards_failed or not parts[-1].shards_run):
             total.errors = [e for part in parts for e in part.errors]
         return total
@@ -131,6 +147,9 @@ class ShardsRun:
             total.peak_worker_rss_bytes = max(total.peak_worker_rss_bytes, part["peak_worker_rss_bytes"])
             total.errors += part.get("errors", [])
             total.steps.extend(part.get("steps"))
+            if part.get("engine_steps") is not None:   # each task's engines are its own: their counts add up
+                total.engine_steps = (total.engine_steps or 0) + int(part["engine_steps"])
+            total.fault_hooks += [h for h in part.get("fault_hooks", []) if h not in total.fault_hooks]
         return total
 
 
@@ -196,7 +215,6 @@ class _Runner:
         self.t_ready: float | None = None
         self.t_last: float | None = None
         self.inside_startup: dict[int, float] = {}  # worker -> replica start-up inside its shards (engine=ray)
-        self.steps: dict[int, int] = {}  # worker -> its engine's steps since start, as of its latest shard
         self.sign_of_life: dict[int, float] = {}  # worker -> when it last said anything (while its engine starts)
         self.first_fed: dict[int, tuple[str, float]] = {}  # on engines kept from the last run: worker -> its first
         #                                                   shard and when it was handed over
@@ -283,6 +301,8 @@ class _Runner:
             self.started[worker] = time.monotonic()
             self.run.startup_s = max(self.run.startup_s or 0.0, event["start"].get("startup_s") or 0.0)
             extra = event["start"].get("extra") or {}
+            if extra.get("fault_hook") and extra["fault_hook"] not in self.run.fault_hooks:
+                self.run.fault_hooks.append(extra["fault_hook"])
             self.run.engine_limits.append({k: extra.get(k) for k in ("max_num_seqs", "kv_cache_tokens", "block_size",
                                                                          "max_num_batched_tokens", "scheduler")})
             if len(self.started) == pool.engines:  # every worker not parked
@@ -318,10 +338,7 @@ class _Runner:
             else:
                 self._commit(index, items, result, worker)
             self.run.steps.extend(result.get("steps"))
-            steps = result["measured"].get("engine_steps")
-            if steps is not None:
-                self.steps[worker] = max(self.steps.get(worker, 0), int(steps))
-                self.run.engine_steps = sum(self.steps.values())
+            self.run.engine_counted(f"worker {worker + 1}", result["measured"].get("engine_steps"))
             startup = float(result["measured"].get("startup_s") or 0.0)
             self.inside_startup[worker] = self.inside_startup.get(worker, 0.0) + startup
             if self.t_ready is None:  # a pool without start events: the first result marks the engines up
@@ -392,6 +409,9 @@ def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, it
             # ended), how many sequences they ran and that over what the engine holds
             "max_num_seqs": result["measured"].get("max_num_seqs"),
             "shards_in_engine": result["measured"].get("shards_in_engine"),  # once it was fed, itself included
+            # the engine's own count of its steps since it started, as this shard finished (where it counts them):
+            # on Ray the row's engine_steps is each engine's latest, summed (``ShardsRun.engine_counted``)
+            "engine_steps_since_start": result["measured"].get("engine_steps"),
             **occupancy(result.get("steps"), result["measured"].get("max_num_seqs")),
             "first_line": items[0].line, "last_line": items[-1].line,
             **plan.phase, **(extra or {}), "committed_at": time.time()}

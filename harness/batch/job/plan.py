@@ -34,7 +34,9 @@ class Plan:
     replicas: int = 1
     device_kind: str = "cpu"
     in_flight: int = 2
-    stall_timeout_s: float | None = 1800.0  # a worker with work and no progress this long is killed (None: never)
+    stall_timeout_s: float | None = 1800.0  # an engine still STARTING this long, with shards waiting, looks hung:
+    #   its worker is killed (on Ray its actor ends, not restarted); None: never. A running engine is not watched
+    #   (a request may rightly take longer; ``harness.batch.job.job._Runner._kill_stalled`` says why)
     sampling: str = "as_given"
     default_max_tokens: int | None = 256
     allow_remote_images: bool = False
@@ -48,7 +50,8 @@ class Plan:
     # "sha256:<hex>" of the whole input, set from the scan (``harness.batch.job.shards.scan``)
     input_digest: str = ""
     model_revision: str | None = None  # ``model_revision(model)`` when the plan was built
-    tune: dict[str, Any] = field(default_factory=dict)  # in-job tuning settings and space (``harness.batch.tune.tuning``)
+    # in-job tuning settings and space (``harness.batch.tune.tuning``)
+    tune: dict[str, Any] = field(default_factory=dict)
     phase: dict[str, Any] = field(default_factory=dict)  # which run of the job this is; recorded in each shard's meta
     job: str = ""  # the job's id when this plan is one phase of it (its knobs differ from the job's)
     served_model_names: list[str] = field(default_factory=list)  # more names a request's model may give (aliases)

@@ -65,6 +65,8 @@ def batch_row(plan: Plan, run_id: str, started: datetime, index: Index, run: Sha
         else run.traced_steps or None, "occupancy": run.occupancy, "generation_s": run.generation_s, "wall_s": wall_s,
         "output_tok_s": rate, "req_s": req_rate,
         "peak_driver_rss_bytes": peak_driver_rss_bytes, "peak_worker_rss_bytes": run.peak_worker_rss_bytes or None,
+        # a test hook set in the engines' environment (engines.faults): never silent, whether or not it fired
+        "engine_info.fault_hook": "; ".join(run.fault_hooks) or None,
         **prefixed("config_source", plan.source),
         "predicted_output_tok_s": predicted, "predicted_req_s": plan.source.get("predicted_req_s"),
         "predicted_job_s": run.output_tokens / predicted if predicted else None,

@@ -115,7 +115,18 @@ def run_ray(plan: Plan, state: JobState, index: Index, progress: bool = True,
     finally:
         bar.close()
         release(groups)
+        _forget(key)
     return tally(state, sorted(state.committed() - before), run, began)
+
+
+def _forget(key: str) -> None:
+    """What this pipeline's engine actors left in Ray's store removed (``ray_stages.forget``)."""
+    from harness.batch.scale.ray_stages import forget
+
+    try:
+        forget(key)
+    except Exception:  # noqa: BLE001 - the store is gone with the session
+        log.debug("could not clear the actors' reports of pipeline %s", key, exc_info=True)
 
 
 def explain(error: Exception, key: str) -> str:
@@ -226,8 +237,10 @@ def _through_ray_llm(ds: Any, plan: Plan, opts: dict[str, Any], here: dict[str, 
 
 def engine_resources(opts: dict[str, Any]) -> dict[str, Any]:
     """Each engine actor's resources: ``num_cpus``/``num_gpus``, or a placement group of ``bundles`` (TP, PP), one
-    per actor started (a restarted actor gets a new one); each group made is appended to ``opts["groups"]``, which
-    ``run_ray`` releases when its pipeline is over (``release``)."""
+    per actor Ray Data creates (``ray_remote_args_fn`` runs in ``ActorPoolMapOperator._start_actor``); an actor Ray
+    restarts (``batch.ray.max_restarts``) keeps its creation options, so it goes back into its own group, and no new
+    one is made. Each group made is appended to ``opts["groups"]``, which ``run_ray`` releases when its pipeline is
+    over (``release``)."""
     bundles = opts.get("bundles")
     if not bundles:
         return {"num_cpus": float(opts["num_cpus"]), "num_gpus": float(opts["num_gpus"])}
@@ -258,6 +271,9 @@ def tally(state: JobState, indices: list[int], run: ShardsRun, began: float | No
     for i in indices:
         meta = state.meta(i)
         run.add(meta)
+        # the engine's own step count (its latest, per actor process: a restarted actor's engine counts anew), as
+        # the local runner takes it from each worker's results
+        run.engine_counted(f"{meta.get('engine_node')}/{meta.get('engine_pid')}", meta.get("engine_steps_since_start"))
         run.peak_worker_rss_bytes = max(run.peak_worker_rss_bytes, meta.get("peak_rss_bytes") or 0)
         if meta.get("started_at"):
             starts.append(meta["started_at"])

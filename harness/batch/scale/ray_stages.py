@@ -118,6 +118,9 @@ class EngineStage:
         from engines.batch_worker import start_engine
 
         self.report_key = report_key  # where an actor that ends itself says why, for the driver (``say``)
+        hung = hung_before(report_key)
+        if hung:   # an error in ``__init__`` is not a crash: Ray does not restart the actor, Ray Data stops the job
+            raise StartHung(f"not restarted: this engine actor's start hung before ({hung})")
         watchdog = _start_watchdog(stall_timeout_s, report_key)   # the engine starts in this (the actor's main) thread
         try:
             self.engine, start = start_engine(job)
@@ -125,7 +128,9 @@ class EngineStage:
             watchdog.set()
         self.capacity = (start.get("extra") or {}).get("max_num_seqs")
         self.about = {"engine_pid": os.getpid(), "engine_node": _node_id(),
-                      "startup_s": start.get("startup_s"), "code_dir": str(Path(__file__).resolve().parents[3])}
+                      "startup_s": start.get("startup_s"), "code_dir": str(Path(__file__).resolve().parents[3]),
+                      **({"fault_hook": start["extra"]["fault_hook"]} if (start.get("extra") or {}).get("fault_hook")
+                         else {})}   # a test hook set (engines.faults): in each shard's meta, for the row
         self.commands: queue.Queue[dict[str, Any] | None] = queue.Queue()
         self.waiting: dict[str, tuple[threading.Event, dict[str, Any]]] = {}
         self.lock = threading.Lock()
@@ -224,19 +229,52 @@ ENGINE_HUNG = 71    # ... when its engine was still starting after batch.stall_t
 
 
 REPORTS = "troughput-actor-exit"  # Ray's internal key-value store: ``<REPORTS>:<report_key>:<pid>`` -> why
+HUNG = "troughput-start-hung"     # ... ``<HUNG>:<report_key>:<actor id>`` -> why: that actor's engine start hung
 
 
-def say(key: str | None, why: str) -> None:
-    """Leave ``why`` where the driver finds it after Ray gave up (Ray's message for a dead actor has no reason)."""
-    if not key:
-        return
+class StartHung(RuntimeError):
+    """A restarted engine actor whose previous process's engine start hung (``hung_before``)."""
+
+
+def _kv_put(name: str, value: str) -> None:
     try:
         from ray.experimental.internal_kv import _internal_kv_initialized, _internal_kv_put
 
         if _internal_kv_initialized():
-            _internal_kv_put(f"{REPORTS}:{key}:{os.getpid()}", why.encode(), overwrite=True)
+            _internal_kv_put(name, value.encode(), overwrite=True)
     except Exception:  # noqa: BLE001, S110 - the reason is also in the actor's log
         pass
+
+
+def _actor_id() -> str | None:
+    """This Ray actor's id (kept across its restarts); ``None`` outside an actor."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_actor_id() if ray.is_initialized() else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def say(key: str | None, why: str) -> None:
+    """Leave ``why`` where the driver finds it after Ray gave up (Ray's message for a dead actor has no reason)."""
+    if key:
+        _kv_put(f"{REPORTS}:{key}:{os.getpid()}", why)
+
+
+def hung_before(key: str | None) -> str | None:
+    """Why this actor's previous process ended, where its engine start hung (``_start_watchdog`` recorded it under
+    the actor's id, which a restart keeps); ``None`` for a first start, or outside Ray."""
+    actor = _actor_id() if key else None
+    if actor is None:
+        return None
+    try:
+        from ray.experimental.internal_kv import _internal_kv_get, _internal_kv_initialized
+
+        value = _internal_kv_get(f"{HUNG}:{key}:{actor}") if _internal_kv_initialized() else None
+    except Exception:  # noqa: BLE001 - no store: the actor starts as a first one
+        return None
+    return value.decode() if value else None
 
 
 def said(key: str) -> list[str]:
@@ -252,20 +290,37 @@ def said(key: str) -> list[str]:
     return reasons
 
 
+def forget(key: str) -> None:
+    """Remove what the actors of one pipeline (``key``) left in Ray's store (driver, once the pipeline is over: a
+    separately started head keeps its store for every later job)."""
+    from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_list
+
+    for prefix in (REPORTS, HUNG):
+        for name in _internal_kv_list(f"{prefix}:{key}:"):
+            _internal_kv_del(name)
+
+
 def _start_watchdog(limit: float | None, key: str | None = None) -> threading.Event:
     """An engine start that takes more than ``limit`` seconds (``batch.stall_timeout_s``) looks hung, as on one node:
-    the actor exits with ``ENGINE_HUNG`` (an actor that dies starting is not restarted: the job stops, its
-    committed shards stay, and the driver names the reason, ``harness.batch.scale.ray_job.explain``). Set the returned
-    event when the start is over."""
+    the actor exits with ``ENGINE_HUNG``. Ray restarts an actor whose process exits in ``__init__`` (a crash, not
+    an error of its creation task) up to ``batch.ray.max_restarts`` times, and a restart would hang again: so the
+    watchdog first records the hang under the actor's id (``HUNG``, in Ray's internal store, keyed by the pipeline),
+    and the restarted actor reads it (``hung_before``) and raises in its ``__init__`` before starting an engine: an
+    error Ray does not restart, and Ray Data ends the job at an actor that dies starting. So a hung start costs one
+    ``limit``, the job stops, its committed shards stay, and the driver names the reason
+    (``harness.batch.scale.ray_job.explain``). Set the returned event when the start is over."""
     import sys
 
     done = threading.Event()
+    actor = _actor_id() if key else None   # in the actor's main thread
 
     def watch() -> None:
         if not done.wait(limit):
             why = (f"the engine was still starting after {limit:g} s: it looks hung, so troughput ended its actor "
-                   f"(batch.stall_timeout_s={limit:g})")
+                   f"and does not restart it (batch.stall_timeout_s={limit:g})")
             print(f"troughput: {why}", file=sys.stderr, flush=True)
+            if actor is not None:
+                _kv_put(f"{HUNG}:{key}:{actor}", why)   # before the exit: the restart must find it
             say(key, why)
             os._exit(ENGINE_HUNG)
 

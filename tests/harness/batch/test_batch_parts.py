@@ -250,3 +250,19 @@ def test_a_truncated_jpeg_is_the_record_s_error_not_the_engine_s(tmp_path: Path)
     url = "data:image/jpeg;base64," + base64.b64encode(cut).decode()
     with pytest.raises(Exception, match="line 3: not a readable image"):
         resolve({"type": "image_url", "image_url": {"url": url}}, "line 3")
+
+
+def test_array_tasks_engine_steps_and_fault_hook_notes_add_up_when_merged() -> None:
+    """SLURM array tasks run engines of their own: their engines' step counts add up (none where no task's engine
+    counts them, so the row takes the traces' steps), and a test hook's note is kept once."""
+    from harness.batch.job.job import ShardsRun
+
+    def part(steps: int | None, hooks: list[str]) -> dict:
+        run = ShardsRun()
+        run.engine_counted("worker 1", steps)
+        run.fault_hooks = hooks
+        return run.to_dict()
+
+    merged = ShardsRun.merged([part(120, ["hook set"]), part(None, []), part(80, ["hook set"])])
+    assert merged.engine_steps == 200 and merged.fault_hooks == ["hook set"]
+    assert ShardsRun.merged([part(None, []), part(None, [])]).engine_steps is None

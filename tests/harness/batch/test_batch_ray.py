@@ -113,6 +113,27 @@ def test_without_an_engine_start_in_the_shards_start_up_is_the_wait_for_the_firs
     assert tally(state, [2], ShardsRun(), began=100.0).startup_s == 12.0, "an engine actor's own start wins"
 
 
+def test_ray_s_engine_steps_are_each_engine_s_own_latest_count_summed_over_its_processes(tmp_path: Path) -> None:
+    """As one node takes them from each worker's results: the engine's own count since start (not the step traces
+    in the shards' metas), its latest per engine process (node and pid: a restarted actor's engine counts anew),
+    summed over engines; none where no engine counts (the row then takes the traces' steps)."""
+    from harness.batch.job.job import ShardsRun
+    from harness.batch.job.state import JobState
+    from harness.batch.scale.ray_job import tally
+
+    state = JobState(tmp_path / "out")
+    state.shards_dir.mkdir(parents=True)
+    state.work_dir.mkdir(parents=True)
+    shard = {"ok": 1, "failed": 0, "prompt_tokens": 1, "output_tokens": 4, "engine_s": 1.0, "engine_steps": 7}
+    for i, (node, pid, count) in enumerate([("a", 11, 120), ("a", 11, 150), ("a", 12, 40), ("b", 11, 90),
+                                            ("a", 11, 140)]):   # pid 11 on node a finished shard 4 before shard 1
+        state.commit(i, [], [], {**shard, "engine_node": node, "engine_pid": pid, "engine_steps_since_start": count})
+    run = tally(state, list(range(5)), ShardsRun())
+    assert run.engine_steps == 150 + 40 + 90 and run.traced_steps == 5 * 7
+    state.commit(5, [], [], {**shard, "engine_node": "a", "engine_pid": 13, "engine_steps_since_start": None})
+    assert tally(state, [5], ShardsRun()).engine_steps is None, "an engine that counts no steps: no count"
+
+
 def test_a_plugin_engine_s_package_outside_the_checkout_is_shipped_to_the_nodes(tmp_path: Path, monkeypatch) -> None:
     import engines
 

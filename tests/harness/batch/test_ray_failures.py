@@ -60,10 +60,20 @@ def test_an_engine_that_fails_every_time_ends_the_job_after_the_restarts_allowed
 @pytest.mark.engine   # joins the session's Ray head and runs a Ray Data job
 @pytest.mark.xdist_group("ray")
 def test_a_hung_engine_start_on_ray_is_detected_after_the_stall_timeout(tmp_path: Path, ray_head: RayHead) -> None:
-    """Before, a Ray job whose engine start hung waited for ever (no watchdog on Ray)."""
+    """Before, a Ray job whose engine start hung waited for ever (no watchdog on Ray). Then the watchdog ended the
+    actor's process, which Ray restarts (a process that exits in ``__init__`` is a crash, not an error of the
+    creation task): every restart hung again, ``batch.ray.max_restarts`` + 1 starts of ``batch.stall_timeout_s``
+    each (11 × 1,800 s with the defaults) before the job stopped. The engine starts are counted (``start_file``):
+    exactly one, whatever ``max_restarts`` allows."""
     t0 = time.monotonic()
-    proc = _ray_job(tmp_path, ray_head, 4, "+engine.knobs.hang_in=start", "batch.stall_timeout_s=5", timeout=300)
+    proc = _ray_job(tmp_path, ray_head, 4, "+engine.knobs.hang_in=start", "batch.stall_timeout_s=5",
+                    f"+engine.knobs.start_file={tmp_path / 'starts'}", "batch.ray.max_restarts=10", timeout=420)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-3000:]
+    starts = int((tmp_path / "starts").read_text())
+    assert starts == 1, f"{starts} engine starts: the hung actor was restarted (and hung again)"
     assert "an engine actor ended itself: the engine was still starting after 5 s: it looks hung" in proc.stdout
+    assert "more such exits" not in proc.stdout, "one actor ended itself, once"
     assert "batch.stall_timeout_s=5" in proc.stdout
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["status"] == "incomplete" and "it looks hung" in row["error"]
     assert time.monotonic() - t0 < 240
