@@ -25,7 +25,7 @@ ROOMS = [
     ("harness/report/",),
     ("harness/calibration/", "harness/tune/"),  # harness/tune/: troughput-tune's Optuna studies
     ("harness/batch/job/",),  # the batch job itself: plan, shards, conversion, output, state, its row
-    ("harness/batch/scale/", "harness/batch/tune/"),  # where it runs (batch.scale); in-job tuning (harness/tune's tuner)
+    ("harness/batch/scale/", "harness/batch/tune/"),  # where it runs (batch.scale); in-job tuning
     ("harness/batch/",),  # troughput-batch: one invocation (launch.py) and its CLI, run with a chosen config or tuned
     ("harness/",),  # the top-level CLI modules (harness/cli.py, harness/docs.py)
     ("benchmarks/",),
