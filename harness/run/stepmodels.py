@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 STANDS_FOR = "vllm"   # the engine whose traces the simulator's step model is fitted to
 ANY = "*"   # a speed_key value that any run matches
-REPLAYABLE = "vllm-v1"
-NO_FULL_ENGINE = {"full_engine_tok_s": None, "full_engine_note": None}   # every row has the columns  # an engine's ``schedules_like`` (engine_info.scheduler) whose steps the simulator replays
+REPLAYABLE = "vllm-v1"   # an engine's ``schedules_like`` (engine_info.scheduler) whose steps the simulator replays
+NO_FULL_ENGINE = {"full_engine_tok_s": None, "full_engine_note": None}   # every row has the columns
 MAX_RUNS = 40         # the newest runs a refit reads
 
 
@@ -115,8 +115,8 @@ def _not_applied(given: dict[str, Any], host_id: str, key: dict[str, Any] | None
     """Why a calibration file was not applied here: fitted on another host, or for other hardware."""
     if given.get("host_id") != host_id:
         return f"the calibration file was fitted on host {given.get('host_id')}, not this one ({host_id})"
-    return f"the calibration file was fitted for hardware {given.get('hardware')}, not {key['hardware'] if key else '?'} " \
-        "(same host)"
+    wanted = key["hardware"] if key else "?"
+    return f"the calibration file was fitted for hardware {given.get('hardware')}, not {wanted} (same host)"
 
 
 def calibrate_sim_spec(spec: Any) -> Any:
