@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 STANDS_FOR = "vllm"   # the engine whose traces the simulator's step model is fitted to
 ANY = "*"   # a speed_key value that any run matches
-REPLAYABLE = "vllm-v1"
-NO_FULL_ENGINE = {"full_engine_tok_s": None, "full_engine_note": None}   # every row has the columns  # an engine's ``schedules_like`` (engine_info.scheduler) whose steps the simulator replays
+REPLAYABLE = "vllm-v1"   # an engine's ``schedules_like`` (engine_info.scheduler) whose steps the simulator replays
+NO_FULL_ENGINE = {"full_engine_tok_s": None, "full_engine_note": None}   # every row has the columns
 MAX_RUNS = 40         # the newest runs a refit reads
 
 
@@ -95,25 +95,28 @@ def step_model_for(results_dir: str | os.PathLike, model: str | None, given: dic
     host_id = host_id or this_host_id()
     applies = bool(given) and given.get("host_id") == host_id and \
         (key is None or given.get("hardware") in (None, key["hardware"]))
+    about_file = None if not given else \
+        "this host's own traces win over the calibration file" if applies else _not_applied(given, host_id, key)
     traces = host_traces(results_dir, model, host_id, key=key)
     if traces:
         return (fit_step_model(traces, host_id=host_id, hardware=key["hardware"] if key else None),
-                f"refitted from {len(traces)} {STANDS_FOR} run(s) of this host ({host_id})"
-                + ("; this host's own traces win over the calibration file" if applies else
-                   "; " + _not_applied(given, host_id, key).rstrip("; ") if given else ""))
+                _sentence(f"refitted from {len(traces)} {STANDS_FOR} run(s) of this host ({host_id})", about_file))
     if applies:
         return StepModel.from_dict(given), f"calibration fitted on this host ({host_id}); no trace of its own here"
     where = f" for {key['hardware']} ({', '.join(f'{k}={v}' for k, v in key.items() if k != 'hardware')})" if key else ""
-    return None, (_not_applied(given, host_id, key) if given else "") + \
-        f"no step trace of this host{where} to fit: uncalibrated"
+    return None, _sentence(about_file, f"no step trace of this host{where} to fit: uncalibrated")
+
+
+def _sentence(*parts: str | None) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 def _not_applied(given: dict[str, Any], host_id: str, key: dict[str, Any] | None) -> str:
     """Why a calibration file was not applied here: fitted on another host, or for other hardware."""
     if given.get("host_id") != host_id:
-        return f"the calibration file was fitted on host {given.get('host_id')}, not this one ({host_id}); "
-    return (f"the calibration file was fitted for hardware {given.get('hardware')}, not {key['hardware'] if key else '?'}"
-            f" (same host); ")
+        return f"the calibration file was fitted on host {given.get('host_id')}, not this one ({host_id})"
+    wanted = key["hardware"] if key else "?"
+    return f"the calibration file was fitted for hardware {given.get('hardware')}, not {wanted} (same host)"
 
 
 def calibrate_sim_spec(spec: Any) -> Any:

@@ -85,11 +85,14 @@ class ShardsRun:
         self.engine_s += float(meta["engine_s"])
         self.engine_idle_s += float(meta.get("idle_before_s") or 0.0)
         self.traced_steps += int(meta.get("engine_steps") or 0)
-        if meta.get("fault_hook") and meta["fault_hook"] not in self.fault_hooks:   # on Ray, from the actor
-            self.fault_hooks.append(meta["fault_hook"])
+        self.hooked([meta.get("fault_hook")])   # on Ray, from the actor
         if meta.get("occupancy") is not None:
             self.occupancy_steps += int(meta["engine_steps"])
             self.running_share += float(meta["occupancy"]) * int(meta["engine_steps"])
+
+    def hooked(self, notes: Any) -> None:
+        """Keep what engines said of a test hook set (``engines.faults.announce``), each note once, in order."""
+        self.fault_hooks += [n for n in dict.fromkeys(notes) if n and n not in self.fault_hooks]
 
     def engine_counted(self, engine: str, steps: Any) -> None:
         """An engine's own count of its steps since it started (``measured.engine_steps``, where the engine counts
@@ -128,7 +131,7 @@ class ShardsRun:
             total.peak_worker_rss_bytes = max(total.peak_worker_rss_bytes, part.peak_worker_rss_bytes)
             total.shards_failed.update({i: why for i, why in part.shards_failed.items() if i not in committed})
             total.steps.extend(part.steps.snapshot())
-            total.fault_hooks += [h for h in part.fault_hooks if h not in total.fault_hooks]
+            total.hooked(part.fault_hooks)
         if parts and (total.shards_failed or not parts[-1].shards_run):
             total.errors = [e for part in parts for e in part.errors]
         return total
@@ -149,7 +152,7 @@ class ShardsRun:
             total.steps.extend(part.get("steps"))
             if part.get("engine_steps") is not None:   # each task's engines are its own: their counts add up
                 total.engine_steps = (total.engine_steps or 0) + int(part["engine_steps"])
-            total.fault_hooks += [h for h in part.get("fault_hooks", []) if h not in total.fault_hooks]
+            total.hooked(part.get("fault_hooks", []))
         return total
 
 
@@ -301,8 +304,7 @@ class _Runner:
             self.started[worker] = time.monotonic()
             self.run.startup_s = max(self.run.startup_s or 0.0, event["start"].get("startup_s") or 0.0)
             extra = event["start"].get("extra") or {}
-            if extra.get("fault_hook") and extra["fault_hook"] not in self.run.fault_hooks:
-                self.run.fault_hooks.append(extra["fault_hook"])
+            self.run.hooked([extra.get("fault_hook")])
             self.run.engine_limits.append({k: extra.get(k) for k in ("max_num_seqs", "kv_cache_tokens", "block_size",
                                                                          "max_num_batched_tokens", "scheduler")})
             if len(self.started) == pool.engines:  # every worker not parked
