@@ -224,6 +224,7 @@ def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, 
             "ideal_prefix_hit_rate": _median(ok, "workload_info.ideal_prefix_hit_rate"),
         }
         record.update(_measurements(ok, run_values, samples, level))
+        record.update(_full_engine(ok, level))
         records.append(record)
     return pd.DataFrame.from_records(records)
 
@@ -286,6 +287,21 @@ def _passes(passes: Any, value: Any) -> list[float]:
     if isinstance(passes, (list, tuple, np.ndarray)) and len(passes):
         return [float(p) for p in passes if not _missing(p)]
     return [] if _missing(value) else [float(value)]
+
+
+def _full_engine(ok: pd.DataFrame, level: float) -> dict[str, Any]:
+    """The full-engine rate's interval over the config's runs (``full_engine_low``/``_high``: a t interval of the
+    geometric mean, centred on the median the tables show; none from one run) and the first run's note on it
+    (``full_engine_note``: what the replay extrapolated, or why there is no rate)."""
+    values = [float(v) for v in pd.to_numeric(ok.get("full_engine_tok_s", pd.Series(dtype=float)),
+                                              errors="coerce").dropna() if v > 0]
+    low = high = math.nan
+    if len(values) >= 2:
+        centre = float(np.median(values))
+        low, high = geometric_interval(values, level=level, centre_at=centre)
+        low, high = min(low, centre), max(high, centre)
+    notes = [str(n) for n in ok.get("full_engine_note", pd.Series(dtype=object)) if not _missing(n) and str(n)]
+    return {"full_engine_low": low, "full_engine_high": high, "full_engine_note": notes[0] if notes else None}
 
 
 def _median(frame: pd.DataFrame, column: str) -> float | None:

@@ -8,6 +8,10 @@ time = backlog ÷ rate + startup (compile included)
   full-engine rate where its rows have one (``full_engine_tok_s``: the step model fitted to its own
   steps, requests replayed with the engine kept full, as a backlog keeps it), else its measured
   rate, which includes each measured run's ramp-up and drain (``rate_source`` says which);
+- the range: ``total_low_h`` to ``total_high_h``, the time at the ends of the rate's interval (the full-engine
+  rate's over the config's runs, or the measured rate's); none where the rate has no interval (one run of a
+  full-engine rate). ``note`` says where the full-engine rate extrapolated past the runs' own steps
+  (a batch larger than any step recorded, a context longer) or why a config has none;
 - startup and compile: the config's measured seconds. Every adapter times the engine's
   constructor, which compiles (vLLM's torch.compile, SGLang's CUDA graphs, TensorRT-LLM's
   engine build) before it returns, so the startup shown is the measured startup minus
@@ -77,6 +81,7 @@ def plan_line(config: dict[str, Any], per_request: float | None, inputs: Planner
     startup = max(as_number(config.get("startup_s")) - compile_s, 0.0)
     full, measured = as_number(config.get("full_engine_tok_s"), math.nan), as_number(config.get("output_tok_s"), math.nan)
     scale, source = (full / measured, "full engine (step model)") if full > 0 and measured > 0 else (1.0, "measured")
+    low, high = _rate_range(config, full if source != "measured" else measured, source)
     if inputs.backlog_tokens:
         tokens = float(inputs.backlog_tokens)
         requests = tokens / per_request if per_request else math.nan
@@ -86,6 +91,8 @@ def plan_line(config: dict[str, Any], per_request: float | None, inputs: Planner
         tokens = requests * per_request if per_request else math.nan
         rate, unit, backlog = as_number(config.get("req_s"), math.nan) * scale, "req/s", requests
     total_s = job_seconds(config.get("startup_s"), backlog, rate)
+    slow_s, fast_s = (job_seconds(config.get("startup_s"), backlog, rate * f) if f == f else math.nan
+                      for f in (low, high))
     generate_s = job_seconds(0, backlog, rate)
     gpus = devices(config["engine"], config.get("knobs") or {})
     cost = total_s / 3600 * gpus * inputs.usd_per_gpu_hour
@@ -95,6 +102,20 @@ def plan_line(config: dict[str, Any], per_request: float | None, inputs: Planner
         "tokens_per_request": per_request, "backlog_requests": requests, "backlog_tokens": tokens,
         "rate": rate, "rate_unit": unit, "rate_source": source, "generate_s": generate_s, "startup_s": startup, "compile_s": compile_s,
         "total_s": total_s, "total_h": total_s / 3600, "window_h": inputs.window_h,
+        "total_low_h": fast_s / 3600, "total_high_h": slow_s / 3600,
+        "note": config.get("full_engine_note") if isinstance(config.get("full_engine_note"), str) else None,
         "clears": bool(total_s <= inputs.window_h * 3600), "slack_h": inputs.window_h - total_s / 3600,
         "gpus": gpus, "cost_usd": cost, "usd_per_m_tokens": cost / tokens * 1e6 if tokens else math.nan,
     }
+
+
+def _rate_range(config: dict[str, Any], centre: float, source: str) -> tuple[float, float]:
+    """The rate's interval as factors of the rate used (low, high); NaN where it has none."""
+    if source == "measured" and as_number(config.get("n_samples")) < 2:   # one sample: no interval
+        return math.nan, math.nan
+    low, high = ((config.get("full_engine_low"), config.get("full_engine_high")) if source != "measured"
+                 else (config.get("ci_low"), config.get("ci_high")))
+    low, high = as_number(low, math.nan), as_number(high, math.nan)
+    if not (centre > 0 and low > 0 and high > 0):
+        return math.nan, math.nan
+    return low / centre, high / centre

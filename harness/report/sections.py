@@ -265,12 +265,13 @@ def planner(report) -> Section | None:
     rows = [[p["cell_label"], p["engine"], p["label"], fmt(p["tokens_per_request"]), fmt(p["backlog_requests"], "int"),
              fmt(p["backlog_tokens"], "int"), f"{fmt(p['rate'])} {p['rate_unit']} ({p['rate_source']})",
              fmt(p["generate_s"] / 3600, "h"),
-             fmt(p["startup_s"], "s"), fmt(p["compile_s"], "s"), fmt(p["total_h"], "h"), fmt(p["window_h"], "h"),
+             fmt(p["startup_s"], "s"), fmt(p["compile_s"], "s"), fmt(p["total_h"], "h"),
+             fmt_interval(p["total_low_h"], p["total_high_h"], "h"), fmt(p["window_h"], "h"),
              ("yes" if p["clears"] else "no") + f" ({fmt(p['slack_h'], 'h')} h {'spare' if p['clears'] else 'over'})",
              str(p["gpus"]), fmt(p["cost_usd"], "usd"), fmt(p["usd_per_m_tokens"], "usd")]
             for p in plan.to_dict("records")]
     table = Table(["workload", "engine", "config", "tokens / request", "backlog requests", "backlog tokens", "rate",
-                   "generate h", "startup s", "compile s", "total h", "window h", "clears the window",
+                   "generate h", "startup s", "compile s", "total h", "total h, range", "window h", "clears the window",
                    "GPUs", "cost USD", "USD / M tokens"], rows, id="planner")
     lead = (f"Inputs: {inputs.describe()}. total = backlog ÷ rate + startup + compile, with each engine's "
             f"first-ranked config per workload (by the rule's estimate; not a verdict); tokens are prompt + output, "
@@ -278,7 +279,14 @@ def planner(report) -> Section | None:
             f"Startup excludes compile where the engine times compile inside startup (vLLM). Cost = total h × GPUs × "
             f"price; on a CPU host read the price as the machine-hour price. Change with --backlog-requests, "
             f"--backlog-tokens, --window-hours and --gpu-hour-usd.")
-    return Section("Idle-window planner and cost", "planner", [Paragraph([lead]), table])
+    lead += (" The range is the total at the ends of the rate's 95% interval over the config's runs (none from "
+             "one run).")
+    notes = [f"{p['engine']} {p['label']}: {first_line(p['note'], 300)}" for p in plan.to_dict("records")
+             if isinstance(p.get("note"), str) and p["note"]]
+    blocks = [Paragraph([lead]), table]
+    if notes:
+        blocks.append(Paragraph(["Where the full-engine rate is not what the runs saw: " + "; ".join(notes) + "."]))
+    return Section("Idle-window planner and cost", "planner", blocks)
 
 
 def failures(report) -> Section:

@@ -1,3 +1,5 @@
+import math
+
 import pytest
 
 from harness.report.data import group_configs, load_runs
@@ -60,3 +62,32 @@ def test_two_replicas_of_tensor_parallel_two_are_costed_as_four_gpus_for_every_e
     lines = planned(directory, PlannerInputs(usd_per_gpu_hour=1.0)).set_index("cell_label")
     assert lines.loc["unique", "gpus"] == 4 and lines.loc["prefix_heavy", "gpus"] == 2
     assert lines.loc["unique", "cost_usd"] == pytest.approx(lines.loc["unique", "total_h"] * 4)
+
+
+def test_the_planned_time_has_the_range_of_its_rate_and_says_where_the_full_engine_rate_extrapolated(results, row):
+    # three runs of one config, one pass each: the measured rate 100-120 output tok/s, full-engine 180-220
+    note = "extrapolates past the run's own steps in seqs"
+    directory = results(*(row("vllm", passes=(rate,), round=i, startup_s=0.0, full_engine_tok_s=full,
+                              full_engine_note=note if i == 1 else None)
+                          for i, (rate, full) in enumerate(((100, 180), (110, 200), (120, 220)), 1)),
+                        row("sglang", passes=(50,), round=1, startup_s=0.0))
+    lines = planned(directory, PlannerInputs(backlog_requests=100_000))
+    vllm, sglang = lines.loc["vllm"], lines.loc["sglang"]
+    assert vllm["rate_source"].startswith("full engine")
+    # the slow end of the rate gives the long end of the time, around the point estimate and not equal to it
+    assert vllm["total_low_h"] < vllm["total_h"] < vllm["total_high_h"]
+    assert vllm["note"] == note
+    # one run: no interval, so no range, and no full-engine rate to note
+    assert sglang["rate_source"] == "measured" and math.isnan(sglang["total_low_h"]) and not isinstance(sglang["note"], str)
+
+
+def test_the_planner_section_shows_the_range_and_the_extrapolation(results, row, tmp_path):
+    from harness.report.markdown import render
+    from harness.report.report import ReportOptions, build_report
+
+    note = "extrapolates past the run's own steps in context"
+    directory = results(*(row("vllm", passes=(rate,), round=i, full_engine_tok_s=2 * rate, full_engine_note=note)
+                          for i, rate in enumerate((100, 110, 120), 1)))
+    text = render(build_report(directory, "plan", options=ReportOptions(record=False)), tmp_path)
+    planner = text[text.index("Idle-window planner"):]
+    assert "total h, range" in planner and note in planner
