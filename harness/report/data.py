@@ -199,9 +199,11 @@ def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, 
     context = _label_context(frame)
     show_ordering = frame.groupby(["engine", *CELL], dropna=False)["ordering"].nunique().gt(1).any()
     records = []
+    plans = loop_plans(frame)
     for cid, rows in frame.groupby("config_id", sort=False):
         first = rows.iloc[0].to_dict()
-        ok = rows[rows["status"] == "ok"]
+        looks = plans.get(tuple(first[c] for c in CELL))
+        ok, uncounted = counted_runs(rows[rows["status"] == "ok"], looks)
         passes = [p for ps in ok["passes"] for p in ps]
         run_values = [representative(ps) for ps in ok["passes"] if ps]
         by_runs = len(run_values) >= MIN_RUNS_FOR_RUN_STATISTICS
@@ -215,6 +217,7 @@ def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, 
             "n_rows": len(rows), "n_ok": len(ok), "n_failed": len(rows) - len(ok),
             "failed_statuses": sorted(set(rows.loc[rows["status"] != "ok", "status"])),
             "run_ids": list(ok["run_id"]), "failed_run_ids": list(rows.loc[rows["status"] != "ok", "run_id"]),
+            "looks": looks, "uncounted_run_ids": uncounted,
             "commands": list(dict.fromkeys(c for c in ok["command"] if c)),
             "engine_version": ", ".join(sorted({str(v) for v in rows["engine_version"] if not _missing(v)})),
             "passes": passes, "n_passes": len(passes), "run_values": run_values, "n_runs": len(run_values),
@@ -227,6 +230,30 @@ def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, 
         record.update(_full_engine(ok, level))
         records.append(record)
     return pd.DataFrame.from_records(records)
+
+
+def loop_plans(frame: pd.DataFrame) -> dict[tuple, str]:
+    """Per cell, the plan of the first ``run.rounds=auto`` loop that added runs to it (its rows' ``looks`` label,
+    ``first-last``, the earliest by time): a cell's verdicts are judged by that plan, and its configs' estimates
+    count their runs up to its last look (``counted_runs``), so that a second loop over the same configs is no
+    further look at α (docs/verdicts.md, "Looking again")."""
+    if "looks" not in frame:
+        return {}
+    labelled = frame[[isinstance(v, str) and "-" in v for v in frame["looks"]]].sort_values("_time", kind="stable")
+    plans: dict[tuple, str] = {}
+    for row in labelled.to_dict("records"):
+        plans.setdefault(tuple(row[c] for c in CELL), row["looks"])
+    return plans
+
+
+def counted_runs(ok: pd.DataFrame, looks: str | None) -> tuple[pd.DataFrame, list[str]]:
+    """The successful runs a cell's loop plan counts (the first ``last`` in the order they ran; all of them where no
+    loop added runs), and the run ids of those it does not (runs past the plan's last look)."""
+    if not looks or len(ok) <= int(looks.split("-")[1]):
+        return ok, []
+    last = int(looks.split("-")[1])
+    ordered = ok.sort_values("_time", kind="stable")
+    return ordered.iloc[:last], list(ordered["run_id"].iloc[last:])
 
 
 def runs_x_passes(passes_per_run: Any) -> str:

@@ -70,7 +70,7 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         measured = measured[[failing[cid] is None for cid in measured["config_id"]]]
         winner = measured.iloc[0] if len(measured) else None
         runner_up, relation = _runner_up(measured)
-        looks = plan or _looks_of(rows, winner, runner_up)   # rows that a rounds=auto loop added say its plan
+        looks = plan or _looks_of(measured)   # a cell a rounds=auto loop added runs to: judged by its plan
         if runner_up is not None and _rule_prefers(runner_up, winner, min_effect, looks):
             winner, runner_up = runner_up, winner
         decision: dict[str, Any] = dict(zip(CELL, key)) | {
@@ -85,7 +85,11 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         if runner_up is not None:
             decision |= _side("runner_up", runner_up) | {"runner_up.relation": relation}
         decision |= _verdict(winner, runner_up, len(rows), min_effect, looks)
-        decision["indistinguishable"] = _indistinguishable(winner, measured, rows, min_effect, plan)
+        decision["indistinguishable"] = _indistinguishable(winner, measured, min_effect, looks)
+        decision |= _uncounted(measured, looks)
+        if decision.get("uncounted_runs"):
+            decision["flags"] = [*decision["flags"], "runs past the plan's last look"]
+            decision["reason"] += f"; {decision['uncounted_note']}"
         if decision["verdict"] in (CLOSE, EQUIVALENT) and len(decision["indistinguishable"]) > 1:
             others = "; ".join(f"{c['engine']}: {c['label']} ({c['verdict']})" for c in decision["indistinguishable"])
             decision["reason"] += f"; the rule cannot tell the first-ranked config from any of: {others}"
@@ -95,7 +99,7 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
     return decisions
 
 
-def _indistinguishable(first: pd.Series | None, measured: pd.DataFrame, rows: pd.DataFrame, min_effect: float,
+def _indistinguishable(first: pd.Series | None, measured: pd.DataFrame, min_effect: float,
                        plan: SequentialPlan | None) -> list[dict[str, Any]]:
     """Every other measured config of the cell that the rule does not put clearly behind the first-ranked one
     (too close to call, equivalent, or too few runs to compare), in rank order, with that pair's verdict: where
@@ -109,8 +113,7 @@ def _indistinguishable(first: pd.Series | None, measured: pd.DataFrame, rows: pd
         if min(len(first["run_values"]), len(other["run_values"])) < MIN_RUNS:
             verdict = INSUFFICIENT
         else:
-            looks = plan or _looks_of(rows, first, other)
-            verdict = _judge(first["run_values"], other["run_values"], min_effect, looks, estimate_rounds=False).verdict
+            verdict = _judge(first["run_values"], other["run_values"], min_effect, plan, estimate_rounds=False).verdict
         if verdict != CLEAR:
             out.append({"engine": other["engine"], "label": other["label"], "config_id": other["config_id"],
                         "verdict": verdict})
@@ -149,18 +152,27 @@ def _side(prefix: str, config: pd.Series) -> dict[str, Any]:
     return prefixed(prefix, side) | prefixed(f"{prefix}.knob", dict(config["knobs"]))
 
 
-def _looks_of(rows: pd.DataFrame, *configs: pd.Series | dict | None) -> SequentialPlan | None:
-    """The plan of the ``rounds=auto`` loop that added runs to these configs (its rows' ``looks`` label,
-    ``first-last``), so the report judges them at the level the loop's last look used; None for rows no loop
-    added (one look: the plain rule)."""
-    if "looks" not in rows or not all(c is not None for c in configs):
+def _looks_of(measured: pd.DataFrame) -> SequentialPlan | None:
+    """The plan of the first ``rounds=auto`` loop that added runs to the cell (``data.loop_plans``), so the report
+    judges its configs at the level of that plan's last look, on the runs it counts; None for a cell no loop added
+    runs to (one look: the plain rule)."""
+    labels = {str(v) for v in measured.get("looks", pd.Series(dtype=object)) if isinstance(v, str) and "-" in v}
+    if not labels:
         return None
-    ids = {run_id for c in configs for run_id in c["run_ids"]}
-    found = {str(v) for v in rows.loc[rows["run_id"].isin(ids), "looks"] if isinstance(v, str) and "-" in v}
-    if len(found) != 1:
-        return None
-    first, last = (int(x) for x in found.pop().split("-"))
+    first, last = (int(x) for x in labels.pop().split("-"))   # one per cell (data.loop_plans)
     return SequentialPlan(first, last)
+
+
+def _uncounted(measured: pd.DataFrame, looks: SequentialPlan | None) -> dict[str, Any]:
+    """``uncounted_runs``: the runs past the plan's last look, which no verdict or estimate of the cell counts."""
+    ids = sorted(run_id for ids in measured.get("uncounted_run_ids", pd.Series(dtype=object)) if isinstance(ids, list)
+                 for run_id in ids)
+    if not ids or looks is None:
+        return {}
+    return {"uncounted_runs": ids,
+            "uncounted_note": f"{len(ids)} run(s) of its configs past the last look of the loop that first added rounds here "
+                              f"({looks.last} runs a side) are not counted: another look would spend more than "
+                              f"α = {looks.alpha:g}; report them on their own (troughput-report --since or --sweep-id)"}
 
 
 def _judge(a: list, b: list, min_effect: float, plan: SequentialPlan | None, estimate_rounds: bool = True):

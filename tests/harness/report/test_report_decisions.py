@@ -241,4 +241,5 @@ def test_runs_past_the_loop_s_last_look_are_not_another_look(results, row):
     assert decision["verdict"] == final.verdict == CLOSE
     assert decision["chosen.knob.max_num_seqs"] == 64
     assert (decision["margin_ci_low"], decision["margin_ci_high"]) == pytest.approx((final.low - 1, final.high - 1))
-    assert "the 4 and 4 later runs are not counted" in decision["reason"]
+    assert "8 run(s) of its configs past the last look" in decision["reason"]
+    assert "runs past the plan's last look" in decision["flags"]

@@ -123,3 +123,46 @@ def test_a_clear_winner_is_named_winner_in_every_section(results, row, tmp_path)
     [winner] = [line for line in headline.splitlines() if "max_num_seqs=64" in line]
     assert "| winner |" in winner.replace("  ", " ")
     assert "either, indistinguishable" not in page
+
+
+def test_runs_past_a_loop_s_last_look_are_left_out_of_every_section(results, row, tmp_path):
+    """A rounds=auto loop planned 3-4 added round 4; four later rounds (another loop, or by hand) put B far ahead.
+    The verdict may only count the runs up to the plan's last look, and every section ranks by that same count:
+    before, the verdict counted 4 runs while the tables ranked by all 8 (B shown faster than the chosen A)."""
+    a = (104, 98, 103, 101, 100, 100, 100, 100)
+    b = (100, 101, 99, 100, 130, 131, 129, 130)
+    out = []
+    for round_, (x, y) in enumerate(zip(a, b), 1):
+        looks = {"looks": "3-4"} if round_ == 4 else {"looks": "3-8"} if round_ > 4 else {}
+        out.append(row(knobs={"max_num_seqs": 64}, passes=(x,), round=round_, **looks))
+        out.append(row(knobs={"max_num_seqs": 8}, passes=(y,), round=round_, **looks))
+    built = build_report(results(*out), "truncated")
+    configs = built.configs.set_index("label")
+    geo = {label: math.prod(v[:4]) ** 0.25 for label, v in (("max_num_seqs=64", a), ("max_num_seqs=8", b))}
+    for label, value in geo.items():
+        assert configs.loc[label, METRIC] == pytest.approx(value), "the estimate counts the first 4 runs only"
+        assert configs.loc[label, "n_runs"] == 4 and len(configs.loc[label, "uncounted_run_ids"]) == 4
+    [decision] = built.decisions
+    assert decision["chosen.label"] == "max_num_seqs=64", "ahead on the counted runs"
+    assert decision["chosen." + METRIC] == pytest.approx(geo["max_num_seqs=64"])
+    assert decision["verdict"] == CLOSE and "runs past the plan's last look" in decision["flags"]
+    assert len(decision["uncounted_runs"]) == 8 and "troughput-report --since or --sweep-id" in decision["reason"]
+    page = next(p for p in write_report(built, tmp_path / "out", ("markdown",)) if p.suffix == ".md").read_text()
+    everything = page.split("## All configs", 1)[1].split("\n## ", 1)[0]
+    assert list(dict.fromkeys(re.findall(r"max_num_seqs=(\d+)", everything))) == ["64", "8"]
+
+
+def test_a_second_loop_over_the_same_configs_is_judged_by_the_first_loop_s_plan(results, row):
+    """Two loops on one pair (plans 3-4, then 3-6): before, two plans made the report fall back to the plain
+    α = 0.05 rule over all runs, which called a winner here that neither plan's last look calls."""
+    a = (100, 106, 97, 104, 108, 109, 110, 108)
+    b = (101, 98, 103, 96, 100, 101, 100, 99)
+    assert compare(list(a), list(b)).verdict == CLEAR, "the plain rule on all 8 runs calls a winner"
+    out = []
+    for round_, (x, y) in enumerate(zip(a, b), 1):
+        looks = {"looks": "3-4"} if round_ == 4 else {"looks": "3-6"} if round_ > 4 else {}
+        out.append(row(knobs={"max_num_seqs": 64}, passes=(x,), round=round_, **looks))
+        out.append(row(knobs={"max_num_seqs": 8}, passes=(y,), round=round_, **looks))
+    [decision] = build_report(results(*out), "two-loops").decisions
+    assert decision["verdict"] == CLOSE and "4 runs a side" in decision["method"] + decision["reason"]
+    assert "runs past the plan's last look" in decision["flags"]
