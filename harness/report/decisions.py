@@ -93,6 +93,10 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         if decision["verdict"] in (CLOSE, EQUIVALENT) and len(decision["indistinguishable"]) > 1:
             others = "; ".join(f"{c['engine']}: {c['label']} ({c['verdict']})" for c in decision["indistinguishable"])
             decision["reason"] += f"; the rule cannot tell the first-ranked config from any of: {others}"
+        elif decision["verdict"] == CLEAR and decision["indistinguishable"]:
+            others = "; ".join(f"{c['engine']}: {c['label']} ({c['verdict']})" for c in decision["indistinguishable"])
+            decision["reason"] += (f"; the winner is clear against the runner-up, but the rule cannot tell it from: "
+                                   f"{others}")
         decision |= _rejections(rejected, winner, failing)
         decision["basis"] = _basis(decision)
         decisions.append(decision)

@@ -103,8 +103,11 @@ def use_text(decision: dict[str, Any]) -> str:
     if not decision.get("chosen.engine"):
         return "–"
     chosen = f"{decision['chosen.engine']}: {decision['chosen.label']}"
-    if decision["verdict"] == CLEAR or not decision.get("runner_up.engine"):
-        return chosen if decision["verdict"] == CLEAR else f"{chosen} (the only config measured; not compared)"
+    if decision["verdict"] == CLEAR:   # clear against the runner-up; configs the rule cannot tell from it named too
+        alike = [f"{c['engine']}: {c['label']} ({c['verdict']})" for c in indistinguishable(decision)]
+        return chosen + (f", or any config the rule cannot tell from it: {', '.join(alike)}" if alike else "")
+    if not decision.get("runner_up.engine"):
+        return f"{chosen} (the only config measured; not compared)"
     other = f"{decision['runner_up.engine']}: {decision['runner_up.label']}"
     if decision["verdict"] == INSUFFICIENT:
         return f"no best yet: {chosen} measured ahead of {other}, too few runs to compare"
@@ -114,9 +117,12 @@ def use_text(decision: dict[str, Any]) -> str:
 
 
 def indistinguishable(decision: dict[str, Any]) -> list[dict[str, Any]]:
-    """The configs the page names beside the first-ranked one as indistinguishable: where the cell is too close to
-    call or equivalent, every config the rule does not put clearly behind it (the decision's ``indistinguishable``;
-    the runner-up alone in a decision recorded before that field); none elsewhere."""
+    """The configs the page names beside the first-ranked one as indistinguishable: every config the rule does not
+    put clearly behind it (the decision's ``indistinguishable``), where the cell is too close to call or equivalent,
+    and where it has a clear winner over the runner-up (another engine's config) but not over one of its own engine's
+    (the runner-up alone in a decision recorded before that field); none where there is too little data."""
+    if decision.get("verdict") == CLEAR:
+        return list(decision.get("indistinguishable") or [])
     if decision.get("verdict") not in (CLOSE, EQUIVALENT):
         return []
     if "indistinguishable" in decision:

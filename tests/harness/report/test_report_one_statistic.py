@@ -166,3 +166,25 @@ def test_a_second_loop_over_the_same_configs_is_judged_by_the_first_loop_s_plan(
     [decision] = build_report(results(*out), "two-loops").decisions
     assert decision["verdict"] == CLOSE and "4 runs a side" in decision["method"] + decision["reason"]
     assert "runs past the plan's last look" in decision["flags"]
+
+
+def test_a_clear_winner_over_another_engine_is_not_named_alone_where_its_own_engine_has_a_config_as_fast(
+        results, row, tmp_path):
+    """vLLM 64 and vLLM 32 cannot be told apart; SGLang is clearly behind. The runner-up is SGLang's config, so the
+    verdict is a clear winner; before, the page named vLLM 64 alone and vLLM 32 had no row."""
+    out = []
+    for r in range(3):
+        out.append(row("vllm", knobs={"max_num_seqs": 64}, passes=((200, 205, 210)[r],), round=r + 1))
+        out.append(row("vllm", knobs={"max_num_seqs": 32}, passes=((201, 203, 208)[r],), round=r + 1))
+        out.append(row("sglang", knobs={"max_running_requests": 8}, passes=((100, 101, 99)[r],), round=r + 1))
+    built = build_report(results(*out), "clear-and-alike")
+    [decision] = built.decisions
+    assert decision["verdict"] == CLEAR and decision["runner_up.engine"] == "sglang"
+    assert [c["label"] for c in decision["indistinguishable"]] == ["max_num_seqs=32"]
+    assert "cannot tell it from: vllm: max_num_seqs=32 (too close to call)" in decision["reason"]
+    page = next(p for p in write_report(built, tmp_path / "out", ("markdown",)) if p.suffix == ".md").read_text()
+    recommendation = page.split("## Recommendation", 1)[1].split("\n## ", 1)[0]
+    assert "or any config the rule cannot tell from it: vllm: max_num_seqs=32" in recommendation
+    headline = page.split("## Headline", 1)[1].split("\n## ", 1)[0]
+    [alike] = [line for line in headline.splitlines() if "max_num_seqs=32" in line]
+    assert "indistinguishable (too close to call)" in alike
