@@ -48,6 +48,9 @@ PROBE = textwrap.dedent("""
     from engines.common import preflight
     from engines.requirements import import_report
 
+    if sys.argv[3:] == ["control"]:   # the positive control: a CUDA call made here must be recorded
+        torch.cuda.is_available()
+        torch.cuda.device_count()
     report = import_report(sys.argv[2])
     try:
         preflight(sys.argv[1])
@@ -58,8 +61,8 @@ PROBE = textwrap.dedent("""
 """)
 
 
-def run_probe(engine: str, module: str) -> dict:
-    proc = subprocess.run([sys.executable, "-c", PROBE, engine, module], capture_output=True, text=True,
+def run_probe(engine: str, module: str, *extra: str) -> dict:
+    proc = subprocess.run([sys.executable, "-c", PROBE, engine, module, *extra], capture_output=True, text=True,
                           cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -74,6 +77,14 @@ def test_the_pre_run_check_makes_no_cuda_call_in_the_worker(engine, module):
     # The question was still asked, in a child interpreter (a real CPU torch there: no GPU).
     assert found["report"]["torch_cuda"] == "13.0"
     assert found["report"]["cuda_devices"] == 0 and found["report"]["cuda"] is False
+
+
+def test_the_stand_in_records_a_cuda_call_made_in_the_worker():
+    """The positive control: the same probe, with the worker itself asking torch.cuda first, records the calls;
+    so an empty record above means no call was made, not a stand-in that never fires."""
+    pytest.importorskip("transformers")
+    found = run_probe("hf", "transformers", "control")
+    assert "torch._C._cuda_getDeviceCount" in found["calls"], found["calls"]
 
 
 def test_a_gpu_torch_is_asked_in_a_child_and_its_answer_kept(monkeypatch):
