@@ -200,12 +200,31 @@ def toolkit_version(cuda_home: str | None) -> str | None:
     return None
 
 
+def nvml_driver() -> tuple[str, str | None] | None:
+    """(driver version, newest CUDA the driver supports) from NVML; None where NVML does not answer. Like
+    ``nvml_gpus``, no CUDA call."""
+    try:
+        import pynvml
+        pynvml.nvmlInit()
+        driver = nvml_text(pynvml.nvmlSystemGetDriverVersion())
+        cuda = pynvml.nvmlSystemGetCudaDriverVersion()   # e.g. 13000 for 13.0
+    except Exception:  # noqa: BLE001 - no module, no driver: no NVML
+        return None
+    return driver, f"{cuda // 1000}.{cuda % 1000 // 10}" if isinstance(cuda, int) and cuda > 0 else None
+
+
 def probe_host(library_names: tuple[str, ...] = ()) -> HostFacts:
-    """The facts of this host; never raises (a missing driver is a fact, not an error)."""
+    """The facts of this host; never raises (a missing driver is a fact, not an error). The driver and GPUs come
+    from NVML where it answers (a host with the driver's library and ``pynvml`` but no ``nvidia-smi`` on PATH, as
+    some containers have), else from ``nvidia-smi``."""
     driver = driver_cuda = error = None
     gpus: tuple[Gpu, ...] = ()
-    if shutil.which("nvidia-smi") is None:
-        error = "nvidia-smi is not on PATH: no NVIDIA driver here"
+    from_nvml = nvml_driver()
+    listed = nvml_gpus() if from_nvml is not None else None
+    if from_nvml is not None and listed:
+        (driver, driver_cuda), gpus = from_nvml, listed
+    elif shutil.which("nvidia-smi") is None:
+        error = "neither NVML (pynvml) nor nvidia-smi answers: no NVIDIA driver here"
     else:
         query = run_quietly(list(GPU_QUERY))
         if query is None:

@@ -47,6 +47,12 @@ class FakeNvml(types.ModuleType):
     def nvmlInit(self):
         pass
 
+    def nvmlSystemGetDriverVersion(self):
+        return b"580.95.05"
+
+    def nvmlSystemGetCudaDriverVersion(self):
+        return 13000
+
     def nvmlDeviceGetCount(self):
         return self.count
 

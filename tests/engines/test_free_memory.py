@@ -156,3 +156,17 @@ def test_the_memory_check_makes_no_cuda_call(host, nvml, monkeypatch):
     nvml_memory(nvml(set()), {0: 20})
     assert "GPU 0" in refusal("vllm", {}, ("gpu_memory_utilization", 0.9))
     assert used == []
+
+
+def test_the_driver_and_gpus_come_from_nvml_where_nvidia_smi_is_missing(nvml, monkeypatch):
+    """A container with the driver's library and pynvml but no nvidia-smi on PATH: before, the host probe said
+    'no NVIDIA driver here' and every GPU engine was refused."""
+    import shutil
+
+    monkeypatch.setattr(shutil, "which", lambda name: None)
+    nvml(set())
+    facts = req.probe_host()
+    assert facts.driver_error is None and (facts.driver, facts.driver_cuda) == ("580.95.05", "13.0")
+    assert len(facts.gpus) == 8 and facts.gpus[0].memory_mib == 80 * 1024
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    assert "no NVIDIA driver here" in req.probe_host().driver_error, "neither answers: no driver"
