@@ -23,7 +23,9 @@ Usage::
     python benchmarks/gpu_first_contact.py --out "$OUT" --wheels .wheels          # on the GPU machine
     python benchmarks/gpu_first_contact.py --out /tmp/x --allow-cpu               # the CPU rehearsal
 
-Exit status: 0 when every check ran and was verified; 1 when one failed; 2 when one could not run (no GPU).
+Each check prints its seconds, and the whole its total: every step has a timeout (``TIMEOUTS``), and they sum to
+under 5 minutes with the checks' own work. Exit status: 0 when every check ran and was verified; 1 when one
+failed; 2 when one could not run (no GPU).
 Standard library at import; torch and pynvml are imported by the checks that need them.
 """
 
@@ -33,6 +35,8 @@ import argparse
 import importlib.util
 import json
 import os
+import re
+import select
 import subprocess
 import sys
 import textwrap
@@ -45,9 +49,10 @@ sys.path.insert(0, str(ROOT))
 VERIFIED, FAILED, NOT_RUN = "VERIFIED", "FAILED", "NOT RUN"
 DRIVER_MODULES = {"hydra": "hydra-core", "omegaconf": "omegaconf", "antlr4": "antlr4-python3-runtime",
                   "pandas": "pandas", "yaml": "pyyaml", "tqdm": "tqdm", "PIL": "pillow", "numpy": "numpy"}
-PURE = ["hydra-core==1.3.2", "omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3", "python-dateutil", "pytz",
+PURE = ["hydra-core==1.3.2", "omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3", "packaging", "python-dateutil", "pytz",
         "tzdata", "six", "tqdm"]
-BINARY = ["pandas<3", "pillow", "pyyaml"]
+BINARY = ["pandas<3", "numpy", "pillow", "pyyaml"]   # pip --target installs every dependency anew
+TIMEOUTS = {"cuda_here": 30, "fork": 40, "holder": 40, "install": 30, "run": 100}   # seconds: 280 in all
 
 FORK_CHILD = textwrap.dedent("""
     import multiprocessing, sys
@@ -56,8 +61,14 @@ FORK_CHILD = textwrap.dedent("""
         torch.cuda.is_available()                      # the old pre-run check, in the worker
     else:
         sys.path.insert(0, sys.argv[2])
+        from engines.base import EngineUnavailable
+        from engines.common import preflight
         from engines.requirements import import_report
-        report = import_report("json")                 # the pre-run check now
+        try:
+            preflight("hf", {})                        # the worker's whole pre-run check now, as before a start
+        except EngineUnavailable as e:                 # an unmet requirement is not what this checks: the fork is
+            print(("note", str(e)[:300]), file=sys.stderr)
+        report = import_report("json")
         assert report["cuda"], report
     def use_cuda(queue):
         try:
@@ -77,7 +88,7 @@ def cuda_here() -> str | None:
     if importlib.util.find_spec("torch") is None:
         return "torch is not installed"
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=TIMEOUTS["cuda_here"])
     count = probe.stdout.strip().splitlines()[-1:] or ["0"]
     return None if count[0].isdigit() and int(count[0]) > 0 else "no CUDA device here"
 
@@ -86,7 +97,7 @@ def check_fork() -> tuple[str, str]:
     out = {}
     for when in ("before", "after"):
         proc = subprocess.run([sys.executable, "-c", FORK_CHILD, when, str(ROOT)], capture_output=True, text=True,
-                              timeout=300)
+                              timeout=TIMEOUTS["fork"])
         out[when] = (proc.stdout.strip().splitlines() or [proc.stderr.strip()[-300:]])[-1]
     before_failed = "Cannot re-initialize CUDA in forked subprocess" in out["before"]
     after_ok = out["after"].startswith("('ok'")
@@ -131,9 +142,10 @@ def check_free_memory() -> tuple[str, str]:
     holder = subprocess.Popen([sys.executable, "-c", (
         "import sys, time, torch; free, total = torch.cuda.mem_get_info(0); "
         "x = torch.empty(int(free * 0.8), dtype=torch.uint8, device='cuda'); print('held', flush=True); "
-        "time.sleep(600)")], stdout=subprocess.PIPE, text=True)
+        f"time.sleep({TIMEOUTS['holder']})")], stdout=subprocess.PIPE, text=True)
     try:
-        held = holder.stdout.readline().strip() == "held"
+        ready, _, _ = select.select([holder.stdout], [], [], TIMEOUTS["holder"])
+        held = bool(ready) and holder.stdout.readline().strip() == "held"
         refused = _memory_check(requirements, run_gpus)
     finally:
         holder.kill()
@@ -151,27 +163,46 @@ def _memory_check(requirements, run_gpus) -> list[str]:
     return [str(p) for p in requirements.memory_problems(mine, "vLLM", "gpu_memory_utilization", 0.9)]
 
 
-def install_missing(wheels: Path | None) -> list[str]:
-    """Install the driver's missing dependencies from ``wheels`` (no index); return those still missing."""
+def wheel_pythons(wheels: Path) -> set[str]:
+    """The CPython tags (``cp312``) of the compiled wheels in ``wheels``; pure wheels (``py3``) fit any."""
+    return {m.group(1) for p in wheels.glob("*.whl") if (m := re.search(r"-(cp\d+)-", p.name))}
+
+
+def install_missing(wheels: Path | None, site: Path) -> tuple[list[str], str]:
+    """Install the driver's missing dependencies from ``wheels`` into ``site`` (``pip --target``: never into the
+    machine's own Python, which may be externally managed) and put it on ``sys.path``; return those still
+    missing and why. A wheel set built for another Python is refused before pip runs, naming both."""
     missing = [m for m in DRIVER_MODULES if importlib.util.find_spec(m) is None]
-    if missing and wheels and wheels.is_dir():
-        subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
-                        *(DRIVER_MODULES[m] for m in missing)], check=False)
-        importlib.invalidate_caches()
-        missing = [m for m in missing if importlib.util.find_spec(m) is None]
-    return missing
+    if not missing:
+        return [], ""
+    if not (wheels and wheels.is_dir()):
+        return missing, "no --wheels folder"
+    mine, built = f"cp{sys.version_info.major}{sys.version_info.minor}", wheel_pythons(wheels)
+    if built and mine not in built:
+        return missing, (f"the wheels are built for {', '.join(sorted(built))} and this is Python "
+                         f"{sys.version.split()[0]} ({mine}): make them with --fetch-wheels --python "
+                         f"{sys.version_info.major}.{sys.version_info.minor}")
+    proc = subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", str(wheels),
+                           "--target", str(site), *(DRIVER_MODULES[m] for m in missing)], capture_output=True,
+                          text=True, timeout=TIMEOUTS["install"])
+    sys.path.insert(0, str(site))
+    importlib.invalidate_caches()
+    missing = [m for m in missing if importlib.util.find_spec(m) is None]
+    return missing, (proc.stderr or proc.stdout)[-300:] if missing else ""
 
 
 def check_run(out: Path, wheels: Path | None, hardware: str) -> tuple[str, str]:
-    missing = install_missing(wheels)
+    site = out / "site"
+    missing, why = install_missing(wheels, site)
     if missing:
-        return NOT_RUN, f"troughput's driver needs {', '.join(DRIVER_MODULES[m] for m in missing)} (--wheels)"
+        return NOT_RUN, (f"troughput's driver needs {', '.join(DRIVER_MODULES[m] for m in missing)} (--wheels): "
+                         f"{why}")
     results = out / "results"
     proc = subprocess.run([sys.executable, "-m", "harness.cli", "engine=hf", "workload=unique",
                            "workload.num_requests=64", "run.repeats=2", f"hardware={hardware}",
                            f"run.results_dir={results}", "run.progress=false", f"run.image_dir={out / 'images'}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=480,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUTS["run"],
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])})
     rows = [json.loads(p.read_text()) for p in sorted((results / "runs").glob("*.json"))] if results.is_dir() else []
     if proc.returncode != 0 or not rows:
         return FAILED, f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-600:]}"
@@ -210,20 +241,23 @@ def main(argv: list[str] | None = None) -> int:
         fetch_wheels(args.fetch_wheels, args.python)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
     why_not = cuda_here()
-    results: dict[str, tuple[str, str]] = {}
-    for name, check in (("fork", check_fork), ("meters", check_meters), ("free memory", check_free_memory)):
-        results[name] = (NOT_RUN, why_not) if why_not else _guarded(check)
-        print(f"{name}: {results[name][0]}: {results[name][1]}", flush=True)
-    if why_not and not args.allow_cpu:
-        results["troughput-run"] = (NOT_RUN, why_not)
-    else:
-        results["troughput-run"] = _guarded(lambda: check_run(args.out, args.wheels,
-                                                              "cpu" if why_not else args.hardware))
-    print(f"troughput-run: {results['troughput-run'][0]}: {results['troughput-run'][1]}", flush=True)
-    (args.out / "first_contact.json").write_text(json.dumps({k: {"status": s, "detail": d}
-                                                             for k, (s, d) in results.items()}, indent=1))
-    statuses = {s for s, _ in results.values()}
+    results: dict[str, tuple[str, str, float]] = {}
+    checks = [("fork", check_fork), ("meters", check_meters), ("free memory", check_free_memory),
+              ("troughput-run", lambda: check_run(args.out, args.wheels, "cpu" if why_not else args.hardware))]
+    for name, check in checks:
+        t0 = time.perf_counter()
+        skip = why_not and not (name == "troughput-run" and args.allow_cpu)
+        status, detail = (NOT_RUN, why_not) if skip else _guarded(check)
+        results[name] = (status, detail, time.perf_counter() - t0)
+        print(f"{name}: {status} ({results[name][2]:.1f} s): {detail}", flush=True)
+    total = time.perf_counter() - start
+    print(f"all checks: {total:.1f} s", flush=True)
+    (args.out / "first_contact.json").write_text(json.dumps(
+        {**{k: {"status": s, "detail": d, "seconds": round(t, 1)} for k, (s, d, t) in results.items()},
+         "total_seconds": round(total, 1)}, indent=1))
+    statuses = {s for s, _, _ in results.values()}
     return 1 if FAILED in statuses else 2 if NOT_RUN in statuses else 0
 
 

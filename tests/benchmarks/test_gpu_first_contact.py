@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import sys
 
 import pytest
 
@@ -36,8 +37,15 @@ def test_without_a_gpu_the_gpu_checks_say_not_run_and_the_exit_status_is_2(monke
     monkeypatch.setattr(fc, "cuda_here", lambda: "no CUDA device here")
     assert fc.main(["--out", str(tmp_path)]) == 2
     saved = json.loads((tmp_path / "first_contact.json").read_text())
-    assert {v["status"] for v in saved.values()} == {fc.NOT_RUN}
-    assert "fork: NOT RUN: no CUDA device here" in capsys.readouterr().out
+    assert {v["status"] for k, v in saved.items() if k != "total_seconds"} == {fc.NOT_RUN}
+    printed = capsys.readouterr().out
+    assert "fork: NOT RUN (0.0 s): no CUDA device here" in printed and "all checks: " in printed
+    assert isinstance(saved["total_seconds"], float) and "seconds" in saved["fork"]
+
+
+def test_the_timeouts_of_every_step_sum_to_under_five_minutes():
+    steps = fc.TIMEOUTS
+    assert steps["cuda_here"] + 2 * steps["fork"] + steps["holder"] + steps["install"] + steps["run"] < 290
 
 
 def test_a_failed_check_is_exit_status_1(monkeypatch, tmp_path):
@@ -67,8 +75,8 @@ def test_the_cpu_rehearsal_runs_troughput_run_engine_hf_for_real(tmp_path):
     assert "status ok on cpu" in detail and list((tmp_path / "results" / "runs").glob("*.json"))
 
 
-def test_missing_driver_dependencies_are_named():
-    assert fc.install_missing(None) == [], "this environment has troughput's driver dependencies"
+def test_missing_driver_dependencies_are_named(tmp_path):
+    assert fc.install_missing(None, tmp_path) == ([], ""), "this environment has troughput's driver dependencies"
     assert set(fc.DRIVER_MODULES) >= {"hydra", "omegaconf", "pandas"}
 
 
@@ -77,3 +85,25 @@ def test_wheel_lists_cover_the_missing_modules(python):
     names = " ".join(fc.PURE + fc.BINARY)
     for package in ("hydra-core", "omegaconf", "antlr4-python3-runtime", "pandas", "pillow", "pyyaml"):
         assert package in names
+
+
+def test_wheels_go_into_a_folder_of_their_own_and_a_set_for_another_python_is_refused(tmp_path, monkeypatch):
+    wheels = tmp_path / "wheels"
+    wheels.mkdir()
+    (wheels / "pandas-2.3.3-cp39-cp39-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    (wheels / "omegaconf-2.3.0-py3-none-any.whl").write_bytes(b"")
+    monkeypatch.setattr(fc.importlib.util, "find_spec", lambda name: None if name == "pandas" else object())
+    ran = []
+
+    def pip(command, **kwargs):
+        ran.append(command)
+        return subprocess.CompletedProcess(command, 0, "", "")
+    monkeypatch.setattr(fc.subprocess, "run", pip)
+    missing, why = fc.install_missing(wheels, tmp_path / "site")
+    assert missing == ["pandas"] and "built for cp39" in why and "--fetch-wheels --python" in why and not ran
+    mine = f"cp{sys.version_info.major}{sys.version_info.minor}"
+    (wheels / "pandas-2.3.3-cp39-cp39-manylinux_2_28_x86_64.whl").rename(
+        wheels / f"pandas-2.3.3-{mine}-{mine}-manylinux_2_28_x86_64.whl")
+    fc.install_missing(wheels, tmp_path / "site")
+    [command] = ran
+    assert command[command.index("--target") + 1] == str(tmp_path / "site") and "--no-index" in command
