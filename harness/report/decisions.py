@@ -75,7 +75,7 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
             winner, runner_up = runner_up, winner
         decision: dict[str, Any] = dict(zip(CELL, key)) | {
             "kind": "engine_choice", "metric": METRIC, "statistic": STATISTIC, "min_runs_for_clear": MIN_RUNS,
-            "method": METHOD if looks is None else f"{METHOD}; {looks.describe()}", "min_effect": min_effect,
+            "method": METHOD if looks is None else f"{METHOD}; {looks.describe(min_effect)}", "min_effect": min_effect,
             "ci_level": level, "ci_method": CI_METHOD,
             "rests_on": sorted(rows.loc[rows["status"] == "ok", "run_id"]),
             "failed_runs": sorted(rows.loc[rows["status"] != "ok", "run_id"]),

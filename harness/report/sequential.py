@@ -55,6 +55,7 @@ RESERVE = 0.2
 # tests/harness/test_sequential.py asserts ≤ 5% false winners on each; docs/verdicts.md tabulates them. The ≤ 5% is
 # claimed for these plans only (``SequentialPlan.simulated``); others are computed the same way but not measured.
 SIMULATED = ((3, 3), (3, 5), (3, 6), (3, 10), (3, 12))
+SIMULATED_MIN_EFFECT = 0.02   # the smallest minimum effect the simulations used: a smaller one is not covered
 GRID = 401          # points per look in the numerical integration (odd: Simpson's rule)
 _NORMAL = NormalDist()
 
@@ -218,12 +219,19 @@ class SequentialPlan:
                 return n
         return None
 
-    def describe(self) -> str:
-        """One line for logs, decisions and docs."""
+    def covers(self, min_effect: float | None) -> bool:
+        """Whether the ≤ α claim is measured for this plan at ``min_effect`` (None: the simulated one): a plan of
+        ``SIMULATED`` at a minimum effect of ``SIMULATED_MIN_EFFECT`` or more (a larger one only removes false
+        winners)."""
+        return self.simulated and (min_effect is None or min_effect >= SIMULATED_MIN_EFFECT)
+
+    def describe(self, min_effect: float | None = None) -> str:
+        """One line for logs, decisions and docs; ``min_effect``: the one the verdicts use, where known."""
         if self.looks == 1:
             return f"one look at {self.first} runs a side, α = {self.alpha:g}"
         shown = ", ".join(f"{n}: {lvl:.4f}" for n, lvl in zip(range(self.first, self.last + 1), self.levels))
-        rate = (f"whole-loop false-winner rate at most {self.alpha:g} (simulated for this plan)" if self.simulated
+        rate = (f"whole-loop false-winner rate at most {self.alpha:g} (simulated for this plan at a minimum effect "
+                f"of {SIMULATED_MIN_EFFECT:g} or more)" if self.covers(min_effect)
                 else f"aiming at a whole-loop false-winner rate of at most {self.alpha:g} (not simulated for "
                      f"this plan; docs/verdicts.md lists those that are)")
         return (f"group-sequential, {self.spending} alpha spending of {self.spent_alpha:g}, {self.looks} looks at "
