@@ -516,7 +516,36 @@ class InJobTuning:
             **prediction_columns("rest_of_job", prediction.get("predicted_rest_s"),
                                  main[-1].generation_s if main else None, "seconds",
                                  prediction.get("prediction_interval"), prediction.get("prediction_note")),
+            **_full_engine_record(mine, main[-1] if main else None),
+            "tune.trial_statistics": _statistics(tuning),
         }
+
+
+def _full_engine_record(chosen_runs: list[RunRecord], main: RunRecord | None) -> dict[str, Any]:
+    """``prediction.full_engine.*``: the chosen config's full-engine rate from its tuning runs' steps (their mean)
+    beside the rate its main phase then measured (a long run, fed without end: its drain is a small part), so the
+    report's track record shows how far the trial values that ranked configs can be trusted."""
+    rates = [r.full_engine_tok_s for r in chosen_runs if r.full_engine_tok_s]
+    if not rates:
+        return {}
+    return prediction_columns("full_engine", sum(rates) / len(rates), main.rate if main else None, "output tok/s",
+                              None, f"mean of {len(rates)} tuning run(s) of the chosen config; measured: the main "
+                                    f"phase's output tok/s over its generation time, its drain included")
+
+
+def _statistics(tuning: list[RunRecord]) -> str | None:
+    """What the trials were valued by: ``full engine`` for all, ``run rate`` for all, or which ones had no
+    full-engine rate (then valued by their run's plain rate, which includes its drain: a lower bound, so such a
+    config is ranked no higher than it should be, and the confirmation on measured rates still decides)."""
+    valued = [r for r in tuning if r.kind == "trial" and r.status == "ok"]
+    plain = [r.label for r in valued if not r.full_engine_tok_s]
+    if not valued:
+        return None
+    if not plain:
+        return "full engine"
+    if len(plain) == len(valued):
+        return "run rate"
+    return f"full engine, but run rate (a lower bound) for: {', '.join(plain)}"
 
 
 def _describe(record: RunRecord) -> str:

@@ -104,6 +104,12 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_confirmed_winner(tmp
     assert row["tune.prediction_method"] == "replay" and row["tune.predicted_rest_s"] > 0
     assert row["prediction.rest_of_job.measured"] == row["tune.measured_rest_s"] > 0
     assert row["prediction.rest_of_job.unit"] == "seconds"
+    # the chosen config's full-engine rate (the trial value that ranked it) beside what its main phase measured
+    chosen = [r for r in runs[:-1] if r["values"] == row["tune.chosen"] and r["full_engine_tok_s"]]
+    assert row["prediction.full_engine.predicted"] == pytest.approx(
+        sum(r["full_engine_tok_s"] for r in chosen) / len(chosen))
+    assert row["prediction.full_engine.measured"] == pytest.approx(row["tune.measured_rest_tok_s"])
+    assert row["tune.trial_statistics"] == "full engine", "every trial valued by one statistic"
     assert row["steps.count"] > 0 and Path(row["steps.file"]).exists(), "the job's step trace beside its row"
     assert row["tune.predicted_rest_output_tokens"] == 36 * 8 * 30, "sampled tokens per request × requests left"
     print("rest of the job: measured ÷ predicted", row["tune.measured_rest_s"] / row["tune.predicted_rest_s"])
@@ -130,6 +136,7 @@ def test_a_trial_whose_steps_give_no_full_engine_rate_keeps_why_in_its_record(tm
     assert len(asked) == 8 and all(r["full_engine_tok_s"] is None and r["output_tok_s"] for r in asked)
     assert {r["full_engine_note"] for r in asked} == {"not computed: ValueError: scripted: no usable step"}
     assert row["tune.runs"][-1]["kind"] == "main" and row["tune.runs"][-1]["full_engine_note"] is None
+    assert row["tune.trial_statistics"] == "run rate" and "prediction.full_engine.predicted" not in row
     assert "(no full-engine rate: not computed: ValueError: scripted: no usable step)" in proc.stdout + proc.stderr
 
 
