@@ -49,8 +49,8 @@ sys.path.insert(0, str(ROOT))
 VERIFIED, FAILED, NOT_RUN = "VERIFIED", "FAILED", "NOT RUN"
 DRIVER_MODULES = {"hydra": "hydra-core", "omegaconf": "omegaconf", "antlr4": "antlr4-python3-runtime",
                   "pandas": "pandas", "yaml": "pyyaml", "tqdm": "tqdm", "PIL": "pillow", "numpy": "numpy"}
-PURE = ["hydra-core==1.3.2", "omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3", "packaging", "python-dateutil", "pytz",
-        "tzdata", "six", "tqdm"]
+PURE = ["hydra-core==1.3.2", "omegaconf==2.3.0", "antlr4-python3-runtime==4.9.3", "packaging", "python-dateutil",
+        "pytz", "tzdata", "six", "tqdm"]
 BINARY = ["pandas<3", "numpy", "pillow", "pyyaml"]   # pip --target installs every dependency anew
 TIMEOUTS = {"cuda_here": 30, "fork": 40, "holder": 40, "install": 30, "run": 100}   # seconds: 280 in all
 

@@ -174,9 +174,10 @@ def _uncounted(measured: pd.DataFrame, looks: SequentialPlan | None) -> dict[str
     if not ids or looks is None:
         return {}
     return {"uncounted_runs": ids,
-            "uncounted_note": f"{len(ids)} run(s) of its configs past the last look of the loop that first added rounds here "
-                              f"({looks.last} runs a side) are not counted: another look would spend more than "
-                              f"α = {looks.alpha:g}; report them on their own (troughput-report --since or --sweep-id)"}
+            "uncounted_note": f"{len(ids)} run(s) of its configs past the last look of the loop that first added "
+                              f"rounds here ({looks.last} runs a side) are not counted: another look would spend "
+                              f"more than α = {looks.alpha:g}; report them on their own (troughput-report --since "
+                              f"or --sweep-id)"}
 
 
 def _judge(a: list, b: list, min_effect: float, plan: SequentialPlan | None, estimate_rounds: bool = True):

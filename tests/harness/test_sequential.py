@@ -214,7 +214,8 @@ def test_the_reserve_is_the_plan_s_and_the_benchmark_shows_what_it_buys(capsys):
 
 def test_describe_claims_the_measured_rate_only_for_simulated_plans():
     assert SequentialPlan(3, 10).simulated and SequentialPlan(3, 6).simulated
-    assert "at most 0.05 (simulated for this plan at a minimum effect of 0.02 or more)" in SequentialPlan(3, 10).describe()
+    claim = "at most 0.05 (simulated for this plan at a minimum effect of 0.02 or more)"
+    assert claim in SequentialPlan(3, 10).describe()
     for unmeasured in (SequentialPlan(4, 10), SequentialPlan(3, 20), SequentialPlan(3, 10, spending="pocock"),
                        SequentialPlan(3, 10, alpha=0.1)):
         assert not unmeasured.simulated
