@@ -99,6 +99,25 @@ def test_this_host_is_probed_without_raising():
     assert found.driver is not None or found.driver_error
 
 
+def test_nvml_is_asked_first_and_nvidia_smi_only_where_it_does_not_answer(nvml, monkeypatch):
+    # nvidia-smi on PATH answering the recorded 535 node; NVML (the fake 8-GPU node, driver 580) asked first
+    for name in ("CUDA_HOME", "CUDA_PATH", "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    ran = []
+    monkeypatch.setattr(req.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(req, "run_quietly", lambda command, timeout=20: ran.append(command) or (
+        QUERY_535 if command == list(req.GPU_QUERY) else HEADER_535))
+    fake = nvml(set())
+    found = req.probe_host()
+    assert (found.driver, len(found.gpus), ran) == ("580.95.05", 8, []), "NVML answered: no nvidia-smi call"
+
+    def no_library():
+        raise RuntimeError("NVML Shared Library Not Found")
+    fake.nvmlInit = no_library
+    found = req.probe_host()
+    assert (found.driver, found.driver_cuda, len(found.gpus)) == ("535.183.01", "12.2", 2) and ran
+
+
 @pytest.mark.parametrize("engine", ["sglang", "trtllm"])
 def test_preflight_runs_exactly_the_checks_of_troughput_env_check(monkeypatch, tmp_path, engine):
     """The adapters' pre-run check and ``troughput-env ENGINE --check`` give the same problems, in order."""
