@@ -137,7 +137,7 @@ class Naive:
     def judge(self, a: list, b: list, min_effect: float = MIN_EFFECT, estimate_rounds: bool = True) -> Verdict:
         return compare(a, b, min_effect, estimate_rounds=estimate_rounds)
 
-    def describe(self) -> str:
+    def describe(self, min_effect: float | None = None) -> str:
         return f"the plain rule at α = 0.05 at every look, {self.first} to {self.last} runs a side"
 
 

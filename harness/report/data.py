@@ -214,7 +214,8 @@ def group_configs(frame: pd.DataFrame, n_boot: int = 2000, level: float = 0.95, 
             "knobs": knobs_of(first),
             "label": config_label(knobs_of(first), *context[tuple(first[c] for c in ["engine", *CELL])],
                                   first["ordering"], bool(show_ordering)),
-            "n_rows": len(rows), "n_ok": len(ok), "n_failed": len(rows) - len(ok),
+            "n_rows": len(rows), "n_ok": len(ok), "n_failed": int((rows["status"] != "ok").sum()),
+            "n_uncounted": len(uncounted),
             "failed_statuses": sorted(set(rows.loc[rows["status"] != "ok", "status"])),
             "run_ids": list(ok["run_id"]), "failed_run_ids": list(rows.loc[rows["status"] != "ok", "run_id"]),
             "looks": looks, "uncounted_run_ids": uncounted,
@@ -248,7 +249,8 @@ def loop_plans(frame: pd.DataFrame) -> dict[tuple, str]:
 
 def counted_runs(ok: pd.DataFrame, looks: str | None) -> tuple[pd.DataFrame, list[str]]:
     """The successful runs a cell's loop plan counts (the first ``last`` in the order they ran; all of them where no
-    loop added runs), and the run ids of those it does not (runs past the plan's last look)."""
+    loop added runs), and the run ids of those it does not (runs past the plan's last look). The cut is by time over
+    every run given, so hand rounds of another sweep run before the loop count first (docs/verdicts.md)."""
     if not looks or len(ok) <= int(looks.split("-")[1]):
         return ok, []
     last = int(looks.split("-")[1])

@@ -87,7 +87,8 @@ def decide(frame: pd.DataFrame, configs: pd.DataFrame, n_boot: int = 2000, level
         decision |= _verdict(winner, runner_up, len(rows), min_effect, looks)
         decision["indistinguishable"] = _indistinguishable(winner, measured, min_effect, looks)
         decision |= _uncounted(measured, looks)
-        if decision.get("uncounted_runs"):
+        if decision.get("uncounted_runs"):   # it rests on the counted runs only; the others are named apart
+            decision["rests_on"] = [r for r in decision["rests_on"] if r not in set(decision["uncounted_runs"])]
             decision["flags"] = [*decision["flags"], "runs past the plan's last look"]
             decision["reason"] += f"; {decision['uncounted_note']}"
         if decision["verdict"] in (CLOSE, EQUIVALENT) and len(decision["indistinguishable"]) > 1:

@@ -99,7 +99,8 @@ def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds:
             run_one(job.config_for(round_index, sweep_id, plan))
 
     done_round = max((job.round for job in jobs), default=0)
-    decisions, decided_at = add_rounds(done_round, max_rounds, look, run_round, say=say)
+    decisions, decided_at = add_rounds(done_round, max_rounds, look, run_round, say=say,
+                                       min_effect=min_effect)
     for cell, d in decisions.items():
         state = (f"decided after {decided_at[cell]} round(s)" if cell in decided_at
                  else "nothing to compare" if not _can_decide(d)
@@ -112,7 +113,8 @@ def until_decided(jobs: list[Job], results_dir: Path, sweep_id: str, max_rounds:
 def add_rounds(done_round: int, max_rounds: int, look: Callable[[SequentialPlan], dict[tuple, dict]],
                run_round: Callable[[int, set[tuple], SequentialPlan], None],
                plan_for: Callable[[int, int], SequentialPlan] = SequentialPlan,
-               say: Callable[[str], None] = print) -> tuple[dict[tuple, dict], dict[tuple, int]]:
+               say: Callable[[str], None] = print, min_effect: float | None = None
+               ) -> tuple[dict[tuple, dict], dict[tuple, int]]:
     """The loop of ``run.rounds=auto``, whatever runs its rounds: plan the looks, look, and while a cell that can
     decide is undecided and ``max_rounds`` is not reached, run one more round and look again.
 
@@ -120,12 +122,12 @@ def add_rounds(done_round: int, max_rounds: int, look: Callable[[SequentialPlan]
     ``flags``) by the plan's rule; ``run_round(k, open_cells, plan)`` runs round k of the undecided cells' configs.
     ``plan_for(first, last)`` makes the plan: ``SequentialPlan``, or anything with its ``judge`` and ``describe``
     (the A/A tests in ``tests/harness/test_sequential.py`` also pass the old plain rule at every look, to show that
-    it fails them). Returns the last look's decisions and, per decided cell, the
+    it fails them); ``min_effect`` is the effect its first line says the simulated rate holds for. Returns the last look's decisions and, per decided cell, the
     round it decided at.
     """
     first = max(done_round, MIN_RUNS)
     plan = plan_for(first, max(first, max_rounds))
-    say(f"rounds: verdicts by {plan.describe()}")
+    say(f"rounds: verdicts by {plan.describe(min_effect)}")
     decisions = look(plan)
     decided_at: dict[tuple, int] = {}
     while True:

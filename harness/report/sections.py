@@ -334,6 +334,13 @@ def provenance(report) -> Section:
     return Section("Provenance", "provenance", blocks)
 
 
+def _run_counts(config: dict) -> str:
+    """'4 ok / 0 failed', with the ok runs a loop's last look left out named apart: they did not fail."""
+    uncounted = config.get("n_uncounted") or 0
+    return (f"{config['n_ok']} ok / {config['n_failed']} failed"
+            + (f" / {uncounted} ok, not counted (past the loop's last look)" if uncounted else ""))
+
+
 def all_configs(report) -> Section:
     rows = []
     for key, group in cells(report.configs):
@@ -341,7 +348,7 @@ def all_configs(report) -> Section:
             rows.append([c["cell_label"], c["engine"], c["label"], fmt(c[METRIC]),
                          fmt_interval(c["ci_low"], c["ci_high"]), fmt(c.get("full_engine_tok_s")), runs_cell(c), _cv(c),
                          ", ".join(fmt(p) for p in c["run_values"]) or "–",
-                         ", ".join(fmt(p) for p in c["passes"]) or "–", f"{c['n_ok']} ok / {c['n_failed']} failed",
+                         ", ".join(fmt(p) for p in c["passes"]) or "–", _run_counts(c),
                          *quality_cells(c), report.options.guard.failing(c) or "–",
                          " ".join(f"{k}={v}" for k, v in c["knobs"].items()), c["ordering"]])
     return Section("All configs", "configs", [Paragraph([

@@ -31,6 +31,7 @@ def test_a_clear_difference_stops_as_soon_as_the_rule_decides(tmp_path):
              for s in (0.1, 0.5)}
     plan = SequentialPlan(3, 8)   # the loop's looks: 3 to run.max_rounds=8 runs a side
     assert "rounds: verdicts by group-sequential" in proc.stdout
+    assert f"rounds: verdicts by {plan.describe(0.02)}" in proc.stdout, "the loop's plan at run.min_effect"
     assert plan.judge(rates[0.1], rates[0.5]).verdict == CLEAR
     if last > 3:
         assert not plan.judge(rates[0.1][:-1], rates[0.5][:-1]).decided, "one round fewer had not decided"

@@ -142,14 +142,17 @@ def test_runs_past_a_loop_s_last_look_are_left_out_of_every_section(results, row
     for label, value in geo.items():
         assert configs.loc[label, METRIC] == pytest.approx(value), "the estimate counts the first 4 runs only"
         assert configs.loc[label, "n_runs"] == 4 and len(configs.loc[label, "uncounted_run_ids"]) == 4
+        assert configs.loc[label, "n_failed"] == 0 and configs.loc[label, "n_uncounted"] == 4, "ok, not failed"
     [decision] = built.decisions
     assert decision["chosen.label"] == "max_num_seqs=64", "ahead on the counted runs"
     assert decision["chosen." + METRIC] == pytest.approx(geo["max_num_seqs=64"])
     assert decision["verdict"] == CLOSE and "runs past the plan's last look" in decision["flags"]
     assert len(decision["uncounted_runs"]) == 8 and "troughput-report --since or --sweep-id" in decision["reason"]
+    assert len(decision["rests_on"]) == 8 and not set(decision["rests_on"]) & set(decision["uncounted_runs"])
     page = next(p for p in write_report(built, tmp_path / "out", ("markdown",)) if p.suffix == ".md").read_text()
     everything = page.split("## All configs", 1)[1].split("\n## ", 1)[0]
     assert list(dict.fromkeys(re.findall(r"max_num_seqs=(\d+)", everything))) == ["64", "8"]
+    assert everything.count("4 ok / 0 failed / 4 ok, not counted") == 2 and "4 failed" not in everything
 
 
 def test_a_second_loop_over_the_same_configs_is_judged_by_the_first_loop_s_plan(results, row):
