@@ -116,7 +116,8 @@ class InJobTuning:
                      "trial runs to its end", kind)
             return False
         if not accepts_hook(self.run_phase):
-            log.warning("batch.tune.prune=%s: this run_phase takes no on_commit hook: every trial runs to its end", kind)
+            log.warning("batch.tune.prune=%s: this run_phase takes no on_commit hook: every trial runs to its end",
+                        kind)
             return False
         points = reporting_points(self.k, self.plan.shard_size, self.plan.in_flight, self.plan.replicas)
         warmup = int(self.tune.get("prune_warmup", 2))
@@ -238,7 +239,8 @@ class InJobTuning:
                     continue
                 self._run("reference", "reference (the job's own config)", {}, self._next_shards())
             label = f"trial {trial.number}" + (f" ({seed})" if seed else "")
-            reporter = Reporter(study, trial, label, values) if self.pruning else None   # the defaults report too: never pruned
+            # every trial reports, the defaults' too (the others are compared with them; the pruner never stops them)
+            reporter = Reporter(study, trial, label, values) if self.pruning else None
             record = self._run("trial", label, values, self._next_shards(), trial=trial.number, reporter=reporter)
             trial.set_user_attr("status", record.status)
             if record.status == "failed":
