@@ -102,10 +102,24 @@ def _confirm_sizes(row: dict[str, Any]) -> str:
     return f"; a confirmation run {sizes['default']} (the job's config) and {sizes['candidate']}" if sizes else ""
 
 
+def _pruned(row: dict[str, Any]) -> str:
+    """The trials the pruner stopped (``batch.tune.prune``), for the tuning line."""
+    if row.get("tune.prune") in (None, "none"):
+        return " (none pruned: batch.tune.prune=none, or on Ray)"
+    parts = [f"{row['tune.pruned_trials']} pruned (batch.tune.prune={row['tune.prune']})"]
+    if row.get("tune.pruned_share") is not None:
+        parts.append(f"{row['tune.pruned_share']:.0%} of the trials that ran")
+    if row.get("tune.pruned_shards_left"):
+        parts.append(f"{row['tune.pruned_shards_left']} of their shards left to later runs")
+    return f" ({', '.join(parts)})"
+
+
 def tuning_summary(row: dict[str, Any]) -> list[str]:
     """The in-job tuning's lines: its runs and cost, the config it chose and why, the prediction beside the rest."""
     share = row.get("tune.phase_share")
-    lines = [f"  tuning: {row['tune.trials']} trials and {row['tune.confirm_runs']} confirmation runs on "
+    pruned = row.get("tune.pruned_trials")
+    lines = [f"  tuning: {row['tune.trials']} trials{_pruned(row) if pruned is not None else ''} and "
+             f"{row['tune.confirm_runs']} confirmation runs on "
              f"{row['tune.phase_requests']:,} requests ({row['tune.shards_per_run']} shards a trial{_confirm_sizes(row)}), "
              f"{row['tune.phase_s']:,.1f} s{f' ({share:.1%} of the job)' if share is not None else ''}; overhead "
              f"{row['tune.overhead_s']:,.1f} s ({row['tune.restarts']} restarts {row['tune.restart_s']:,.1f} s, of which "

@@ -13,7 +13,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from harness.batch.job.job import ShardsRun, run_shards
+from harness.batch.job.job import ShardsRun, SoFar, run_shards
 from harness.batch.job.plan import Plan
 from harness.batch.job.row import BATCH_TABLE, batch_row
 from harness.batch.job.shards import scan
@@ -105,7 +105,10 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
     in_process = plan.tune.get("restart") == "in_process"
     slots = replica_slots(plan) if in_process else 0
 
-    def run_phase(phase: Plan, target: JobState, shards: set[int], probe: Any) -> ShardsRun:
+    def run_phase(phase: Plan, target: JobState, shards: set[int], probe: Any,
+                  on_commit: Callable[[SoFar], bool] | None = None) -> ShardsRun:
+        """One run of the tuned job. ``on_commit``: called as each shard commits; true stops handing over shards
+        (``run_shards``; on Ray a pipeline runs its shards to the end, so it is not called there)."""
         if plan.scale == "ray":  # one pipeline per phase, its actors started with the phase's knobs
             from harness.batch.scale.ray_job import run_ray
 
@@ -122,7 +125,7 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
             log.info("%s: the engines of the last run kept: they run this config already (no restart)", label)
             pool.keep(phase)
             return run_shards(phase, target, index, shards.__contains__, pool, progress, probe, keep_open=True,
-                              engines_kept=True)
+                              engines_kept=True, on_commit=on_commit)
         if why is None:
             log.info("%s: workers kept, engines restarted in %d of %d slots, %d parked", label, phase.replicas,
                      pool.slots, pool.slots - phase.replicas)
@@ -136,7 +139,8 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
                      f"; not {slots} slots: {refused}" if refused else "")
             pool = make_pool(phase, state, new_run_id(), size)
             pools.append(pool)
-        return run_shards(phase, target, index, shards.__contains__, pool, progress, probe, keep_open=True)
+        return run_shards(phase, target, index, shards.__contains__, pool, progress, probe, keep_open=True,
+                          on_commit=on_commit)
 
     with ExitStack() as stack:
         if plan.scale == "ray":

@@ -156,6 +156,20 @@ class ShardsRun:
         return total
 
 
+@dataclass(frozen=True)
+class SoFar:
+    """A run as one of its shards commits: what it has done so far, for an ``on_commit`` hook (``run_shards``)."""
+
+    shards: int            # shards this run has committed, this one included
+    left: int              # shards of the run not handed to an engine yet (0: the engines drain what they hold)
+    engines: int           # engines the run feeds
+    output_tokens: int     # of the shards committed
+    engine_s: float        # their engine-busy seconds (``meta.engine_s``), summed over the engines
+    step_tokens: float     # tokens of the decode steps the engines have reported so far (shards still in flight
+    #                        included: each shard's result brings the steps since the previous one finished)
+    step_s: float          # those steps' seconds, summed over the engines (0: the engines record no steps)
+
+
 def job_id(plan: Plan) -> str:
     """The job's id (in every output line's ``id``): a digest of its identity; a phase's plan carries the job's."""
     if plan.job:
@@ -169,7 +183,7 @@ def shard_records(index: Index, size: int, shard: int) -> int:
 
 def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int], bool], pool: Any,
                progress: bool = True, probe: list[Request] | None = None, keep_open: bool = False,
-               engines_kept: bool = False) -> ShardsRun:
+               engines_kept: bool = False, on_commit: Callable[[SoFar], bool] | None = None) -> ShardsRun:
     """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool``; started here unless it is).
 
     ``probe``: requests fed first, beside the shards, whose outputs are kept in ``ShardsRun.probe``
@@ -178,6 +192,9 @@ def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int]
     ``engines_kept``: the pool's engines are up already (``LocalPool.keep``): no ``started`` comes, generation
     starts when the first shard is handed over, and each engine's idle time before its first shard counts
     from then (not from the previous run's end).
+    ``on_commit``: called with the run ``SoFar`` after each shard this run commits; when it returns true, no
+    further shard is handed over: the shards in flight finish and commit, the rest stay uncommitted (an in-job
+    tuning's pruner, ``harness.batch.tune.tune_prune``).
     """
     size = plan.shard_size
     committed = state.committed()
@@ -188,6 +205,7 @@ def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int]
     total = sum(shard_records(index, size, i) for i in range(index.shards(size)) if wanted(i))
     bar = Progress(total, total - sum(shard_records(index, size, i) for i in todo), progress)
     runner = _Runner(plan, state, index, run, bar)
+    runner.on_commit, runner.todo = on_commit, len(todo)
     if not pool.started:
         pool.start()
     if probe:
@@ -221,11 +239,17 @@ class _Runner:
         self.sign_of_life: dict[int, float] = {}  # worker -> when it last said anything (while its engine starts)
         self.first_fed: dict[int, tuple[str, float]] = {}  # on engines kept from the last run: worker -> its first
         #                                                   shard and when it was handed over
+        self.on_commit: Callable[[SoFar], bool] | None = None  # see ``run_shards``
+        self.todo = 0           # shards this run is to run
+        self.dispatched = 0     # of those, handed to an engine (or committed at once: no request for an engine)
+        self.stopped = False    # ``on_commit`` said stop: no further shard is handed over
+        self.step_tokens = 0.0  # decode tokens and seconds of the engines' steps reported so far (``SoFar``)
+        self.step_s = 0.0
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
         while True:
-            while not exhausted and pool.any_alive() and pool.free() > 0:
+            while not exhausted and not self.stopped and pool.any_alive() and pool.free() > 0:
                 shard = next(shards, None)
                 if shard is None:
                     exhausted = True
@@ -233,7 +257,7 @@ class _Runner:
                 self._dispatch(pool, shard.index, convert_shard(
                     shard, self.plan.format, self.tok, self.options, self.index, Path(self.plan.input),
                     self.plan.max_model_len, self.plan.served_models()))
-            if not self.in_flight and (exhausted or not pool.any_alive()):
+            if not self.in_flight and (exhausted or self.stopped or not pool.any_alive()):
                 break
             got = pool.next_event(timeout=1.0)
             if got is not None:
@@ -288,6 +312,7 @@ class _Runner:
         self._hand_over(str(shard_dir), PROBE, [], pool.submit(shard_dir, PROBE, len(requests)))
 
     def _dispatch(self, pool: Any, index: int, items: list[Item]) -> None:
+        self.dispatched += 1
         requests = [item.request for item in items if item.request is not None]
         if not requests:  # nothing for the engine: commit the errors at once
             self._commit(index, items, {"completions": [], "errors": {}, "measured": {"wall_s": 0.0}})
@@ -337,14 +362,19 @@ class _Runner:
             if index == PROBE:
                 self.run.probe = {c["id"]: c["output_token_ids"] for c in result["completions"]}
                 self.run.probe_output_tokens = sum(len(ids) for ids in self.run.probe.values())
-            else:
-                self._commit(index, items, result, worker)
+            meta = None if index == PROBE else self._commit(index, items, result, worker)
             self.run.steps.extend(result.get("steps"))
+            self._stepped(result.get("steps"))
             self.run.engine_counted(f"worker {worker + 1}", result["measured"].get("engine_steps"))
             startup = float(result["measured"].get("startup_s") or 0.0)
             self.inside_startup[worker] = self.inside_startup.get(worker, 0.0) + startup
             if self.t_ready is None:  # a pool without start events: the first result marks the engines up
                 self.t_ready = time.monotonic() - float(result["measured"]["wall_s"])
+            if meta is not None and self.on_commit is not None and not self.stopped:
+                self.stopped = bool(self.on_commit(SoFar(
+                    shards=self.run.shards_run, left=self.todo - self.dispatched, engines=max(int(pool.engines), 1),
+                    output_tokens=self.run.output_tokens, engine_s=self.run.engine_s, step_tokens=self.step_tokens,
+                    step_s=self.step_s)))
         elif kind == "shard_failed":
             log.error("worker %d failed: %s", worker + 1, event.get("error"))
             self.failures[worker] = str(event.get("error"))
@@ -369,14 +399,23 @@ class _Runner:
             else:
                 self.run.shards_failed[index] = f"worker {worker + 1}: {why}"
 
-    def _commit(self, index: int, items: list[Item], result: dict[str, Any], worker: int | None = None) -> None:
+    def _commit(self, index: int, items: list[Item], result: dict[str, Any],
+                worker: int | None = None) -> dict[str, Any] | None:
         meta = commit_shard(self.plan, self.state, self.tok, self.job, index, items, result,
                             None if worker is None else {"worker": worker + 1})
         if meta is None:
-            return  # another worker or an earlier run committed it first
+            return None  # another worker or an earlier run committed it first
         self.t_last = time.monotonic()
         self.run.add(meta)
         self.bar.shard_done(-1 if worker is None else worker, len(items), meta["output_tokens"])
+        return meta
+
+    def _stepped(self, trace: dict[str, list[float]] | None) -> None:
+        """Add a shard's steps to the decode tokens and step seconds so far (``SoFar``)."""
+        if not trace or not trace.get("weight"):
+            return
+        self.step_tokens += sum(w * d for w, d in zip(trace["weight"], trace["decode"]))
+        self.step_s += sum(w * dt for w, dt in zip(trace["weight"], trace["dt"]))
 
 
 def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, items: list[Item],

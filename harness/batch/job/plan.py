@@ -10,7 +10,7 @@ from typing import Any
 
 
 # batch.tune settings that change how the job runs, not what it answers
-EXECUTION_ONLY = ("restart", "max_confirm_rounds", "confirm_fill")
+EXECUTION_ONLY = ("restart", "max_confirm_rounds", "confirm_fill", "prune", "prune_margin", "prune_warmup")
 # What must match when a job with committed shards is resumed: the input (path and a sha256 of every
 # byte, from the scan), how it is split and read, and everything that shapes an answer.
 IDENTITY = ("input", "input_digest", "format", "shard_size", "sampling", "default_max_tokens",

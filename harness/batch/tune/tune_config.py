@@ -57,6 +57,9 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
     if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill) or fill < 0:
         raise TroughputError(f"batch.tune.confirm_fill={fill!r}: must be a number >= 0 (0: confirmation runs as "
                              "large as a trial's)")
+    from harness.batch.tune.tune_prune import check_settings   # imports Optuna: only for a job that tunes
+
+    check_settings(tune)
     cap = int(tune.get("max_confirm_rounds") or rounds)
     if cap < rounds:
         raise TroughputError(f"batch.tune.max_confirm_rounds={cap} is below batch.tune.confirm_rounds={rounds}: it "

@@ -51,6 +51,7 @@ class RunRecord:
     concurrency: float | None = None  # requests its engines run at once, where they say (``concurrency``)
     discarded: list[int] = field(default_factory=list)  # shards it ran whose outputs were thrown away (rejected)
     engines_kept: bool = False     # it went on with the last run's engines, no start (the main phase, same config)
+    pruned_at: int | None = None   # a trial the pruner stopped: its shards committed when it was (``tune_prune``)
 
     @property
     def fill(self) -> float | None:

@@ -24,9 +24,14 @@ greedy), which the engine defaults' trial ran too; only if the probe's token agr
 the defaults' is at least ``min_agreement`` are its shards moved into the job's output,
 otherwise they are left for the final config (and counted as discarded).
 
+Pruning (``batch.tune.prune``, ``harness.batch.tune.tune_prune``): each trial reports its fed-engine rate as
+its shards commit; one clearly behind the finished trials at the same shard stops being handed shards, its
+shards in flight commit (job output), the study is told ``PRUNED``, and the shards it did not run go to the
+next run. The engine defaults' trial is never pruned.
+
 ``kill -9`` at any point: committed shards stay, the study (``tune/study.db``) marks the cut
-trial failed, the run log (``tune/runs.jsonl``) keeps every finished run, and the rerun goes on
-from there (a cut run's remaining shards go to the next run).
+trial failed (or pruned, where the pruner had stopped it), the run log (``tune/runs.jsonl``) keeps
+every finished run, and the rerun goes on from there (a cut run's remaining shards go to the next run).
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ from harness.batch.job.shards import Index
 from harness.batch.job.state import JobState, write_whole
 from harness.batch.tune.tune_config import output_changing, sampler_config
 from harness.batch.tune.tune_predict import NO_PREDICTION, full_engine_rate, predict_rest, save_run
+from harness.batch.tune.tune_prune import DEFAULTS_SEED, Reporter, accepts_hook, make_pruner, reporting_points
 from harness.batch.tune.tune_runs import (RunLog, RunRecord, concurrency, confirm_shards, probe_requests, sample_order,
                                      sample_requests, sample_summary, shards_per_run)
 from harness.core.errors import TroughputError
@@ -66,8 +72,10 @@ from harness.tune.study import make_sampler
 
 log = logging.getLogger("troughput.batch.tune")
 STUDY = "in-job"
-DEFAULTS_SEED = "engine defaults"
-PhaseRunner = Callable[[Plan, JobState, set[int], "list[Request] | None"], ShardsRun]
+# run_phase(plan, target, shards, probe, on_commit=None): ``on_commit`` (``run_shards``) is passed only to a trial's
+# run with the pruner on, and only where the run_phase takes it (``tune_prune.accepts_hook``)
+PhaseRunner = Callable[..., ShardsRun]
+PRUNED = optuna.trial.TrialState.PRUNED
 
 
 @dataclass
@@ -95,6 +103,30 @@ class InJobTuning:
         self.outcome = Outcome()
         self.reference: dict[str, list[int]] | None = None
         self.sizes: dict[str, int] = {}   # shards per confirmation run, a side (``_confirm_sizes``); {}: no confirmation
+        self.study: optuna.Study | None = None
+        self.pruning = self._pruning()
+
+    def _pruning(self) -> bool:
+        """Whether trials report to the pruner (``batch.tune.prune``); why not, and too few points, in the log."""
+        kind = self.tune.get("prune") or "none"
+        if kind == "none":
+            return False
+        if self.plan.scale == "ray":
+            log.info("batch.tune.prune=%s: not on Ray (a run is one pipeline that runs its shards to the end): every "
+                     "trial runs to its end", kind)
+            return False
+        if not accepts_hook(self.run_phase):
+            log.warning("batch.tune.prune=%s: this run_phase takes no on_commit hook: every trial runs to its end",
+                        kind)
+            return False
+        points = reporting_points(self.k, self.plan.shard_size, self.plan.in_flight, self.plan.replicas)
+        warmup = int(self.tune.get("prune_warmup", 2))
+        if points < warmup:
+            log.warning("batch.tune.prune=%s: a trial of %d shards hands its last shard over after about %d commits "
+                        "(its engines hold several at once), under batch.tune.prune_warmup=%d: the pruner cannot "
+                        "stop one. Smaller shards (batch.shard_size) or a larger batch.tune.max_share give it room",
+                        kind, self.k, points, warmup)
+        return True
 
     def _adopt_folder(self) -> None:
         """``tune/`` for this job's tuning settings; one left by other settings (nothing committed) starts over."""
@@ -111,7 +143,7 @@ class InJobTuning:
 
     def run(self) -> Outcome:
         t0 = time.monotonic()
-        study = self._study()
+        study = self.study = self._study()
         self._trials(study)
         chosen, verdict = self._confirm(study)
         tuning_s = time.monotonic() - t0
@@ -133,7 +165,7 @@ class InJobTuning:
         cfg = sampler_config(self.tune, f"sqlite:///{self.root / 'study.db'}")
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         study = optuna.create_study(study_name=STUDY, storage=cfg.tune.storage, direction="maximize",
-                                    sampler=make_sampler(cfg), load_if_exists=True)
+                                    sampler=make_sampler(cfg), pruner=make_pruner(self.tune), load_if_exists=True)
         seeds = [dict(s) for s in self.tune.get("seeds") or []]
         if not any(s.get("name") == DEFAULTS_SEED for s in seeds):
             seeds.insert(0, {"name": DEFAULTS_SEED})  # the fallback config is always measured
@@ -142,6 +174,11 @@ class InJobTuning:
         finished = {r.trial: r for r in self.log.read() if r.kind == "trial"}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
+            if record is None and "pruned" in trial.user_attrs:   # the pruner stopped it, a kill cut its last shards
+                record = self._pruned_and_cut(trial)
+            if record is not None and record.pruned_at:
+                study.tell(trial.number, state=PRUNED)
+                continue
             if record is not None and record.status == "ok":
                 study.tell(trial.number, record.value or 0.0)
                 continue
@@ -158,11 +195,28 @@ class InJobTuning:
                 self.space.learn_memory_edge(trial.params)
         return study
 
+    def _pruned_and_cut(self, trial: optuna.trial.FrozenTrial) -> RunRecord:
+        """The run record of a trial the pruner stopped and a kill then cut while its shards in flight finished: its
+        config, and the shards it committed (their metas name its run); no timings (the run's end was not seen)."""
+        pruned = trial.user_attrs["pruned"]
+        mine = [(i, meta) for i in sorted(self.state.committed())
+                if (meta := self.state.meta(i)).get("run") == pruned["label"] and meta.get("phase") == "trial"]
+        record = RunRecord(kind="trial", label=pruned["label"], values=pruned["config"], shards=[i for i, _ in mine],
+                           requests=sum(int(m["ok"]) for _, m in mine),
+                           output_tokens=sum(int(m["output_tokens"]) for _, m in mine), trial=trial.number,
+                           pruned_at=int(pruned["at"]),
+                           reason=f"pruned after {pruned['at']} shards; cut by a kill while its shards in flight "
+                                  "finished (no timings)")
+        self.log.append(record)
+        log.info("%s: %s", record.label, record.reason)
+        return record
+
     def _trials(self, study: optuna.Study) -> None:
         cut = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
                   if self._cut(study, t))  # killed while running: those do not use up the budget
         budget = int(self.tune["trials"]) + cut
-        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING)
+        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING,
+                  PRUNED)
         while len(study.get_trials(deepcopy=False, states=states)) < budget:
             if not self._room_for_a_trial():
                 log.warning("the tuning budget (batch.tune.max_share) has no room for another trial and the "
@@ -185,7 +239,9 @@ class InJobTuning:
                     continue
                 self._run("reference", "reference (the job's own config)", {}, self._next_shards())
             label = f"trial {trial.number}" + (f" ({seed})" if seed else "")
-            record = self._run("trial", label, values, self._next_shards(), trial=trial.number)
+            # every trial reports, the defaults' too (the others are compared with them; the pruner never stops them)
+            reporter = Reporter(study, trial, label, values) if self.pruning else None
+            record = self._run("trial", label, values, self._next_shards(), trial=trial.number, reporter=reporter)
             trial.set_user_attr("status", record.status)
             if record.status == "failed":
                 if classify_failure(record.reason) == "oom":
@@ -200,6 +256,9 @@ class InJobTuning:
                 agreement = record.agreement if record.agreement is not None else \
                     0.0 if self._changes_output(values) else 1.0  # only output-changing configs are probed
                 trial.set_constraint("agreement", float(floor) - agreement)
+            if record.pruned_at:
+                study.tell(trial, state=PRUNED)
+                continue
             study.tell(trial, record.value or 0.0)
 
     def _confirm(self, study: optuna.Study) -> tuple[dict[str, Any], Any]:
@@ -283,8 +342,9 @@ class InJobTuning:
     # ---- one run ----------------------------------------------------------------------------------
 
     def _run(self, kind: str, label: str, values: dict[str, Any], shards: set[int], trial: int | None = None,
-             side: str | None = None) -> RunRecord:
-        """Run ``shards`` with ``values``' config, one engine start; record it; fold it into the invocation."""
+             side: str | None = None, reporter: Reporter | None = None) -> RunRecord:
+        """Run ``shards`` with ``values``' config, one engine start; record it; fold it into the invocation.
+        ``reporter``: a trial's, which reports to the pruner as its shards commit and may stop the run."""
         phase = {"phase": kind, "run": label, "config": values}
         plan = self.plan_for(values, phase)
         guarded = self.tune.get("min_agreement") is not None and kind == "trial" and self._changes_output(values)
@@ -296,7 +356,8 @@ class InJobTuning:
         log.info("%s: %s on %d shards", label, values or "engine defaults", len(shards))
         t0 = time.monotonic()
         before = target.committed()
-        run = self.run_phase(plan, target, shards, probe)
+        run = self.run_phase(plan, target, shards, probe, on_commit=reporter) if reporter is not None else \
+            self.run_phase(plan, target, shards, probe)
         wall = time.monotonic() - t0
         committed = sorted(target.committed() - before)
         record = RunRecord(kind=kind, label=label, values=values, shards=committed, requests=run.requests_ok,
@@ -305,11 +366,14 @@ class InJobTuning:
                            side=side, engines_kept=run.engines_kept,
                            concurrency=concurrency(run.engine_limits, run.lengths,
                                                    self.plan.shard_size if run.serial else None))
+        if reporter is not None and reporter.pruned:
+            record.pruned_at, record.reason = reporter.pruned["at"], reporter.reason()
         limits = run.engine_limits[0] if run.engine_limits else {}
         saved = save_run(self.root, label, run.steps.snapshot(),
                          {**plan.knobs, **{f"engine_{k}": v for k, v in limits.items() if v}},
                          max(len(run.engine_limits), 1), committed)
-        if saved and kind in ("trial", "confirm") and committed and limits.get("scheduler") == REPLAYABLE:
+        if saved and kind in ("trial", "confirm") and committed and limits.get("scheduler") == REPLAYABLE \
+                and not record.pruned_at:   # a pruned trial's value is told to no one
             record.full_engine_tok_s, record.full_engine_beyond, record.full_engine_note = full_engine_rate(
                 self.root, label, self._requests(set(committed)), self.plan.model, self._hardware())
         run.finishes, run.engine_limits, run.lengths = [], [], []  # measured; not carried into the job's totals
@@ -492,6 +556,8 @@ class InJobTuning:
                           for r in tuning if r.status == "ok" and r.values != chosen) if rate else 0.0
         job_s = sum(r.wall_s for r in records)
         trial_no, v, said = verdict if verdict else (None, None, "no trial config beat the job's own in the trials")
+        states = [t.state for t in self.study.get_trials(deepcopy=False)] if self.study is not None else []
+        pruned, ran = states.count(PRUNED), states.count(PRUNED) + states.count(optuna.trial.TrialState.COMPLETE)
         return {
             "tune.space": self.tune.get("space_name"), "tune.shards_per_run": self.k, "tune.confirm_shards": self.sizes or None,
             "tune.runs": [r.to_dict() for r in records],
@@ -503,6 +569,10 @@ class InJobTuning:
             "tune.restarts": sum(not r.engines_kept for r in records[1:]), "tune.restart_s": restarts_s,
             "tune.engine_start_s": sum(r.startup_s or 0.0 for r in tuning),
             "tune.discarded_shards": len(discarded), "tune.discarded_s": discarded_s,
+            "tune.prune": (self.tune.get("prune") or "none") if self.pruning else "none",
+            "tune.pruned_trials": pruned, "tune.pruned_share": pruned / ran if ran else None,
+            # shards the pruned trials did not run (their runs' size less what they committed): later runs ran them
+            "tune.pruned_shards_left": sum(max(0, self.k - len(r.shards)) for r in tuning if r.pruned_at),
             "tune.shortfall_s": shortfall_s,
             "tune.overhead_s": restarts_s + discarded_s + shortfall_s,
             "tune.overhead_share": (restarts_s + discarded_s + shortfall_s) / job_s if job_s else None,
