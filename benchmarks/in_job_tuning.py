@@ -21,6 +21,10 @@ that other load on a shared host falls on each alike:
   cells missing from it run first; or ``--grid-best`` overrides given by hand). The grid's
   cells are runs of ``backlog_cpu``'s 256 requests, not of this job.
 
+``--virtual`` runs another benchmark: the real tuner driven on a virtual clock with runs from the
+simulator (one H100, Llama-3.1-8B, a long-tailed backlog; ``benchmarks/virtual_tuning.py`` has its
+arguments, docs/benchmarks.md "In-job tuning on a virtual clock" its figures).
+
 Each arm's figure is the job's whole time (its row's ``wall_s``: scan, tuning phase, main phase,
 merge; every engine start included). Prints per round and the medians, the in-job arm's
 ratios to the others with the verdict rule's interval (docs/verdicts.md) on the job times, the
@@ -169,6 +173,12 @@ def live_trials_to_2pct(records: list[dict[str, Any]], grid: Any) -> dict[str, A
 
 def main(argv: list[str] | None = None) -> int:
     from harness.report.verdict import compare
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--virtual" in argv:   # the real tuner on a virtual clock (benchmarks/virtual_tuning.py)
+        from benchmarks.virtual_tuning import main as virtual
+
+        return virtual([a for a in argv if a != "--virtual"])
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=16000)
