@@ -191,7 +191,8 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
     import ray
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-    from harness.batch.scale.pool import MAX_IN_FLIGHT_FACTOR, engine_limits
+    from harness.batch.job.feeding import MAX_IN_FLIGHT_FACTOR
+    from harness.batch.scale.pool import engine_limits
     from harness.batch.scale.ray_stages import EngineStage, commit, convert, shard_source
 
     here = {NODE_LABEL: ray.get_runtime_context().get_node_id()}

@@ -100,7 +100,7 @@ class EngineStage:
     Ray Data runs up to ``MAX_IN_FLIGHT_FACTOR × batch.in_flight`` calls at once on the actor
     (threads: ``max_concurrent_calls_per_actor`` with ``enable_true_multi_threading``). Each call
     waits at the actor's gate until its engine takes another shard by the one-node rule
-    (``harness.batch.scale.pool.takes_another``: below ``batch.in_flight`` shards always, beyond that while
+    (``harness.batch.job.feeding.takes_another``: below ``batch.in_flight`` shards always, beyond that while
     the engine's unfinished requests are fewer than ``feed_below(shard_size)``), so an engine is
     topped up by its unfinished requests, not by a shard count. Then the call hands its shard to
     the actor's one feeding loop (``engines.batch_worker.feed_until_closed`` on a thread of its
@@ -152,7 +152,7 @@ class EngineStage:
                 self.turn.notify_all()
 
     def _takes(self) -> bool:
-        from harness.batch.scale.pool import takes_another
+        from harness.batch.job.feeding import takes_another
 
         return takes_another(self.in_engine, self.feeding["in_flight"], self.feeding["shard_size"], self.pending,
                              self.sent, self.fed)

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from harness.batch import launch
-from harness.batch.scale.pool import MAX_IN_FLIGHT_FACTOR, LocalPool
+from harness.batch.job.feeding import MAX_IN_FLIGHT_FACTOR
+from harness.batch.scale.pool import LocalPool
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
 from tests.harness.batch.conftest import batch_app, completion, write_jsonl

@@ -161,7 +161,7 @@ def test_shards_are_converted_and_committed_no_further_ahead_than_the_engines_ta
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
     from harness.batch.job.shards import Index
-    from harness.batch.scale.pool import MAX_IN_FLIGHT_FACTOR
+    from harness.batch.job.feeding import MAX_IN_FLIGHT_FACTOR
     from harness.batch.scale.ray_job import pipeline
 
     calls: dict[str, dict] = {}

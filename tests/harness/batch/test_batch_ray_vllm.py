@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.batch.scale.pool import MAX_IN_FLIGHT_FACTOR
+from harness.batch.job.feeding import MAX_IN_FLIGHT_FACTOR
 from harness.run.results import read_rows
 from tests.ray_head import RayHead
 from tests.harness.batch.conftest import (chat, completion, png_data_url, read_jsonl, troughput_batch,

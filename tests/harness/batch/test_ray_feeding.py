@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from engines.base import Request
-from harness.batch.scale.pool import MAX_IN_FLIGHT_FACTOR
+from harness.batch.job.feeding import MAX_IN_FLIGHT_FACTOR
 from tests.conftest import FAKE_ENGINE
 
 GAP_S = 3.0                    # the stage's gate and feeding loop poll at 0.05-0.5 s: above, never below
