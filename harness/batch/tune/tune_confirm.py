@@ -14,9 +14,12 @@ Every block's shards are real output, whichever side it is on.
 
 **The looks.** After the candidate's ``MIN_RUNS`` th block, and after each block to the ``looks`` th
 (``batch.tune.confirm_looks``), the rule compares the two sides' log rates. Look ``j`` is made at level
-``α_j``, the increment of the O'Brien-Fleming spending function at ``j / looks``: the levels add up to α, so by
-the union bound the chance of naming a false winner over all the looks is at most α whatever the correlation
-between looks (no simulation needed for the bound; ``benchmarks/virtual_tuning.py --aa`` measures it).
+``α_j``, the increment of Pocock's spending function at ``j / looks``: the levels add up to α, so by the union
+bound the chance of naming a false winner over all the looks is at most α whatever the correlation between
+looks (no simulation needed for the bound; ``tests/harness/batch/test_tune_confirm.py`` and
+``benchmarks/virtual_tuning.py --aa`` measure it). Pocock's, not O'Brien-Fleming's, because the run allowance
+below dominates the variance: a later look, with more blocks, is hardly more informative than an early one, so
+spending α evenly decides sooner at the same power.
 
 **Drift and the runs themselves.** Blocks of one run share that run's engine and the host's state during it,
 so their spread understates how far two runs of one config differ; and trial 0 ran before the main phase, so
@@ -38,6 +41,7 @@ import json
 import math
 import os
 import statistics
+from statistics import NormalDist
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -90,11 +94,12 @@ class InMainRule:
         if looks < 1:
             raise ValueError("at least one look")
         self.looks, self.min_effect, self.run_spread, self.alpha = looks, min_effect, run_spread, alpha
-        self.levels = [spent((j + 1) / looks, alpha) - spent(j / looks, alpha) for j in range(looks)]
+        self.levels = [spent((j + 1) / looks, alpha, "pocock") - spent(j / looks, alpha, "pocock")
+                       for j in range(looks)]
 
     def describe(self) -> str:
         return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {MIN_RUNS + self.looks - 1} against "
-                f"the engine defaults' trial blocks, O'Brien-Fleming levels adding to α = {self.alpha:g} (union "
+                f"the engine defaults' trial blocks, Pocock levels adding to α = {self.alpha:g} (union "
                 f"bound), a run-to-run allowance of {self.run_spread:.1%} a side, minimum effect {self.min_effect:.0%}")
 
     def look(self, candidate: list[float], defaults: list[float]) -> Look:
@@ -108,9 +113,12 @@ class InMainRule:
                         f"the defaults' trial gave {len(defaults)} block(s), under the {MIN_RUNS} the rule needs")
         lc, ld = [math.log(x) for x in candidate], [math.log(x) for x in defaults]
         diff = statistics.fmean(lc) - statistics.fmean(ld)
-        variance = (statistics.variance(lc) / len(lc) + statistics.variance(ld) / len(ld)
-                    + 2 * self.run_spread ** 2)
-        half = t_quantile(1 - level / 2, min(len(lc), len(ld)) - 1) * math.sqrt(variance)
+        vc, vd = statistics.variance(lc) / len(lc), statistics.variance(ld) / len(ld)
+        variance = vc + vd + 2 * self.run_spread ** 2   # the allowance is known, not estimated: no degrees of freedom
+        estimated = vc ** 2 / (len(lc) - 1) + vd ** 2 / (len(ld) - 1)
+        df = variance ** 2 / estimated if estimated > 0 else math.inf   # Welch-Satterthwaite
+        half = (t_quantile(1 - level / 2, df) if math.isfinite(df) and df < 1e6
+                else NormalDist().inv_cdf(1 - level / 2)) * math.sqrt(variance)
         ratio, low, high = math.exp(diff), math.exp(diff - half), math.exp(diff + half)
         margin = math.log1p(self.min_effect)
         text = (f"candidate ÷ defaults {ratio:.3f}x [{low:.3f}, {high:.3f}] at look {j} of {self.looks} "

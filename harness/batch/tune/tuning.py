@@ -103,7 +103,7 @@ class InJobTuning:
                         "defaults' trial (%d such commits), and without them the job finishes on the defaults. "
                         "Smaller shards (batch.shard_size), fewer trials or a larger batch.tune.max_share give it "
                         "room", self.k, self.plan.shard_size, self.points, MIN_RUNS, MIN_RUNS + 1)
-        self.rule = InMainRule(int(self.tune.get("confirm_looks") or 6), float(self.tune["min_effect"]),
+        self.rule = InMainRule(int(self.tune.get("confirm_looks") or 3), float(self.tune["min_effect"]),
                                float(self.tune.get("run_spread", 0.03)))
         self.pruning = self._pruning()
 
