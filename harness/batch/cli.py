@@ -117,7 +117,8 @@ def tuning_summary(row: dict[str, Any]) -> list[str]:
              f"{row['tune.phase_requests']:,} requests ({row['tune.shards_per_run']} shards a trial), "
              f"{row['tune.phase_s']:,.1f} s{f' ({share:.1%} of the job)' if share is not None else ''}; "
              f"{row.get('tune.engine_starts')} engine starts for {row.get('tune.distinct_configs')} distinct configs; "
-             f"overhead {row['tune.overhead_s']:,.1f} s ({row['tune.restarts']} restarts {row['tune.restart_s']:,.1f} s, "
+             f"overhead {row['tune.overhead_s']:,.1f} s ({row['tune.restarts']} restarts "
+             f"{row['tune.restart_s']:,.1f} s, "
              f"of which engine start {row['tune.engine_start_s']:,.1f} s; configs slower than the chosen one "
              f"{row['tune.shortfall_s']:,.1f} s)"]
     candidate, why = row.get("tune.candidate"), row.get("tune.verdict") or row.get("tune.confirm.reason")

@@ -1,4 +1,5 @@
-"""The confirmation inside the main phase: the candidate against the engine defaults, block by block, as its shards commit.
+"""The confirmation inside the main phase: the candidate against the engine defaults, block by block, as its shards
+commit.
 
 **The samples.** Each side's samples are **blocks**: the fed-engine rate (``tune_prune.fed_rate``: output tokens
 per second of engine step × engines) between one shard commit and the next, counted only while shards are

@@ -1,8 +1,9 @@
 """The runs of an in-job tuning phase: which shards each takes, how many, and their record in the job folder.
 
-``<output_dir>/tune/runs.jsonl`` holds one line per finished run (a trial, a main phase run), appended and fsynced as it ends, so a job killed at any moment resumes with
-every finished run's measurement; a run that was cut short has no line (its committed shards
-stay committed and count as output). ``<output_dir>/tune/study.db`` is the Optuna study.
+``<output_dir>/tune/runs.jsonl`` holds one line per finished run (a trial, a main phase run), appended and fsynced
+as it ends, so a job killed at any moment resumes with every finished run's measurement; a run that was cut short
+has no line (its committed shards stay committed and count as output). ``<output_dir>/tune/study.db`` is the Optuna
+study.
 """
 
 from __future__ import annotations

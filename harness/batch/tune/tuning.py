@@ -265,7 +265,8 @@ class InJobTuning:
         own = [r for r in self.log.read() if r.kind == "trial" and not r.values]
         if own and not any(r.status == "ok" for r in own):  # the job's config cannot run: nothing to confirm against
             why = own[-1].reason.splitlines()[0][:300] if own[-1].reason else own[-1].status
-            log.warning("the job's own config failed (%s): trial %d's config goes on unconfirmed", why, candidate.number)
+            log.warning("the job's own config failed (%s): trial %d's config goes on unconfirmed", why,
+                        candidate.number)
             return dict(candidate.params), f"the job's own config failed ({why}): the best trial, unconfirmed"
         return dict(candidate.params), None
 
