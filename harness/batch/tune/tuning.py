@@ -459,7 +459,7 @@ def _statistics(tuning: list[RunRecord]) -> str | None:
     """What the trials were valued by: ``full engine`` for all, ``run rate`` for all, or which ones had no
     full-engine rate (then valued by their run's plain rate, which includes its drain: a lower bound, so such a
     config is ranked no higher than it should be, and the confirmation on measured rates still decides)."""
-    valued = [r for r in tuning if r.kind == "trial" and r.status == "ok"]
+    valued = [r for r in tuning if r.kind == "trial" and r.status == "ok" and not r.pruned_at]   # pruned: no value
     plain = [r.label for r in valued if not r.full_engine_tok_s]
     if not valued:
         return None
