@@ -111,7 +111,8 @@ class InMainRule:
         variance = (statistics.variance(lc) / len(lc) + statistics.variance(ld) / len(ld)
                     + 2 * self.run_spread ** 2)
         half = t_quantile(1 - level / 2, min(len(lc), len(ld)) - 1) * math.sqrt(variance)
-        ratio, low, high = math.exp(diff), math.exp(diff - half), math.exp(diff + half)
+        # the first looks' levels are tiny, and with few blocks a side their t quantile is huge: keep exp in range
+        ratio, low, high = (math.exp(max(-700.0, min(700.0, x))) for x in (diff, diff - half, diff + half))
         margin = math.log1p(self.min_effect)
         text = (f"candidate ÷ defaults {ratio:.3f}x [{low:.3f}, {high:.3f}] at look {j} of {self.looks} "
                 f"(level {level:.4f}; {len(lc)} vs {len(ld)} blocks)")
