@@ -233,13 +233,15 @@ class VirtualEngine:
 
         recorder = StepRecorder(clock=lambda: 0.0) if self.replayable and kind != "main" else None
         aggregated = len(index) > self.cap
-        p = min(self.prefix_shards(plan), len(order)) if aggregated else len(order)
+        # an aggregated run no hook reads (the defaults' after a switch) needs no start of its own: its time is
+        # ``steady.seconds_for`` × its factor either way
+        p = (min(self.prefix_shards(plan), len(order)) if on_commit is not None else 0) if aggregated else len(order)
         sim, _ = simulate_fed(config, prompt[:bounds[p]], output[:bounds[p]], sizes[:p], price, self.feed(plan), factor,
                               self.step_sigma, run_seed, recorder, in_sim, hand_over=p)
         self.simulated += int(bounds[p])
         seconds = sim.seconds
         if aggregated and not stopped[0]:
-            seconds = self._steady_rest(plan, config, caching, order, out, target, sim, factor, run_seed, commit)
+            seconds = self._steady_rest(plan, config, caching, order, out, target, sim, p, factor, run_seed, commit)
         if not aggregated:
             run.lengths = list(zip(prompt.tolist(), output.tolist()))
         if stopped[0] and run.lengths:   # the requests of the shards it ran
@@ -253,8 +255,8 @@ class VirtualEngine:
         return run
 
     def _steady_rest(self, plan: Plan, config: SchedulerConfig, caching: bool, order: list[int], out: list[int],
-                     target: JobState, head: Simulated, factor: float, run_seed: int, commit: Callable[..., bool]
-                     ) -> float:
+                     target: JobState, head: Simulated, handed: int, factor: float, run_seed: int,
+                     commit: Callable[..., bool]) -> float:
         """An aggregated run past its simulated start (``run_phase``): returns its generation seconds."""
         steady = self.steady(plan.knobs, config, caching)
         whole = steady.seconds_for(int(sum(out))) * factor
@@ -270,7 +272,7 @@ class VirtualEngine:
                        * np.random.default_rng([run_seed, 7]).standard_normal(len(rest))) / factor
         step_tokens = float(head.step_decode[-1]) + tokens
         step_s = float(head.step_end[-1]) + np.cumsum([out[n] for n in rest] / rates)
-        handed = min(self.prefix_shards(plan), len(order))   # what the start handed over
+        # ``handed``: what the simulated start handed over; after it, one more shard at each commit
         share = (end - t0) / tokens[-1]
         for j, n in enumerate(rest):
             left = max(0, len(order) - handed - j)
