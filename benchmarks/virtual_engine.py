@@ -28,7 +28,10 @@ never hits and the schedule is the same with it on or off; its hashing is priced
 Large runs are aggregated (``Steady``): a config's first ``CAP`` requests of the job are simulated once, step
 by step, and a run of more requests takes that run's seconds plus the rest of its output tokens at the steady
 rate of its middle half (ramp-up and drain counted once, as in one long run). On ``backlog_long`` at the
-engine defaults 10^4 requests are about 40 engine fills.
+engine defaults 10^4 requests are about 40 engine fills. That run is fed as the pool feeds an engine
+(``simulate_fed``: shards handed over by ``pool.takes_another``'s rule, 8 shards of 50 at most), and its blocks
+(the rate between consecutive shard commits) in the same middle half give the config's block spread: what an
+aggregated run's commits past its simulated start draw from (``benchmarks.virtual_job``).
 """
 
 from __future__ import annotations
@@ -303,8 +306,8 @@ def simulate_fed(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray
                  hand_over: int | None = None) -> tuple[Simulated, int]:
     """One engine fed shard by shard, as the pool feeds it: shards (consecutive runs of ``sizes`` requests) are
     handed over in order by ``feed``'s rule (checked after every step), each committed at the step its last request
-    finishes (shards finishing in one step: in index order), ``on_commit`` told then; a true return stops the
-    handover (the shards handed over finish, the rest never run). ``hand_over``: hand over at most this many shards
+    finishes (shards finishing in one step: in index order), ``on_commit`` told then (after the stop too: it
+    commits them); a true return stops the handover (the shards handed over finish, the rest never run). ``hand_over``: hand over at most this many shards
     (a prefix of a longer run); the simulation stops at the first commit after the last of them is handed over, as
     the engine would have been handed more. Steps are priced as ``simulate``'s (× ``factor`` × jitter). Returns the
     run (``finished``: NaN for a request not run) and the shards it committed."""

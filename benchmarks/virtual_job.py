@@ -4,12 +4,16 @@ The tuner is the real one, built the way ``troughput-batch`` builds it (the comp
 ``engine=vllm hardware=h100 model=llama-3.1-8b tune=<space>``, ``build_plan``, ``phase_planner``,
 ``tune_settings``); three things are injected, all here:
 
-- ``VirtualEngine.run_phase``: the one place an engine runs (``launch._tuned``'s ``run_phase``). It simulates the
-  shards' requests (``benchmarks.virtual_engine``) with the plan's knobs, commits each shard into the job state,
-  and returns a ``ShardsRun`` as a real run reports it: output tokens, ``generation_s`` and ``startup_s`` on the
-  virtual clock, the engine's limits and a step trace. A run starts its engine (``restart_s``) unless it is the
-  main phase and the last run ran its config already (``launch``: ``pool.runs_as``). Extra keyword arguments are
-  accepted and ignored, so a tuner that passes more still runs.
+- ``VirtualEngine.run_phase(plan, target, shards, on_commit=None)``: the one place an engine runs
+  (``launch._tuned``'s ``run_phase``). It simulates the shards' requests (``benchmarks.virtual_engine``) with
+  the plan's knobs on one engine fed shard by shard as the pool feeds it (``Feed``: ``pool.takes_another``),
+  commits each shard into the job state at the step its last request finishes, and tells ``on_commit`` a
+  ``SoFar`` then (the tuner's ``Blocks``: a trial's pruner, the main phase's confirmation); a true return stops
+  the handover as ``run_shards`` does (the shards in flight finish, the rest stay uncommitted, the clock stops at
+  the last of them). It returns a ``ShardsRun`` as a real run reports it: output tokens, ``generation_s`` and
+  ``startup_s`` on the virtual clock, the engine's limits and a step trace. A run starts its engine
+  (``restart_s``) unless it is the main phase and the last run ran its config already (``launch``:
+  ``pool.runs_as``). Extra keyword arguments are accepted and ignored.
 - ``VirtualState``: the job state in memory (a 10^6-request job has 10^4 shards and no output to keep); its
   ``tune/`` folder (run log, Optuna study, traces) is real, under ``root``.
 - ``VirtualTuning``: ``InJobTuning`` with the sampled shards' requests made from lengths (there is no input
@@ -445,7 +449,8 @@ class JobResult:
 
 def run_virtual_job(setup: Setup, engine: VirtualEngine, seed: int, root: Path | None = None,
                     keep: bool = False) -> JobResult:
-    """One job through the real tuner: trials, confirmation, main phase, all on ``engine``'s virtual clock."""
+    """One job through the real tuner: trials, the main phase confirmed as it runs (and switched back to the
+    defaults where the looks say so), all on ``engine``'s virtual clock."""
     from harness.batch.tune import tuning as tuning_module
     from harness.batch.tune.tune_config import phase_planner
 
