@@ -120,7 +120,8 @@ class InMainRule:
         df = variance ** 2 / estimated if estimated > 0 else math.inf   # Welch-Satterthwaite
         half = (t_quantile(1 - level / 2, df) if math.isfinite(df) and df < 1e6
                 else NormalDist().inv_cdf(1 - level / 2)) * math.sqrt(variance)
-        ratio, low, high = math.exp(diff), math.exp(diff - half), math.exp(diff + half)
+        # a tiny level with few blocks a side makes a huge t quantile: keep exp in range
+        ratio, low, high = (math.exp(max(-700.0, min(700.0, x))) for x in (diff, diff - half, diff + half))
         margin = math.log1p(self.min_effect)
         text = (f"candidate ÷ defaults {ratio:.3f}x [{low:.3f}, {high:.3f}] at look {j} of {self.looks} "
                 f"(level {level:.4f}; {len(lc)} vs {len(ld)} blocks)")
