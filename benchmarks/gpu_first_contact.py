@@ -152,11 +152,28 @@ def child_env(site: Path | None, *more: Path) -> dict[str, str]:
 
 def cuda_here(env: dict[str, str], timeout: float) -> str | None:
     """Why no CUDA check can run here (None: a GPU answers), asked in a child so this process stays clean."""
-    code, out = run_child([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"], timeout, env)
-    count = out.strip().splitlines()[-1:] if code == 0 else []
+    code, out = run_child([sys.executable, "-c", "import torch; n = torch.cuda.device_count(); "
+                           "print(torch.cuda.get_device_name(0) if n else ''); print(n)"], timeout, env)
+    lines = out.strip().splitlines() if code == 0 else []
     if code is None:
         return f"the CUDA probe outlived {timeout:.0f} s"
-    return None if count and count[0].isdigit() and int(count[0]) > 0 else f"no CUDA device here ({out.strip()[-200:]})"
+    if lines and lines[-1].isdigit() and int(lines[-1]) > 0:
+        GPU_NAME[:] = lines[-2:-1]
+        return None
+    return f"no CUDA device here ({out.strip()[-200:]})"
+
+
+GPU_NAME: list[str] = []   # the first GPU's name, as the CUDA probe's child saw it
+
+
+def hardware_for(name: str | None) -> str:
+    """troughput's hardware config for a GPU name (``NVIDIA H100 80GB HBM3`` → h100); h100 where none matches."""
+    text = (name or "").lower().replace(" ", "")
+    for key, config in (("h200", "h200"), ("h100pcie", "h100_pcie"), ("h100", "h100"), ("a100", "a100_80gb"),
+                        ("l40s", "l40s")):
+        if key in text:
+            return config
+    return "h100"
 
 
 def check_fork(env: dict[str, str], timeout: float, standin: Path) -> tuple[str, str]:
@@ -302,7 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-first-contact")))
     parser.add_argument("--wheels", type=Path, default=None)
-    parser.add_argument("--hardware", default="h200", help="troughput's hardware config for the run (default h200)")
+    parser.add_argument("--hardware", default=None,
+                        help="troughput's hardware config for the run (default: from the GPU's name, h100 if unknown)")
     parser.add_argument("--allow-cpu", action="store_true", help="run the troughput-run check on the CPU")
     parser.add_argument("--fetch-wheels", type=Path, default=None)
     parser.add_argument("--step", choices=sorted(IN_CHILD), help=argparse.SUPPRESS)
@@ -326,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in IN_CHILD:
         steps.run(name, lambda limit, name=name: check_in_child(name, env, limit), why_not)
     cpu = why_not is not None
-    steps.run("troughput-run", lambda limit: check_run(args.out, work, env, "cpu" if cpu else args.hardware, limit),
+    hardware = "cpu" if cpu else args.hardware or hardware_for(GPU_NAME[0] if GPU_NAME else None)
+    steps.run("troughput-run", lambda limit: check_run(args.out, work, env, hardware, limit),
               why_not if cpu and not args.allow_cpu else None)
     print(f"total: {steps.elapsed():.1f} s (limit {TOTAL_S} s)", flush=True)
     results = {k: v for k, v in steps.results.items() if k != "cuda"}
