@@ -150,20 +150,17 @@ def child_env(site: Path | None, *more: Path) -> dict[str, str]:
     return wheel_bundle.pythonpath(*more, *([site] if site else []), ROOT)
 
 
-def cuda_here(env: dict[str, str], timeout: float) -> str | None:
-    """Why no CUDA check can run here (None: a GPU answers), asked in a child so this process stays clean."""
+def cuda_here(env: dict[str, str], timeout: float) -> tuple[str | None, str | None]:
+    """Why no CUDA check can run here (None: a GPU answers) and the first GPU's name, asked in a child so this
+    process stays clean."""
     code, out = run_child([sys.executable, "-c", "import torch; n = torch.cuda.device_count(); "
                            "print(torch.cuda.get_device_name(0) if n else ''); print(n)"], timeout, env)
     lines = out.strip().splitlines() if code == 0 else []
     if code is None:
-        return f"the CUDA probe outlived {timeout:.0f} s"
+        return f"the CUDA probe outlived {timeout:.0f} s", None
     if lines and lines[-1].isdigit() and int(lines[-1]) > 0:
-        GPU_NAME[:] = lines[-2:-1]
-        return None
-    return f"no CUDA device here ({out.strip()[-200:]})"
-
-
-GPU_NAME: list[str] = []   # the first GPU's name, as the CUDA probe's child saw it
+        return None, (lines[-2] if len(lines) > 1 else None)
+    return f"no CUDA device here ({out.strip()[-200:]})", None
 
 
 def hardware_for(name: str | None) -> str:
@@ -344,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in IN_CHILD:
         steps.run(name, lambda limit, name=name: check_in_child(name, env, limit), why_not)
     cpu = why_not is not None
-    hardware = "cpu" if cpu else args.hardware or hardware_for(GPU_NAME[0] if GPU_NAME else None)
+    hardware = "cpu" if cpu else args.hardware or hardware_for(probe.get("gpu"))
     steps.run("troughput-run", lambda limit: check_run(args.out, work, env, hardware, limit),
               why_not if cpu and not args.allow_cpu else None)
     print(f"total: {steps.elapsed():.1f} s (limit {TOTAL_S} s)", flush=True)
@@ -357,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _probe(probe: dict, env: dict[str, str], limit: float) -> tuple[str, str]:
-    probe["why_not"] = cuda_here(env, limit)
+    probe["why_not"], probe["gpu"] = cuda_here(env, limit)
     return (NOT_RUN, probe["why_not"]) if probe["why_not"] else (VERIFIED, "torch sees a CUDA device")
 
 
