@@ -24,3 +24,9 @@ def takes_another(shards: int, in_flight: int, shard_size: int, pending: int, se
     if fed < 0:
         return False
     return shards < MAX_IN_FLIGHT_FACTOR * in_flight and pending + sent - fed < feed_below(shard_size)
+
+
+def held_at_once(shard_size: int, in_flight: int) -> int:
+    """About the most shards ``takes_another`` lets an engine that reports its unfinished requests hold: up to
+    ``MAX_IN_FLIGHT_FACTOR × in_flight`` while they stay under ``feed_below``, never fewer than ``in_flight``."""
+    return max(in_flight, min(MAX_IN_FLIGHT_FACTOR * in_flight, -(-feed_below(shard_size) // shard_size)))
