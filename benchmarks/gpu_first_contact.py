@@ -150,13 +150,27 @@ def child_env(site: Path | None, *more: Path) -> dict[str, str]:
     return wheel_bundle.pythonpath(*more, *([site] if site else []), ROOT)
 
 
-def cuda_here(env: dict[str, str], timeout: float) -> str | None:
-    """Why no CUDA check can run here (None: a GPU answers), asked in a child so this process stays clean."""
-    code, out = run_child([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"], timeout, env)
-    count = out.strip().splitlines()[-1:] if code == 0 else []
+def cuda_here(env: dict[str, str], timeout: float) -> tuple[str | None, str | None]:
+    """Why no CUDA check can run here (None: a GPU answers) and the first GPU's name, asked in a child so this
+    process stays clean."""
+    code, out = run_child([sys.executable, "-c", "import torch; n = torch.cuda.device_count(); "
+                           "print(torch.cuda.get_device_name(0) if n else ''); print(n)"], timeout, env)
+    lines = out.strip().splitlines() if code == 0 else []
     if code is None:
-        return f"the CUDA probe outlived {timeout:.0f} s"
-    return None if count and count[0].isdigit() and int(count[0]) > 0 else f"no CUDA device here ({out.strip()[-200:]})"
+        return f"the CUDA probe outlived {timeout:.0f} s", None
+    if lines and lines[-1].isdigit() and int(lines[-1]) > 0:
+        return None, (lines[-2] if len(lines) > 1 else None)
+    return f"no CUDA device here ({out.strip()[-200:]})", None
+
+
+def hardware_for(name: str | None) -> str:
+    """troughput's hardware config for a GPU name (``NVIDIA H100 80GB HBM3`` → h100); h100 where none matches."""
+    text = (name or "").lower().replace(" ", "")
+    for key, config in (("h200", "h200"), ("h100pcie", "h100_pcie"), ("h100", "h100"), ("a100", "a100_80gb"),
+                        ("l40s", "l40s")):
+        if key in text:
+            return config
+    return "h100"
 
 
 def check_fork(env: dict[str, str], timeout: float, standin: Path) -> tuple[str, str]:
@@ -302,7 +316,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "gpu-first-contact")))
     parser.add_argument("--wheels", type=Path, default=None)
-    parser.add_argument("--hardware", default="h200", help="troughput's hardware config for the run (default h200)")
+    parser.add_argument("--hardware", default=None,
+                        help="troughput's hardware config for the run (default: from the GPU's name, h100 if unknown)")
     parser.add_argument("--allow-cpu", action="store_true", help="run the troughput-run check on the CPU")
     parser.add_argument("--fetch-wheels", type=Path, default=None)
     parser.add_argument("--step", choices=sorted(IN_CHILD), help=argparse.SUPPRESS)
@@ -326,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in IN_CHILD:
         steps.run(name, lambda limit, name=name: check_in_child(name, env, limit), why_not)
     cpu = why_not is not None
-    steps.run("troughput-run", lambda limit: check_run(args.out, work, env, "cpu" if cpu else args.hardware, limit),
+    hardware = "cpu" if cpu else args.hardware or hardware_for(probe.get("gpu"))
+    steps.run("troughput-run", lambda limit: check_run(args.out, work, env, hardware, limit),
               why_not if cpu and not args.allow_cpu else None)
     print(f"total: {steps.elapsed():.1f} s (limit {TOTAL_S} s)", flush=True)
     results = {k: v for k, v in steps.results.items() if k != "cuda"}
@@ -338,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _probe(probe: dict, env: dict[str, str], limit: float) -> tuple[str, str]:
-    probe["why_not"] = cuda_here(env, limit)
+    probe["why_not"], probe["gpu"] = cuda_here(env, limit)
     return (NOT_RUN, probe["why_not"]) if probe["why_not"] else (VERIFIED, "torch sees a CUDA device")
 
 

@@ -93,7 +93,7 @@ def test_a_step_that_outlives_its_limit_is_killed_with_its_children(tmp_path):
 
 def test_without_a_gpu_the_gpu_checks_say_not_run_and_the_exit_status_is_2(monkeypatch, tmp_path, capsys):
     monkeypatch.setattr(fc, "check_install", lambda wheels, site, limit: (fc.VERIFIED, "nothing missing"))
-    monkeypatch.setattr(fc, "cuda_here", lambda env, limit: "no CUDA device here")
+    monkeypatch.setattr(fc, "cuda_here", lambda env, limit: ("no CUDA device here", None))
     assert fc.main(["--out", str(tmp_path)]) == 2
     saved = json.loads((tmp_path / "first_contact.json").read_text())
     assert {saved[k]["status"] for k in ("fork", "meters", "free memory", "troughput-run")} == {fc.NOT_RUN}
@@ -104,18 +104,44 @@ def test_without_a_gpu_the_gpu_checks_say_not_run_and_the_exit_status_is_2(monke
 
 def test_a_failed_check_is_exit_status_1(monkeypatch, tmp_path):
     monkeypatch.setattr(fc, "check_install", lambda wheels, site, limit: (fc.VERIFIED, "nothing missing"))
-    monkeypatch.setattr(fc, "cuda_here", lambda env, limit: None)
+    monkeypatch.setattr(fc, "cuda_here", lambda env, limit: (None, None))
     monkeypatch.setattr(fc, "check_fork", lambda env, limit, standin: (fc.FAILED, "poisoned"))
     monkeypatch.setattr(fc, "check_in_child", lambda name, env, limit: (fc.VERIFIED, name))
     monkeypatch.setattr(fc, "check_run", lambda out, work, env, hardware, limit: (fc.VERIFIED, hardware))
     assert fc.main(["--out", str(tmp_path)]) == 1
     saved = json.loads((tmp_path / "first_contact.json").read_text())
-    assert saved["troughput-run"]["detail"] == "h200" and saved["fork"]["status"] == fc.FAILED
+    assert saved["troughput-run"]["detail"] == "h100" and saved["fork"]["status"] == fc.FAILED, "no GPU name: h100"
+
+
+def test_the_run_s_hardware_comes_from_the_gpu_s_name_unless_given(monkeypatch, tmp_path):
+    monkeypatch.setattr(fc, "check_install", lambda wheels, site, limit: (fc.VERIFIED, "nothing missing"))
+    monkeypatch.setattr(fc, "check_fork", lambda env, limit, standin: (fc.VERIFIED, "ok"))
+    monkeypatch.setattr(fc, "check_in_child", lambda name, env, limit: (fc.VERIFIED, name))
+    monkeypatch.setattr(fc, "check_run", lambda out, work, env, hardware, limit: (fc.VERIFIED, hardware))
+    for name, hardware, given in (("NVIDIA H100 80GB HBM3", "h100", []), ("NVIDIA H200", "h200", []),
+                                  ("NVIDIA H100 PCIe", "h100_pcie", []),
+                                  ("NVIDIA H200", "h100", ["--hardware", "h100"])):
+        monkeypatch.setattr(fc, "cuda_here", lambda env, limit, name=name: (None, name))
+        assert fc.main(["--out", str(tmp_path), *given]) == 0
+        assert json.loads((tmp_path / "first_contact.json").read_text())["troughput-run"]["detail"] == hardware
+
+
+def test_out_keeps_few_files_and_the_wheels_go_elsewhere(monkeypatch, tmp_path):
+    """The device tool sends back at most eight files from $OUT: the installed wheels must not land there."""
+    make_wheel(tmp_path / "wheels", "gfc_out_mod")
+    monkeypatch.setattr(fc, "NEEDED", {"json": "json", "gfc_out_mod": "gfc-out-mod"})
+    monkeypatch.setattr(fc, "cuda_here", lambda env, limit: ("no CUDA device here (test)", None))
+    out = tmp_path / "out"
+    assert fc.main(["--out", str(out), "--wheels", str(tmp_path / "wheels")]) == 2
+    saved = json.loads((out / "first_contact.json").read_text())
+    assert saved["install"]["status"] == fc.VERIFIED and "gfc_out_mod missing: installed" in saved["install"]["detail"]
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert len(files) < 8 and not list(out.rglob("gfc_out_mod*")), [str(p) for p in files]
 
 
 def test_a_check_that_raises_is_failed_with_its_reason(monkeypatch, tmp_path):
     monkeypatch.setattr(fc, "check_install", lambda wheels, site, limit: (fc.VERIFIED, "nothing missing"))
-    monkeypatch.setattr(fc, "cuda_here", lambda env, limit: None)
+    monkeypatch.setattr(fc, "cuda_here", lambda env, limit: (None, None))
     monkeypatch.setattr(fc, "check_fork", lambda env, limit, standin: (fc.VERIFIED, "ok"))
     monkeypatch.setattr(fc, "check_run", lambda out, work, env, hardware, limit: (fc.VERIFIED, "ran"))
     monkeypatch.setattr(fc, "check_in_child", lambda name, env, limit: (_ for _ in ()).throw(OSError("no " + name)))

@@ -61,3 +61,13 @@ def test_rounds_takes_auto_or_null_only():
     assert wants_rounds(compose("engine=sim", "run.rounds=auto"))
     with pytest.raises(TroughputError, match="run.rounds=3"):
         wants_rounds(compose("engine=sim", "run.rounds=3"))
+
+
+def test_the_loop_s_first_line_says_whether_its_plan_was_simulated_at_its_minimum_effect():
+    """3 to 10 runs a side is a simulated plan, at a minimum effect of 2% or more: a loop at 1% must not claim it."""
+    from harness.report import rounds
+
+    for min_effect, claim in ((0.02, "(simulated for this plan"), (0.01, "(not simulated for this plan")):
+        said = []
+        rounds.add_rounds(3, 10, lambda plan: {}, lambda *a: None, say=said.append, min_effect=min_effect)
+        assert said[0].startswith("rounds: verdicts by group-sequential") and claim in said[0], said[0]

@@ -2,10 +2,11 @@
 
 Each replica gets its own GPUs or CPU cores (``harness.run.replicas.device_envs``, as a
 measured run's replicas do) and ``in_flight`` shards at once, all fed to its engine; beyond
-that, another shard whenever fewer than ``feed_below(shard_size)`` of the requests handed to it
+that, another shard whenever fewer than ``feed_below(shard_size, capacity)`` of the requests handed to it
 are unfinished (a shard commits only when its longest request finishes, so on skewed output
 lengths shards-in-flight alone would let the engine's queue run dry behind a few long tails),
-up to ``MAX_IN_FLIGHT_FACTOR × in_flight`` shards. Events from all workers arrive on one queue
+up to ``most_held`` shards (``harness.batch.job.feeding``; ``capacity``: the engine's ``max_num_seqs``, as its
+``started`` event says). Events from all workers arrive on one queue
 as ``(worker, event)``; a worker that ends says ``exit``.
 
 Slots (an in-job tuning whose space holds ``engine.replicas``): the pool may start more workers
@@ -56,6 +57,7 @@ class LocalPool:
         self.sent: list[int] = []      # requests submitted to each worker
         self.pending: list[int] = []   # its engine's unfinished requests, as last reported
         self.fed: list[int] = []       # requests the worker had fed by then (-1: never reported)
+        self.capacity: list[int | None] = []  # its engine's max_num_seqs, as its start said (None: not said)
         self.alive: list[bool] = []
         self.events: queue.Queue[tuple[int, dict[str, Any]]] = queue.Queue()
         self.log_paths: list[Path] = []
@@ -92,6 +94,7 @@ class LocalPool:
             self.outstanding.append(0)
             self.sent.append(0)
             self.pending.append(0)
+            self.capacity.append(None)
             self.fed.append(-1)
             self.alive.append(True)
             self.restarting.append(False)
@@ -124,6 +127,7 @@ class LocalPool:
         self.generation += 1
         for i, proc in enumerate(self.procs):
             self.outstanding[i], self.sent[i], self.pending[i], self.fed[i] = 0, 0, 0, -1
+            self.capacity[i] = None
             self.restarting[i], self.up[i] = True, False  # a parked slot's events stay stale until it restarts
             self.parked[i] = i >= plan.replicas
             job = self._job(i)
@@ -188,7 +192,7 @@ class LocalPool:
         if not self.alive[i] or self.parked[i]:
             return False
         return takes_another(self.outstanding[i], self.plan.in_flight, self.plan.shard_size, self.pending[i],
-                             self.sent[i], self.fed[i])
+                             self.sent[i], self.fed[i], self.capacity[i])
 
     def free(self) -> int:
         """How many more shards the live workers can take now (0 or more; one at a time past ``in_flight``)."""
@@ -217,6 +221,7 @@ class LocalPool:
             if event.get("generation", self.generation) != self.generation or self.parked[i]:
                 return None  # an engine started for an earlier run (it got no shard there), since stopped
             self.restarting[i], self.up[i] = False, True
+            self.capacity[i] = ((event.get("start") or {}).get("extra") or {}).get("max_num_seqs")
         elif self.restarting[i] and event["event"] == "progress":
             return None  # the previous engine's last word on its (finished) work
         if event["event"] == "progress" and "pending" in event:

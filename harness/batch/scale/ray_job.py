@@ -191,7 +191,7 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
     import ray
     from ray.data import ActorPoolStrategy, TaskPoolStrategy
 
-    from harness.batch.job.feeding import MAX_IN_FLIGHT_FACTOR
+    from harness.batch.job.feeding import most_held
     from harness.batch.scale.pool import engine_limits
     from harness.batch.scale.ray_stages import EngineStage, commit, convert, shard_source
 
@@ -208,20 +208,27 @@ def pipeline(plan: Plan, index: Index, todo: list[int], opts: dict[str, Any]) ->
                         fn_kwargs={"plan_json": plan_json, "duplicates": index.duplicates})
     if plan.engine == "ray":
         return _through_ray_llm(ds, plan, opts, here, ahead)
-    # up to MAX_IN_FLIGHT_FACTOR x in_flight calls on each actor; its gate feeds each to the engine by the one-node
-    # rule (its unfinished requests), the rest wait there with their shard converted
+    # up to the one-node rule's most shards (feeding.most_held, at the knobs' max_num_seqs) calls on each actor; its
+    # gate feeds each to the engine by that rule (its unfinished requests), the rest wait there, shard converted
     feeding = {"in_flight": plan.in_flight, "shard_size": plan.shard_size}
     ds = ds.map_batches(EngineStage, batch_size=1,
                         fn_constructor_kwargs={"job": job, "feeding": feeding, "exit_on_failure": True,
                                                "stall_timeout_s": plan.stall_timeout_s,
                                                "report_key": opts.get("report_key")},
                         compute=ActorPoolStrategy(size=opts["actors"],
-                                                  max_concurrent_calls_per_actor=MAX_IN_FLIGHT_FACTOR * plan.in_flight,
+                                                  max_concurrent_calls_per_actor=most_held(
+                                                      plan.shard_size, plan.in_flight, _max_num_seqs(plan)),
                                                   enable_true_multi_threading=True),  # calls feed one engine
                         max_restarts=opts["max_restarts"], max_task_retries=-1,   # a failed engine's actor exits
                         **engine_resources(opts))
     return ds.map_batches(commit, batch_size=1, num_cpus=SMALL_TASK_CPUS, label_selector=here, compute=ahead,
                           fn_kwargs={"plan_json": plan_json, "job": job_id(plan)})
+
+
+def _max_num_seqs(plan: Plan) -> int | None:
+    """The engines' ``max_num_seqs`` where the plan's knobs set it (Ray's concurrency is fixed before they start)."""
+    value = plan.knobs.get("max_num_seqs")
+    return int(value) if isinstance(value, (int, float)) and value > 0 else None
 
 
 def _through_ray_llm(ds: Any, plan: Plan, opts: dict[str, Any], here: dict[str, str], ahead: Any) -> Any:

@@ -97,11 +97,11 @@ def convert(batch: dict[str, np.ndarray], plan_json: str, duplicates: dict[int, 
 class EngineStage:
     """One engine in a Ray Data actor: started once, fed across shards as the local worker feeds it.
 
-    Ray Data runs up to ``MAX_IN_FLIGHT_FACTOR × batch.in_flight`` calls at once on the actor
-    (threads: ``max_concurrent_calls_per_actor`` with ``enable_true_multi_threading``). Each call
+    Ray Data runs up to ``feeding.most_held`` calls at once on the actor (threads:
+    ``max_concurrent_calls_per_actor`` with ``enable_true_multi_threading``). Each call
     waits at the actor's gate until its engine takes another shard by the one-node rule
     (``harness.batch.job.feeding.takes_another``: below ``batch.in_flight`` shards always, beyond that while
-    the engine's unfinished requests are fewer than ``feed_below(shard_size)``), so an engine is
+    the engine's unfinished requests are fewer than ``feed_below(shard_size, capacity)``), so an engine is
     topped up by its unfinished requests, not by a shard count. Then the call hands its shard to
     the actor's one feeding loop (``engines.batch_worker.feed_until_closed`` on a thread of its
     own, over the engine's ``Feeder``) and waits for that shard alone.
@@ -155,7 +155,7 @@ class EngineStage:
         from harness.batch.job.feeding import takes_another
 
         return takes_another(self.in_engine, self.feeding["in_flight"], self.feeding["shard_size"], self.pending,
-                             self.sent, self.fed)
+                             self.sent, self.fed, self.capacity)
 
     def _feed(self) -> None:
         from engines.batch_worker import feed_until_closed

@@ -161,10 +161,7 @@ def accepts_hook(run_phase: Callable[..., Any]) -> bool:
 
 def reporting_points(shards: int, shard_size: int, in_flight: int, engines: int) -> int:
     """About how many of a ``shards``-shard run's commits come while shards are left to hand over (its points to
-    report at): its shards less what ``engines`` engines hold at once, each at most ``in_flight`` shards, more while
-    few of its requests are unfinished (``feeding.takes_another``: small shards pile up to
-    ``MAX_IN_FLIGHT_FACTOR``×)."""
-    from harness.batch.job.feeding import MAX_IN_FLIGHT_FACTOR, feed_below
+    report at): its shards less what ``engines`` engines hold at once (``feeding.held_at_once``)."""
+    from harness.batch.job.feeding import held_at_once
 
-    held = max(in_flight, min(MAX_IN_FLIGHT_FACTOR * in_flight, -(-feed_below(shard_size) // shard_size)))
-    return max(0, shards - held * max(engines, 1))
+    return max(0, shards - held_at_once(shard_size, in_flight) * max(engines, 1))

@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from harness.batch import launch
-from harness.batch.job.feeding import MAX_IN_FLIGHT_FACTOR
 from harness.batch.scale.pool import LocalPool
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
@@ -70,8 +69,8 @@ def test_a_scripted_gap_between_shards_is_idle_time_within_a_stated_tolerance(tm
 
 
 def test_an_engine_run_far_below_its_capacity_shows_low_occupancy_in_its_metas_and_the_row(tmp_path: Path) -> None:
-    """Side by side: 64 seats fed 2-request shards one at a time (at most MAX_IN_FLIGHT_FACTOR shards, so at most
-    8 running: occupancy at most 8/64) against 4 seats fed 8-request shards (always 4 running but the tail)."""
+    """Side by side: 64 seats for a job of 16 requests in 2-request shards (all of them in the engine at once: at
+    most 16 running, occupancy at most 16/64) against 4 seats fed 8-request shards (always 4 running but the tail)."""
     path = same_length(tmp_path / "batch.jsonl", 16, max_tokens=20)
     common = [FAKE, GREEDY, f"batch.input={path}", "+engine.knobs.token_s=0.01"]
     starved = batch_app(tmp_path, *common, f"batch.output_dir={tmp_path / 'starved'}", "batch.shard_size=2",
@@ -79,10 +78,13 @@ def test_an_engine_run_far_below_its_capacity_shows_low_occupancy_in_its_metas_a
     full = batch_app(tmp_path, *common, f"batch.output_dir={tmp_path / 'full'}", "batch.shard_size=8",
                      "batch.in_flight=2", "+engine.knobs.max_num_seqs=4")
     assert starved.returncode == 0 and full.returncode == 0, starved.stderr + full.stderr
-    bound = MAX_IN_FLIGHT_FACTOR * 1 * 2 / 64
+    bound = 16 / 64
     # a shard's steps are the engine's since the previous shard finished on it: a shard that finished in the same
     # step as the one before has none of its own (0 steps, no occupancy)
     traced = [m for m in metas(tmp_path / "starved") if m["engine_steps"]]
+    # all 8 shards in the engine at once: small shards are held by the requests they bring, not by a count of
+    # 4 × in_flight shards (8 running of 64 seats under that count)
+    assert max(m["shards_in_engine"] for m in metas(tmp_path / "starved")) == 8
     assert len(traced) >= 2 and all(m["max_num_seqs"] == 64 for m in metas(tmp_path / "starved"))
     for meta in traced:
         assert meta["occupancy"] == pytest.approx(meta["mean_running"] / 64)
@@ -98,3 +100,15 @@ def test_an_engine_run_far_below_its_capacity_shows_low_occupancy_in_its_metas_a
     assert rows["starved"]["occupancy"] == pytest.approx(
         sum(m["occupancy"] * m["engine_steps"] for m in traced) / sum(steps))
     assert rows["starved"]["steps.mean_running"] == pytest.approx(rows["starved"]["occupancy"] * 64)
+
+
+def test_an_engine_larger_than_512_sequences_is_fed_to_twice_its_capacity(tmp_path: Path) -> None:
+    """1024 seats, 64-request shards: the driver keeps 2 × 1024 requests queued by the capacity the engine's start
+    said, not the 512 it keeps for an engine that did not say (at most 9 shards of 64 would be in it at once)."""
+    path = same_length(tmp_path / "batch.jsonl", 40 * 64, max_tokens=100)
+    proc = batch_app(tmp_path, FAKE, GREEDY, f"batch.input={path}", f"batch.output_dir={tmp_path / 'out'}",
+                     "batch.shard_size=64", "batch.in_flight=1", "+engine.knobs.token_s=0.01",
+                     "+engine.knobs.max_num_seqs=1024")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    held = max(m["shards_in_engine"] for m in metas(tmp_path / "out"))
+    assert held > 9, held

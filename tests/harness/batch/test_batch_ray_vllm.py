@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.batch.job.feeding import MAX_IN_FLIGHT_FACTOR
+from harness.batch.job.feeding import most_held
 from harness.run.results import read_rows
 from tests.ray_head import RayHead
 from tests.harness.batch.conftest import (chat, completion, png_data_url, read_jsonl, troughput_batch,
@@ -21,7 +21,8 @@ pytestmark = [pytest.mark.engine, pytest.mark.xdist_group("ray")]
 
 PER_SHARD = 2
 IN_FLIGHT = 1       # batch.in_flight: beyond it, shards enter the engine while few requests are unfinished ...
-MOST = MAX_IN_FLIGHT_FACTOR * IN_FLIGHT  # ... up to this many, which may finish together, so commit at once
+SEATS = 2           # the engine's max_num_seqs in the jobs that count shards in the engine (kill, fault) ...
+MOST = most_held(PER_SHARD, IN_FLIGHT, SEATS)  # ... up to this many (4), which may finish together, so commit at once
 SHARDS = 2 * MOST + 2   # after a kill at the driver's first commit, more than MOST are left for the rerun
 
 
@@ -92,7 +93,7 @@ def test_a_killed_driver_s_rerun_resumes_and_its_killed_engine_actor_is_restarte
     """One job killed twice: its driver after the first commit (the rerun resumes from the shards it left),
     then the rerun's engine actor after the rerun's first commit (Ray restarts it, the job finishes)."""
     path, out = long_file(tmp_path / "long.jsonl", SHARDS), tmp_path / "out"
-    args = ray_args(ray_head, path, out, "batch.sampling=benchmark")
+    args = ray_args(ray_head, path, out, "batch.sampling=benchmark", f"+engine.knobs.max_num_seqs={SEATS}")
     proc = troughput_batch(tmp_path, *args, env=ray_head.driver_env, popen=True)
     try:
         wait_for_commits(out, proc, 1)
@@ -121,7 +122,8 @@ def test_vllm_failing_mid_job_inside_its_actor_is_restarted_and_answers_every_cu
     """The real vLLM engine raises at its 21st engine step (the test hook ``TROUGHPUT_FAULT_AFTER_STEPS``,
     ``engines.faults``), requests unfinished in it and its actor's process alive; the restarted actor's engine
     (the fault file counts one failure) runs on. 16 shards of 2 requests of 8 tokens, at most 4 shards in the
-    engine at once (``in_flight=1``): the first shard is done by step 8 or so, the job takes 32 steps or more.
+    engine at once (``in_flight=1``, 2 seats: 2 shards' worth queued): the first shard is done by step 8 or so, the
+    job takes 32 steps or more.
     Before, the actor published the failure to its calls and then stopped vLLM (seconds) before exiting: a call
     waiting at the gate saw it and raised, and Ray Data, which does not retry Python errors, ended the job
     (3 of 16 shards committed, exit 1); the scripted engine stops at once, so its test never saw that."""
@@ -130,6 +132,7 @@ def test_vllm_failing_mid_job_inside_its_actor_is_restarted_and_answers_every_cu
                                                   for i in range(count)])
     out, faults = tmp_path / "out", tmp_path / "faults"
     proc = troughput_batch(tmp_path, *ray_args(ray_head, path, out, "batch.sampling=benchmark",
+                                               f"+engine.knobs.max_num_seqs={SEATS}",
                                                "+engine.env.TROUGHPUT_FAULT_AFTER_STEPS=20",
                                                f"+engine.env.TROUGHPUT_FAULT_FILE={faults}"),
                            env=ray_head.driver_env, timeout=600)

@@ -382,7 +382,7 @@ def test_a_run_on_fewer_replicas_than_slots_gets_its_own_cores_and_an_earlier_ru
     assert [pool._job(i)["cores"] for i in range(2)] == [[0, 1], [2, 3]], "a later run gets its slices back"
     # a started event of generation 0 arriving after the pool moved on to run 1 is an earlier run's
     pool.procs, pool.parked = [None, None], [False, False]
-    pool.outstanding, pool.sent, pool.pending, pool.fed = [0, 0], [0, 0], [0, 0], [-1, -1]
+    pool.outstanding, pool.sent, pool.pending, pool.fed, pool.capacity = [0, 0], [0, 0], [0, 0], [-1, -1], [None, None]
     pool.alive, pool.restarting, pool.up = [True, True], [True, True], [False, False]
     pool.generation = 1
     pool.events.put((1, {"event": "started", "generation": 0, "start": {}}))

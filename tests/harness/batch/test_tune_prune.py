@@ -225,6 +225,8 @@ def test_a_trial_reports_only_while_shards_are_left_to_hand_over() -> None:
     assert reporter(_so_far(shards=2, left=0, step_tokens=20.0, step_s=1.0)) is False
     assert study.trials[0].intermediate_values == {1: 10.0} and reporter.reported == 1
     # what the engines hold at once, and so the commits a run has to report at: 3 shards of 1000 (in_flight), up to
-    # 4× that while fewer than 2 shards' worth (at least 512) of requests are unfinished
+    # 4× that while fewer than 2 shards' worth (at least 512) of requests are unfinished; small shards: as many as
+    # hold 512 requests (64 of 8), not a count of 4× in_flight that would starve the engine
     assert reporting_points(10, 1000, 3, 1) == 7 and reporting_points(10, 1000, 3, 2) == 4
-    assert reporting_points(10, 8, 1, 1) == 6 and reporting_points(10, 8, 3, 1) == 0
+    assert reporting_points(10, 8, 1, 1) == 0 and reporting_points(100, 8, 1, 1) == 36
+    assert reporting_points(100, 8, 3, 2) == 0
