@@ -123,6 +123,7 @@ class FakeEngine(Engine):
         fail_after = self.knobs.get("fail_after_steps")
         fail_after = int(fail_after) if fail_after is not None and self._fails() else None
         taken = [0]
+        queued = [0]   # requests waiting for a seat (the step trace's ``waiting``)
 
         async def steps() -> None:
             self.step_trace.begin()
@@ -144,10 +145,12 @@ class FakeEngine(Engine):
                     if state[0] <= 0:
                         state[1].set()
                         del running[rid]
-                self.step_trace.record(running=n, decode=n, prefill=0)
+                self.step_trace.record(running=n, decode=n, prefill=0, waiting=queued[0])
 
         async def one(r: Request) -> Completion:
+            queued[0] += 1
             async with seats:
+                queued[0] -= 1
                 done = asyncio.Event()
                 running[r.id] = [r.max_tokens, done]
                 if not stepping or stepping[-1].done():

@@ -162,6 +162,9 @@ class SoFar:
     step_tokens: float     # tokens of the decode steps the engines have reported so far (shards still in flight
     #                        included: each shard's result brings the steps since the previous one finished)
     step_s: float          # those steps' seconds, summed over the engines (0: the engines record no steps)
+    full_tokens: float = 0.0  # of those, the steps of an engine running all it holds (requests waiting behind the
+    full_s: float = 0.0       # step; an engine that does not say: while shards were left to hand over): their decode
+    full_steps: int = 0       # tokens, seconds and count (``fed_rate``, ``tune_confirm.Blocks``)
 
 
 def job_id(plan: Plan) -> str:
@@ -235,6 +238,7 @@ class _Runner:
         self.stopped = False    # ``on_commit`` said stop: no further shard is handed over
         self.step_tokens = 0.0  # decode tokens and seconds of the engines' steps reported so far (``SoFar``)
         self.step_s = 0.0
+        self.full = [0.0, 0.0, 0]  # of those, the full steps' decode tokens, seconds and count (``SoFar``)
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
@@ -343,7 +347,7 @@ class _Runner:
                 self.run.serial = self.run.serial or not measured.get("streams")
             meta = self._commit(index, items, result, worker)
             self.run.steps.extend(result.get("steps"))
-            self._stepped(result.get("steps"))
+            self._stepped(result.get("steps"), left=self.todo - self.dispatched)
             self.run.engine_counted(f"worker {worker + 1}", result["measured"].get("engine_steps"))
             startup = float(result["measured"].get("startup_s") or 0.0)
             self.inside_startup[worker] = self.inside_startup.get(worker, 0.0) + startup
@@ -353,7 +357,7 @@ class _Runner:
                 self.stopped = bool(self.on_commit(SoFar(
                     shards=self.run.shards_run, left=self.todo - self.dispatched, engines=max(int(pool.engines), 1),
                     output_tokens=self.run.output_tokens, engine_s=self.run.engine_s, step_tokens=self.step_tokens,
-                    step_s=self.step_s)))
+                    step_s=self.step_s, full_tokens=self.full[0], full_s=self.full[1], full_steps=self.full[2])))
         elif kind == "shard_failed":
             log.error("worker %d failed: %s", worker + 1, event.get("error"))
             self.failures[worker] = str(event.get("error"))
@@ -387,12 +391,20 @@ class _Runner:
         self.bar.shard_done(-1 if worker is None else worker, len(items), meta["output_tokens"])
         return meta
 
-    def _stepped(self, trace: dict[str, list[float]] | None) -> None:
-        """Add a shard's steps to the decode tokens and step seconds so far (``SoFar``)."""
+    def _stepped(self, trace: dict[str, list[float]] | None, left: int) -> None:
+        """Add a shard's steps to the decode tokens and step seconds so far, and its full steps (requests waiting
+        behind the step; where the engine does not say, -1, while ``left`` shards were still to hand over) to
+        theirs (``SoFar``)."""
         if not trace or not trace.get("weight"):
             return
-        self.step_tokens += sum(w * d for w, d in zip(trace["weight"], trace["decode"]))
-        self.step_s += sum(w * dt for w, dt in zip(trace["weight"], trace["dt"]))
+        waiting = trace.get("waiting") or [-1.0] * len(trace["weight"])
+        for w, d, dt, queued in zip(trace["weight"], trace["decode"], trace["dt"], waiting):
+            self.step_tokens += w * d
+            self.step_s += w * dt
+            if queued > 0 or (queued < 0 and left > 0):
+                self.full[0] += w * d
+                self.full[1] += w * dt
+                self.full[2] += int(w)
 
 
 def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, items: list[Item],

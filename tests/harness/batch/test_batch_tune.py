@@ -43,7 +43,8 @@ def _job(tmp_path: Path, records: int, space: str = SPACE, max_tokens: int = 10)
                                                   for i in range(records)])
     return path, [f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark", f"batch.input={path}",
                   f"batch.output_dir={tmp_path / 'out'}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]",
-                  "tune=case", "batch.shard_size=8", "batch.tune.min_run_requests=16", "batch.tune.max_share=0.5"]
+                  "tune=case", "batch.shard_size=8", "batch.tune.min_run_requests=16", "batch.tune.max_share=0.5",
+                  "batch.tune.block_steps=8"]
 
 
 def _metas(out: Path) -> dict[int, dict]:
@@ -114,9 +115,9 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
     the requests changed): the looks call it a clear loser, the rest runs on the engine defaults (one more start),
     and the candidate's committed shards stay."""
     space = ("space:\n  params:\n    engine.knobs.max_num_seqs: {type: categorical, choices: [64]}\n"
-             "    engine.knobs.slow_after_steps: {type: categorical, choices: [140]}\n"
+             "    engine.knobs.slow_after_steps: {type: categorical, choices: [112]}\n"
              "seeds:\n  - name: engine defaults\n  - name: slows down\n"
-             "    params: {engine.knobs.max_num_seqs: 64, engine.knobs.slow_after_steps: 140}\nheuristic: null\n")
+             "    params: {engine.knobs.max_num_seqs: 64, engine.knobs.slow_after_steps: 112}\nheuristic: null\n")
     path, args = _job(tmp_path, 1152, space=space, max_tokens=30)
     # four trials of 18 shards (about 100 steps each): the third and fourth propose the one config of the space
     # again, which is not run again (its trial's value is told); the candidate slows a few steps into the main phase
@@ -171,7 +172,7 @@ def test_a_job_too_small_for_the_trials_is_refused_before_any_engine_starts(tmp_
 def test_bad_confirmation_settings_are_refused_before_any_engine_starts(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 200)
     for bad in ("batch.tune.confirm_looks=0", "batch.tune.confirm_looks=lots", "batch.tune.run_spread=-1",
-                "batch.tune.run_spread=nan"):
+                "batch.tune.run_spread=nan", "batch.tune.block_steps=0"):
         proc = batch_app(tmp_path, *args, "batch.tune.trials=3", bad, "+engine.knobs.fail_in=start")
         assert proc.returncode == 2 and bad.split("=")[0] in proc.stderr, (bad, proc.stderr[-2000:])
     assert not (tmp_path / "out" / "shards").exists() or not list((tmp_path / "out" / "shards").iterdir())

@@ -6,23 +6,45 @@ import pytest
 
 from benchmarks.in_main_confirmation import simulate
 from harness.batch.job.job import SoFar
-from harness.batch.tune.tune_confirm import KEEP, SWITCH, Blocks, Confirmation, InMainRule, LookLog
+from harness.batch.tune.tune_confirm import BLOCK_STEPS, KEEP, SWITCH, Blocks, Confirmation, InMainRule, LookLog
 from harness.report.verdict import ALPHA
 
 
-def so_far(shards: int, left: int, tokens: float, seconds: float) -> SoFar:
+def so_far(shards: int, left: int, tokens: float, seconds: float, steps: int = 0) -> SoFar:
     return SoFar(shards=shards, left=left, engines=2, output_tokens=shards * 100, engine_s=shards * 1.0,
-                 step_tokens=tokens, step_s=seconds)
+                 step_tokens=tokens + 50, step_s=seconds + 5, full_tokens=tokens, full_s=seconds, full_steps=steps)
 
 
-def test_blocks_are_the_fed_engine_rate_between_commits_while_shards_are_left():
+def test_blocks_are_the_full_steps_rate_over_each_block_of_steps_an_engine():
     seen = []
-    blocks = Blocks(lambda s: seen.append(s.shards) or s.shards == 3)
-    assert blocks(so_far(1, 5, 1000, 10)) is False, "the first commit is the origin: the ramp is in no block"
-    assert blocks(so_far(2, 4, 3000, 20)) is False
-    assert blocks(so_far(3, 3, 4000, 25)) is True, "the wrapped hook's answer comes back"
-    blocks(so_far(4, 0, 9000, 30))   # nothing left to hand over: the engines drain, not a block
-    assert blocks.values == [pytest.approx(2000 / 10 * 2), pytest.approx(1000 / 5 * 2)] and seen == [1, 2, 3, 4]
+    blocks = Blocks(lambda s: seen.append(s.shards) or s.shards == 3, steps=100)
+    assert blocks(so_far(1, 5, 1000, 10, 150)) is False, "the first commit is the origin: the first steps are in no block"
+    assert blocks(so_far(2, 4, 3000, 20, 300)) is False, "150 full steps of 2 engines: under a block's 200"
+    assert blocks(so_far(3, 3, 4000, 25, 350)) is True, "the wrapped hook's answer comes back"
+    assert blocks.values == [pytest.approx(3000 / 15 * 2)]
+    # nothing left to hand over, but requests still waiting: full steps, a block
+    blocks(so_far(4, 0, 9000, 30, 600))
+    assert blocks.values[1:] == [pytest.approx(5000 / 5 * 2)] and seen == [1, 2, 3, 4]
+    blocks(so_far(5, 0, 9000, 30, 600))   # a drain: no full step since, no block
+    assert len(blocks.values) == 2
+
+
+def test_a_job_s_full_steps_are_those_with_requests_waiting_or_while_shards_are_left():
+    """``ShardsRun``'s tally of a shard's steps (``SoFar.full_*``): a step with requests waiting is full; one
+    without is a ramp or a drain; an engine that does not say (-1) counts while shards are left to hand over."""
+    from harness.batch.job.job import _Runner
+
+    tally = _Runner.__new__(_Runner)
+    tally.step_tokens, tally.step_s, tally.full = 0.0, 0.0, [0.0, 0.0, 0]
+    trace = {"weight": [1, 1, 2], "decode": [10, 20, 30], "dt": [0.1, 0.2, 0.3], "waiting": [5, 0, 3]}
+    tally._stepped(trace, left=0)
+    assert tally.full == [pytest.approx(10 + 60), pytest.approx(0.1 + 0.6), 3]
+    assert tally.step_tokens == pytest.approx(90) and tally.step_s == pytest.approx(0.9)
+    unknown = {"weight": [1], "decode": [8], "dt": [0.5], "waiting": [-1]}
+    tally._stepped(unknown, left=0)
+    assert tally.full[2] == 3, "unknown and nothing left to hand over: a drain"
+    tally._stepped(unknown, left=2)
+    assert tally.full == [pytest.approx(78), pytest.approx(1.2), 4]
 
 
 def test_the_looks_levels_add_up_to_alpha():
@@ -61,14 +83,14 @@ def test_looks_are_kept_and_a_resumed_main_phase_goes_on_from_them(tmp_path):
     tokens = 0.0
     for shards, rate in enumerate([100, 104, 92, 110], 1):   # origin, then 3 blocks: one look, too close to call
         tokens += rate * 5
-        assert first.blocks(so_far(shards, 10, tokens, shards * 10.0)) is False
+        assert first.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS)) is False
     assert len(first.made) == 1 and first.action is None
     again = Confirmation(rule, defaults, LookLog(tmp_path))   # a kill, then the job again
     assert again.candidate == first.candidate and len(again.made) == 1
     tokens = 0.0
     for shards, rate in enumerate([100, 60], 1):   # the new run's origin, then a block: look 2
         tokens += rate * 5
-        again.blocks(so_far(shards, 10, tokens, shards * 10.0))
+        again.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
     assert [look.look for look in again.made] == [1, 2] and len(again.candidate) == 4
     assert [look.look for look in LookLog(tmp_path).read()] == [1, 2]
 
