@@ -16,10 +16,12 @@ def feed_below(shard_size: int, capacity: int | None = None) -> int:
 
 
 def most_held(shard_size: int, in_flight: int, capacity: int | None = None) -> int:
-    """The most shards one engine holds: ``MAX_IN_FLIGHT_FACTOR × in_flight``, or, where shards are small beside
-    the engine (16-request shards on an engine of 256 sequences), enough to hold ``feed_below`` requests and
-    ``in_flight`` shards more: a count of shards alone would starve it (at most 4 × 2 × 16 = 128 running)."""
-    return max(MAX_IN_FLIGHT_FACTOR * in_flight, -(-feed_below(shard_size, capacity) // shard_size) + in_flight)
+    """The most shards one engine holds: ``MAX_IN_FLIGHT_FACTOR ×`` the larger of ``in_flight`` and the shards that
+    hold ``feed_below`` requests. Where shards are small beside the engine (16-request shards on an engine of 256
+    sequences), a count of ``in_flight`` alone would starve it (at most 4 × 2 × 16 = 128 running), and so would
+    room for ``feed_below`` requests alone on long-tailed outputs: each open shard then waits on its one or two
+    longest requests (35 shards of 16 held 124 running of 256 in a real vLLM-CPU main phase)."""
+    return MAX_IN_FLIGHT_FACTOR * max(in_flight, -(-feed_below(shard_size, capacity) // shard_size))
 
 
 def takes_another(shards: int, in_flight: int, shard_size: int, pending: int, sent: int, fed: int,

@@ -18,12 +18,14 @@ def test_the_queue_kept_follows_the_engine_s_capacity() -> None:
 
 
 def test_small_shards_on_a_large_engine_fill_it() -> None:
-    """16-request shards, in_flight 2, an engine of 256 sequences: it takes shards until 512 requests are unfinished
-    (34 shards at most), where the count of 4 × in_flight = 8 shards let 128 run."""
+    """16-request shards, in_flight 2, an engine of 256 sequences: it takes shards until 512 requests are unfinished,
+    where the count of 4 × in_flight = 8 shards let 128 run; and while shards wait on long tails, up to 4 × 32."""
     shards, pending = 0, 0
     while takes_another(shards, 2, 16, pending, 0, 0, capacity=256):
         shards, pending = shards + 1, pending + 16
-    assert pending == 512 and shards == 32 <= most_held(16, 2, 256) == 34
+    assert pending == 512 and shards == 32 and most_held(16, 2, 256) == 128
+    # 100 open shards whose requests are all finished but one each (long tails): 100 unfinished, more taken
+    assert takes_another(100, 2, 16, 100, 0, 0, capacity=256) and not takes_another(128, 2, 16, 100, 0, 0, 256)
     assert held_at_once(16, 2, 256) == 32
     # a serial feeder (never says what it has fed): in_flight only
     assert takes_another(1, 2, 16, 0, 0, -1, capacity=256) and not takes_another(2, 2, 16, 0, 0, -1, capacity=256)
