@@ -55,7 +55,6 @@ from harness.batch.tune.tune_runs import (RunLog, RunRecord, concurrency, sample
 from harness.core.errors import TroughputError
 from harness.run.stepmodels import REPLAYABLE
 from harness.steps.predict import prediction_columns
-from harness.report.verdict import MIN_RUNS
 from harness.tune.best import leaders
 from harness.tune.seeds import enqueue_seeds
 from harness.tune.space import SearchSpace
@@ -97,12 +96,6 @@ class InJobTuning:
             raise TroughputError("in-job tuning needs a run_phase that takes on_commit: the confirmation reads the "
                                  "blocks of each run as its shards commit")
         self.points = reporting_points(self.k, self.plan.shard_size, self.plan.in_flight, self.plan.replicas)
-        if self.points < MIN_RUNS + 1:   # an estimate (an engine fed a shard at a time holds fewer): warn
-            log.warning("a trial of %d shards of %d may commit only about %d shard(s) while shards are left to hand "
-                        "over (its engines hold the rest at once): the confirmation needs %d blocks of the engine "
-                        "defaults' trial (%d such commits), and without them the job finishes on the defaults. "
-                        "Smaller shards (batch.shard_size), fewer trials or a larger batch.tune.max_share give it "
-                        "room", self.k, self.plan.shard_size, self.points, MIN_RUNS, MIN_RUNS + 1)
         self.rule = InMainRule(int(self.tune.get("confirm_looks") or 3), float(self.tune["min_effect"]),
                                float(self.tune.get("run_spread", 0.03)))
         self.block_steps = int(self.tune.get("block_steps") or BLOCK_STEPS)
