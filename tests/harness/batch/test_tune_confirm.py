@@ -103,3 +103,15 @@ def test_a_a_false_winners_stay_under_5_percent_with_run_noise_and_drift_within_
     assert simulate(allowed, 0.02, 0.01, 0.01, 1000) <= 0.05
     assert simulate(bare, 0.02, 0.01, 0.01, 1000) > 0.15
     assert simulate(allowed, 0.02, 0.01, 0.01, 300, candidate_gain=0.15, seed=1) > 0.8
+
+
+def test_whole_jobs_a_a_and_a_slower_best_candidate_finish_on_the_defaults_in_95_percent():
+    """The whole path, 1,000 simulated jobs a case (``benchmarks.in_main_confirmation.simulate_jobs``): four configs
+    alike, or the best candidate 5% slower, with runs 3% apart (the allowance) and blocks 3% noisy: the job finishes
+    on another config than the defaults in at most 5%; a 2.3x candidate (the real CPU job's) is kept nearly always."""
+    from benchmarks.in_main_confirmation import simulate_jobs
+
+    rule = InMainRule(3, 0.02, 0.03)
+    assert simulate_jobs(rule, 0.03, 0.03, 0.0, 1000) <= 0.05
+    assert simulate_jobs(rule, 0.03, 0.03, 0.0, 1000, rates=(1.0, 0.95, 0.9, 0.8), seed=1) <= 0.05
+    assert simulate_jobs(rule, 0.05, 0.03, 0.0, 300, rates=(1.0, 2.3, 1.2, 0.9), seed=2) >= 0.95
