@@ -175,6 +175,7 @@ class Simulated:
     finished: np.ndarray
     step_end: np.ndarray | None = None      # each step's end (seconds from the run's start)
     step_decode: np.ndarray | None = None   # decode tokens up to each step, cumulative
+    step_full: np.ndarray | None = None     # each step: requests still waiting behind it (``SoFar.full_*``)
 
     def at(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """The decode tokens and step seconds of the steps ended by each time in ``t`` (what an engine has reported
@@ -242,11 +243,13 @@ class Steady:
     output_tokens: int
     rate: float   # output tok/s between the STEADY shares of the tokens finished
     steps: int
-    # its blocks (a shard of ``block_size`` requests a commit) between the STEADY shares: the mean and the spread of
-    # their log rates (``None``: no shard size given)
+    # its blocks (``tune_confirm.Blocks``: each BLOCK_STEPS full steps, requests waiting behind them): the mean and
+    # the spread of their log decode rates (``None``: fewer than 3 blocks, or no steps kept), and the decode tokens
+    # of a full step on average (what a longer run's blocks are drawn with)
     block_log_mean: float | None = None
     block_log_sd: float | None = None
     blocks: int = 0
+    decode_per_step: float | None = None
 
     def seconds_for(self, output_tokens: int) -> float:
         """A run of the same mix with ``output_tokens`` (≥ this one's): this run plus the rest at the steady rate."""
@@ -260,17 +263,18 @@ def steady_of(sim: Simulated, output: np.ndarray, shard_size: int | None = None)
     span = done[hi] - done[lo]
     rate = (tokens[hi] - tokens[lo]) / span if span > 0 else tokens[-1] / sim.seconds
     steady = Steady(len(output), sim.seconds, int(tokens[-1]), float(rate), sim.steps)
-    if not shard_size or sim.step_end is None:
+    if sim.step_end is None or sim.step_full is None or not sim.step_full.any():
         return steady
-    sizes = [min(shard_size, len(output) - i) for i in range(0, len(output), shard_size)]
-    finish = np.sort(shard_finish(sim, sizes))
-    window = finish[(finish >= done[lo]) & (finish <= done[hi])]
-    step_tokens, step_s = sim.at(window)
-    dt, dk = np.diff(step_s), np.diff(step_tokens)
-    logs = np.log(dk[(dt > 0) & (dk > 0)] / dt[(dt > 0) & (dk > 0)])
-    if len(logs) < 3:
+    from harness.batch.tune.tune_confirm import BLOCK_STEPS
+
+    dt = np.diff(sim.step_end, prepend=0.0)[sim.step_full]
+    dk = np.diff(sim.step_decode, prepend=0)[sim.step_full].astype(float)
+    k = len(dt) // BLOCK_STEPS
+    steady = replace(steady, decode_per_step=float(dk.mean()))
+    if k < 3:
         return steady
-    return replace(steady, block_log_mean=float(logs.mean()), block_log_sd=float(logs.std(ddof=1)), blocks=len(logs))
+    logs = np.log(dk[:k * BLOCK_STEPS].reshape(k, -1).sum(1) / dt[:k * BLOCK_STEPS].reshape(k, -1).sum(1))
+    return replace(steady, block_log_mean=float(logs.mean()), block_log_sd=float(logs.std(ddof=1)), blocks=k)
 
 
 def config_seed(key: str, salt: int = 0) -> int:
@@ -279,7 +283,7 @@ def config_seed(key: str, salt: int = 0) -> int:
 
 @dataclass(frozen=True)
 class Feed:
-    """How the pool hands shards to one engine (``harness.batch.scale.pool.takes_another``): another shard while it
+    """How the pool hands shards to one engine (``harness.batch.job.feeding.takes_another``): another shard while it
     holds fewer than ``in_flight``, or fewer than ``most`` while its unfinished requests are under ``below``."""
 
     in_flight: int
@@ -287,17 +291,20 @@ class Feed:
     below: int
 
     @classmethod
-    def pool(cls, in_flight: int, shard_size: int) -> Feed:
-        from harness.batch.scale.pool import MAX_IN_FLIGHT_FACTOR, feed_below
+    def pool(cls, in_flight: int, shard_size: int, capacity: int | None = None) -> Feed:
+        """The pool's rule for an engine of ``capacity`` sequences (its ``max_num_seqs``; ``None``: unsaid)."""
+        from harness.batch.job.feeding import feed_below, most_held
 
-        return cls(max(in_flight, 1), MAX_IN_FLIGHT_FACTOR * max(in_flight, 1), feed_below(shard_size))
+        in_flight = max(in_flight, 1)
+        return cls(in_flight, most_held(shard_size, in_flight, capacity), feed_below(shard_size, capacity))
 
     def takes_another(self, shards: int, unfinished: int) -> bool:
         return shards < self.in_flight or (shards < self.most and unfinished < self.below)
 
 
-# on_commit(position, clock, decode tokens so far, step seconds so far, shards left to hand over) -> stop?
-CommitFn = Callable[[int, float, float, float, int], bool]
+# on_commit(position, clock, decode tokens so far, step seconds so far, shards left to hand over,
+#           (decode tokens, seconds, count) of the full steps so far) -> stop?
+CommitFn = Callable[[int, float, float, float, int, tuple[float, float, int]], bool]
 
 
 def simulate_fed(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray, sizes: Sequence[int],
@@ -326,8 +333,10 @@ def simulate_fed(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray
     handed = committed = unfinished = in_flight = 0
     stopped = False
     clock, steps, step_s, decode = 0.0, 0, 0.0, 0
+    full = [0.0, 0.0, 0]   # the full steps' decode tokens, seconds and count (requests waiting behind the step)
     ends: list[float] = []
     cum: list[int] = []
+    fulls: list[bool] = []
     def feed_more() -> None:
         nonlocal handed, unfinished, in_flight
         while not stopped and handed < limit and feed.takes_another(in_flight, unfinished):
@@ -352,10 +361,15 @@ def simulate_fed(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray
         decode += shape.decode
         ends.append(clock)
         cum.append(decode)
+        fulls.append(bool(waiting))
+        if waiting:
+            full[0] += shape.decode
+            full[1] += seconds
+            full[2] += 1
         if recorder is not None:
             recorder.record(running=shape.seqs, decode=shape.decode, prefill=shape.prefill,
                             prefill_seqs=shape.seqs - shape.decode, kv_tokens=shape.kv_tokens, preempted=preempted,
-                            dt=seconds, end=clock)
+                            waiting=len(waiting), dt=seconds, end=clock)
         sched._advance(scheduled, running, clock, None)
         shards_done = []
         for r, _ in scheduled:
@@ -369,7 +383,7 @@ def simulate_fed(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray
         for s in sorted(shards_done):
             committed += 1
             in_flight -= 1
-            if on_commit is not None and on_commit(s, clock, float(decode), step_s, n - handed):
+            if on_commit is not None and on_commit(s, clock, float(decode), step_s, n - handed, tuple(full)):
                 stopped = True   # told after every commit (the shards in flight too); a true return is kept
             if handed >= limit and limit < n and not stopped:   # a prefix: the engine would have been handed more
                 cut = True
@@ -378,5 +392,5 @@ def simulate_fed(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray
         feed_more()
     finished = np.array([r.finished_at if r.finished_at is not None else np.nan for r in requests], dtype=float)
     sim = Simulated(clock, steps, int(output.sum()), finished, np.asarray(ends or [0.0]),
-                    np.asarray(cum or [0], dtype=np.int64))
+                    np.asarray(cum or [0], dtype=np.int64), np.asarray(fulls or [False]))
     return sim, committed

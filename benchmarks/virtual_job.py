@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from benchmarks.virtual_engine import (CAP, MODEL, ROOT, Backlog, Steady, Truth, config_seed, hardware_spec, limits,
-                                       Feed, Simulated, scheduler_config, simulate, simulate_fed, steady_of)
+                                       Feed, Simulated, scheduler_config, simulate_fed, steady_of)
 from engines.sim_scheduler import SchedulerConfig
 from engines.base import KnobError, Request
 from engines.perfmodel import ModelSpec
@@ -51,6 +51,7 @@ from harness.batch.job.job import ShardsRun, SoFar
 from harness.batch.job.plan import Plan
 from harness.batch.job.shards import Index
 from harness.batch.job.state import JobState
+from harness.batch.tune.tune_confirm import BLOCK_STEPS
 from harness.batch.tune.tune_runs import concurrency
 from harness.batch.tune.tuning import InJobTuning
 from harness.report.verdict import MIN_RUNS
@@ -166,7 +167,10 @@ class VirtualEngine:
 
     def feed(self, plan: Plan | None = None) -> Feed:
         """The pool's handover to one engine at the plan's ``in_flight`` (the steady runs: ``self.in_flight``)."""
-        return Feed.pool(int(plan.in_flight) if plan is not None else self.in_flight, self.size)
+        if plan is None:
+            return Feed.pool(self.in_flight, self.size)
+        seats = plan.knobs.get("max_num_seqs")
+        return Feed.pool(int(plan.in_flight), self.size, int(seats) if isinstance(seats, (int, float)) else None)
 
     def run_phase(self, plan: Plan, target: JobState, shards: set[int],
                   on_commit: Callable[[SoFar], bool] | None = None, **_: Any) -> ShardsRun:
@@ -215,7 +219,7 @@ class VirtualEngine:
         stopped = [False]
 
         def commit(position: int, at: float, step_tokens: float, step_s: float, left: int, engine_s: float,
-                   tell: bool = True) -> bool:
+                   full: tuple[float, float, int], tell: bool = True) -> bool:
             lo, hi = int(bounds[position]), int(bounds[position + 1])
             meta = {"index": order[position], "requests": hi - lo, "ok": hi - lo, "failed": 0,
                     "prompt_tokens": int(prompt[lo:hi].sum()), "output_tokens": out[position], "engine_s": engine_s,
@@ -226,14 +230,18 @@ class VirtualEngine:
             if tell and on_commit is not None and not stopped[0]:
                 stopped[0] = bool(on_commit(SoFar(shards=run.shards_run, left=left, engines=engines,
                                                   output_tokens=run.output_tokens, engine_s=run.engine_s,
-                                                  step_tokens=step_tokens, step_s=step_s)))
+                                                  step_tokens=step_tokens, step_s=step_s,
+                                                  # one engine simulated for each: the engines' full steps summed
+                                                  full_tokens=full[0] * engines, full_s=full[1] * engines,
+                                                  full_steps=int(full[2] * engines))))
             return stopped[0]
 
         last = [0.0]
 
-        def in_sim(position: int, at: float, step_tokens: float, step_s: float, left: int) -> bool:
+        def in_sim(position: int, at: float, step_tokens: float, step_s: float, left: int,
+                   full: tuple[float, float, int]) -> bool:
             busy, last[0] = at - last[0], at   # engine-busy seconds since the previous commit, on this shard
-            return commit(position, at, step_tokens, step_s, left, busy)
+            return commit(position, at, step_tokens, step_s, left, busy, full)
 
         recorder = StepRecorder(clock=lambda: 0.0) if self.replayable and kind != "main" else None
         aggregated = len(index) > self.cap
@@ -271,22 +279,31 @@ class VirtualEngine:
         t0, end = head.seconds, max(whole, head.seconds)
         tokens = np.cumsum([out[n] for n in rest], dtype=float)
         at = t0 + (end - t0) * tokens / tokens[-1]
+        # a rate drawn for each block of BLOCK_STEPS full steps (the config's steady blocks), every step full here
         mean = steady.block_log_mean if steady.block_log_mean is not None else math.log(steady.rate)
-        rates = np.exp(mean + (steady.block_log_sd or 0.0)
-                       * np.random.default_rng([run_seed, 7]).standard_normal(len(rest))) / factor
+        steps = np.cumsum([out[n] for n in rest], dtype=float) / (steady.decode_per_step or 1.0)
+        block = ((steps - 1e-9) // BLOCK_STEPS).astype(int)
+        draws = np.exp(mean + (steady.block_log_sd or 0.0)
+                       * np.random.default_rng([run_seed, 7]).standard_normal(int(block[-1]) + 1)) / factor
+        rates = draws[block]
         step_tokens = float(head.step_decode[-1]) + tokens
         step_s = float(head.step_end[-1]) + np.cumsum([out[n] for n in rest] / rates)
+        full_mask = head.step_full if head.step_full is not None else np.zeros(len(head.step_end), bool)
+        head_full = (float(np.diff(head.step_decode, prepend=0)[full_mask].sum()),
+                     float(np.diff(head.step_end, prepend=0.0)[full_mask].sum()), int(full_mask.sum()))
+        fulls = [(head_full[0] + float(tokens[j]), head_full[1] + float(step_s[j]) - float(head.step_end[-1]),
+                  head_full[2] + int(steps[j])) for j in range(len(rest))]
         # ``handed``: what the simulated start handed over; after it, one more shard at each commit
         share = (end - t0) / tokens[-1]
         for j, n in enumerate(rest):
             left = max(0, len(order) - handed - j)
-            if commit(n, float(at[j]), float(step_tokens[j]), float(step_s[j]), left, out[n] * share):
+            if commit(n, float(at[j]), float(step_tokens[j]), float(step_s[j]), left, out[n] * share, fulls[j]):
                 # stopped: the shards handed over finish (one more was handed at each commit before this one)
                 # ``rest`` is in index order; the first ``handed + j`` positions were handed over by now
                 in_flight = [k for k in range(j + 1, len(rest)) if rest[k] < handed + j]
                 for k in in_flight:
                     commit(rest[k], float(at[k]), float(step_tokens[k]), float(step_s[k]), 0, out[rest[k]] * share,
-                           tell=False)
+                           fulls[k], tell=False)
                 return float(at[in_flight[-1]]) if in_flight else float(at[j])
         return end
 

