@@ -6,8 +6,8 @@ commit.
 each ``BLOCK_STEPS`` full steps an engine, closed at the shard commit that completes them (the step trace comes
 with each commit). A ramp from empty or a drain has no requests waiting, so it is in no block, and a trial of
 fewer requests than its engines keep queued (all of it handed over at once) still gives blocks until its queue
-runs out. The steps up to a run's first commit are its origin, not a block: they include the engine's first
-steps. Blocks of one engine fill follow the prefill/decode mix of the shards arriving (a one-commit block of
+runs out. A run's first block starts at its first full step: the steps before its first commit count (on long
+outputs and large shards that commit comes after most of a short trial's full steps). Blocks of one engine fill follow the prefill/decode mix of the shards arriving (a one-commit block of
 16-request shards spread by 35% on vLLM-CPU); blocks of 128 full steps spread by about 13% there
 (``docs/benchmarks.md``).
 
@@ -68,13 +68,11 @@ class Blocks:
 
     def __init__(self, then: Any = None, steps: int = BLOCK_STEPS):
         self.then, self.steps, self.values = then, steps, []
-        self._origin: tuple[float, float, int] | None = None   # full tokens, seconds and steps at the last block's end
+        self._origin: tuple[float, float, int] = (0.0, 0.0, 0)   # full tokens, seconds and steps at the last block's end
 
     def __call__(self, so_far: SoFar) -> bool:
         point = (so_far.full_tokens, so_far.full_s, so_far.full_steps)
-        if self._origin is None:
-            self._origin = point
-        elif point[2] - self._origin[2] >= self.steps * max(so_far.engines, 1) and point[1] > self._origin[1]:
+        if point[2] - self._origin[2] >= self.steps * max(so_far.engines, 1) and point[1] > self._origin[1]:
             self.values.append((point[0] - self._origin[0]) / (point[1] - self._origin[1]) * so_far.engines)
             self._origin = point
         return bool(self.then(so_far)) if self.then is not None else False

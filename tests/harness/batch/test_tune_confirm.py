@@ -18,13 +18,13 @@ def so_far(shards: int, left: int, tokens: float, seconds: float, steps: int = 0
 def test_blocks_are_the_full_steps_rate_over_each_block_of_steps_an_engine():
     seen = []
     blocks = Blocks(lambda s: seen.append(s.shards) or s.shards == 3, steps=100)
-    assert blocks(so_far(1, 5, 1000, 10, 150)) is False, "the first commit is the origin: the first steps are in no block"
-    assert blocks(so_far(2, 4, 3000, 20, 300)) is False, "150 full steps of 2 engines: under a block's 200"
+    assert blocks(so_far(1, 5, 1000, 10, 150)) is False, "150 full steps of 2 engines: under a block's 200"
+    assert blocks(so_far(2, 4, 3000, 20, 300)) is False, "the steps before the first commit count"
+    assert blocks.values == [pytest.approx(3000 / 20 * 2)]
     assert blocks(so_far(3, 3, 4000, 25, 350)) is True, "the wrapped hook's answer comes back"
-    assert blocks.values == [pytest.approx(3000 / 15 * 2)]
     # nothing left to hand over, but requests still waiting: full steps, a block
     blocks(so_far(4, 0, 9000, 30, 600))
-    assert blocks.values[1:] == [pytest.approx(5000 / 5 * 2)] and seen == [1, 2, 3, 4]
+    assert blocks.values[1:] == [pytest.approx(6000 / 10 * 2)] and seen == [1, 2, 3, 4]
     blocks(so_far(5, 0, 9000, 30, 600))   # a drain: no full step since, no block
     assert len(blocks.values) == 2
 
@@ -81,14 +81,14 @@ def test_looks_are_kept_and_a_resumed_main_phase_goes_on_from_them(tmp_path):
     defaults = [100, 100.5, 99.5, 100]
     first = Confirmation(rule, defaults, LookLog(tmp_path))
     tokens = 0.0
-    for shards, rate in enumerate([100, 104, 92, 110], 1):   # origin, then 3 blocks: one look, too close to call
+    for shards, rate in enumerate([100, 104, 92], 1):   # 3 blocks: one look, too close to call
         tokens += rate * 5
         assert first.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS)) is False
     assert len(first.made) == 1 and first.action is None
     again = Confirmation(rule, defaults, LookLog(tmp_path))   # a kill, then the job again
     assert again.candidate == first.candidate and len(again.made) == 1
     tokens = 0.0
-    for shards, rate in enumerate([100, 60], 1):   # the new run's origin, then a block: look 2
+    for shards, rate in enumerate([60], 1):   # the new run's first block: look 2
         tokens += rate * 5
         again.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
     assert [look.look for look in again.made] == [1, 2] and len(again.candidate) == 4
