@@ -226,7 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             records.append({"round": r + 1, **got})
             extra = ""
             if arm == "in-job":
-                extra = (f"  tuning {got.get('tune.phase_s', 0):,.0f} s, chosen {got.get('tune.chosen')}, "
+                extra = (f"  tuning {got.get('tune.phase_s', 0):,.0f} s ({got.get('tune.phase_share') or 0:.1%}), "
+                         f"{got.get('tune.engine_starts')} engine starts for {got.get('tune.distinct_configs')} "
+                         f"configs, candidate {got.get('tune.candidate')}, switched back {got.get('tune.switched')} "
+                         f"({got.get('tune.confirm.reason') or got.get('tune.verdict')}), "
+                         f"chosen {got.get('tune.chosen')}, "
                          f"rest predicted {got.get('tune.predicted_rest_s') or 0:,.0f} s measured "
                          f"{got.get('tune.measured_rest_s') or 0:,.0f} s ({got.get('tune.prediction_method')})")
             print(f"round {r + 1} {arm:>9}: job {got['job_s']:8,.1f} s ({got['output_tok_s']:,.1f} output tok/s, "

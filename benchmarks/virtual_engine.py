@@ -28,7 +28,10 @@ never hits and the schedule is the same with it on or off; its hashing is priced
 Large runs are aggregated (``Steady``): a config's first ``CAP`` requests of the job are simulated once, step
 by step, and a run of more requests takes that run's seconds plus the rest of its output tokens at the steady
 rate of its middle half (ramp-up and drain counted once, as in one long run). On ``backlog_long`` at the
-engine defaults 10^4 requests are about 40 engine fills.
+engine defaults 10^4 requests are about 40 engine fills. That run is fed as the pool feeds an engine
+(``simulate_fed``: shards handed over by ``pool.takes_another``'s rule, 8 shards of 50 at most), and its blocks
+(the rate between consecutive shard commits) in the same middle half give the config's block spread: what an
+aggregated run's commits past its simulated start draw from (``benchmarks.virtual_job``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import math
 import random
 import zlib
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -169,6 +173,17 @@ class Simulated:
     steps: int
     output_tokens: int
     finished: np.ndarray
+    step_end: np.ndarray | None = None      # each step's end (seconds from the run's start)
+    step_decode: np.ndarray | None = None   # decode tokens up to each step, cumulative
+    step_full: np.ndarray | None = None     # each step: requests still waiting behind it (``SoFar.full_*``)
+
+    def at(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The decode tokens and step seconds of the steps ended by each time in ``t`` (what an engine has reported
+        when a shard finishing then commits)."""
+        n = np.searchsorted(self.step_end, t, side="right")
+        tokens = np.where(n > 0, self.step_decode[np.maximum(n - 1, 0)], 0)
+        seconds = np.where(n > 0, self.step_end[np.maximum(n - 1, 0)], 0.0)
+        return tokens.astype(float), seconds.astype(float)
 
 
 def limits(config: SchedulerConfig) -> dict[str, Any]:
@@ -187,9 +202,11 @@ def simulate(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray,
     ``recorder`` as a vLLM engine core in a child process reports them (no context)."""
     gauss, shift = random.Random(seed).gauss, step_sigma * step_sigma / 2
     steps: list[list[float]] = [[] for _ in prices]
+    decode: list[int] = []
     clock = [0.0]
 
     def on_step(shape: StepShape, _: float, preempted: int) -> None:
+        decode.append(shape.decode)
         noise = factor * math.exp(step_sigma * gauss(0.0, 1.0) - shift) if step_sigma else factor
         for price, out in zip(prices, steps):
             out.append(price(shape) * noise)
@@ -204,10 +221,17 @@ def simulate(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray,
     last = np.fromiter((round(r.finished_at or 1.0) - 1 for r in result.requests), dtype=np.int64,
                        count=len(result.requests))
     runs = []
+    cum_decode = np.cumsum(np.asarray(decode, dtype=np.int64)) if decode else np.zeros(1, dtype=np.int64)
     for out in steps:
         elapsed = np.cumsum(out) if out else np.zeros(1)
-        runs.append(Simulated(float(elapsed[-1]), result.steps, int(output.sum()), elapsed[last]))
+        runs.append(Simulated(float(elapsed[-1]), result.steps, int(output.sum()), elapsed[last], elapsed, cum_decode))
     return runs
+
+
+def shard_finish(sim: Simulated, sizes: Sequence[int]) -> np.ndarray:
+    """Each shard's finish (its last request's), the shards being consecutive runs of ``sizes`` requests."""
+    bounds = np.cumsum([0, *sizes])
+    return np.array([float(sim.finished[lo:hi].max()) for lo, hi in zip(bounds[:-1], bounds[1:])])
 
 
 @dataclass(frozen=True)
@@ -219,20 +243,154 @@ class Steady:
     output_tokens: int
     rate: float   # output tok/s between the STEADY shares of the tokens finished
     steps: int
+    # its blocks (``tune_confirm.Blocks``: each BLOCK_STEPS full steps, requests waiting behind them): the mean and
+    # the spread of their log decode rates (``None``: fewer than 3 blocks, or no steps kept), and the decode tokens
+    # of a full step on average (what a longer run's blocks are drawn with)
+    block_log_mean: float | None = None
+    block_log_sd: float | None = None
+    blocks: int = 0
+    decode_per_step: float | None = None
 
     def seconds_for(self, output_tokens: int) -> float:
         """A run of the same mix with ``output_tokens`` (≥ this one's): this run plus the rest at the steady rate."""
         return self.seconds + max(0, output_tokens - self.output_tokens) / self.rate
 
 
-def steady_of(sim: Simulated, output: np.ndarray) -> Steady:
+def steady_of(sim: Simulated, output: np.ndarray, shard_size: int | None = None) -> Steady:
     order = np.argsort(sim.finished, kind="stable")
     done, tokens = sim.finished[order], np.cumsum(output[order])
     lo, hi = (int(np.searchsorted(tokens, share * tokens[-1])) for share in STEADY)
     span = done[hi] - done[lo]
     rate = (tokens[hi] - tokens[lo]) / span if span > 0 else tokens[-1] / sim.seconds
-    return Steady(len(output), sim.seconds, int(tokens[-1]), float(rate), sim.steps)
+    steady = Steady(len(output), sim.seconds, int(tokens[-1]), float(rate), sim.steps)
+    if sim.step_end is None or sim.step_full is None or not sim.step_full.any():
+        return steady
+    from harness.batch.tune.tune_confirm import BLOCK_STEPS
+
+    dt = np.diff(sim.step_end, prepend=0.0)[sim.step_full]
+    dk = np.diff(sim.step_decode, prepend=0)[sim.step_full].astype(float)
+    k = len(dt) // BLOCK_STEPS
+    steady = replace(steady, decode_per_step=float(dk.mean()))
+    if k < 3:
+        return steady
+    logs = np.log(dk[:k * BLOCK_STEPS].reshape(k, -1).sum(1) / dt[:k * BLOCK_STEPS].reshape(k, -1).sum(1))
+    return replace(steady, block_log_mean=float(logs.mean()), block_log_sd=float(logs.std(ddof=1)), blocks=k)
 
 
 def config_seed(key: str, salt: int = 0) -> int:
     return zlib.crc32(f"{salt}:{key}".encode())
+
+
+@dataclass(frozen=True)
+class Feed:
+    """How the pool hands shards to one engine (``harness.batch.job.feeding.takes_another``): another shard while it
+    holds fewer than ``in_flight``, or fewer than ``most`` while its unfinished requests are under ``below``."""
+
+    in_flight: int
+    most: int
+    below: int
+
+    @classmethod
+    def pool(cls, in_flight: int, shard_size: int, capacity: int | None = None) -> Feed:
+        """The pool's rule for an engine of ``capacity`` sequences (its ``max_num_seqs``; ``None``: unsaid)."""
+        from harness.batch.job.feeding import feed_below, most_held
+
+        in_flight = max(in_flight, 1)
+        return cls(in_flight, most_held(shard_size, in_flight, capacity), feed_below(shard_size, capacity))
+
+    def takes_another(self, shards: int, unfinished: int) -> bool:
+        return shards < self.in_flight or (shards < self.most and unfinished < self.below)
+
+
+# on_commit(position, clock, decode tokens so far, step seconds so far, shards left to hand over,
+#           (decode tokens, seconds, count) of the full steps so far) -> stop?
+CommitFn = Callable[[int, float, float, float, int, tuple[float, float, int]], bool]
+
+
+def simulate_fed(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray, sizes: Sequence[int],
+                 price: Callable[[StepShape], float], feed: Feed, factor: float = 1.0, step_sigma: float = 0.0,
+                 seed: int = 0, recorder: StepRecorder | None = None, on_commit: CommitFn | None = None,
+                 hand_over: int | None = None) -> tuple[Simulated, int]:
+    """One engine fed shard by shard, as the pool feeds it: shards (consecutive runs of ``sizes`` requests) are
+    handed over in order by ``feed``'s rule (checked after every step), each committed at the step its last request
+    finishes (shards finishing in one step: in index order), ``on_commit`` told then (after the stop too: it
+    commits them); a true return stops the handover (the shards handed over finish, the rest never run). ``hand_over``: hand over at most this many shards
+    (a prefix of a longer run); the simulation stops at the first commit after the last of them is handed over, as
+    the engine would have been handed more. Steps are priced as ``simulate``'s (× ``factor`` × jitter). Returns the
+    run (``finished``: NaN for a request not run) and the shards it committed."""
+    from engines.sim_scheduler import SimRequest
+
+    sched = Scheduler(config)
+    gauss, shift = random.Random(seed).gauss, step_sigma * step_sigma / 2
+    bounds = np.cumsum([0, *sizes])
+    n = len(sizes)
+    limit = n if hand_over is None else min(n, hand_over)
+    requests = [SimRequest(i, range(int(p)), int(o)) for i, (p, o) in enumerate(zip(prompt, output))]
+    shard_of = np.repeat(np.arange(n), sizes)
+    remaining = list(sizes)
+    waiting: deque = deque()
+    running: list = []
+    handed = committed = unfinished = in_flight = 0
+    stopped = False
+    clock, steps, step_s, decode = 0.0, 0, 0.0, 0
+    full = [0.0, 0.0, 0]   # the full steps' decode tokens, seconds and count (requests waiting behind the step)
+    ends: list[float] = []
+    cum: list[int] = []
+    fulls: list[bool] = []
+    def feed_more() -> None:
+        nonlocal handed, unfinished, in_flight
+        while not stopped and handed < limit and feed.takes_another(in_flight, unfinished):
+            waiting.extend(requests[bounds[handed]:bounds[handed + 1]])
+            unfinished += sizes[handed]
+            in_flight += 1
+            handed += 1
+
+    feed_more()
+    while waiting or running:
+        before = sched.counters.preemptions
+        scheduled = sched._schedule(waiting, running)
+        if not scheduled:
+            raise RuntimeError("simulator stalled: no request fits the KV cache (raise its size)")
+        preempted = sched.counters.preemptions - before
+        shape = sched._shape(scheduled, preempted)
+        noise = factor * math.exp(step_sigma * gauss(0.0, 1.0) - shift) if step_sigma else factor
+        seconds = price(shape) * noise
+        clock += seconds
+        steps += 1
+        step_s += seconds
+        decode += shape.decode
+        ends.append(clock)
+        cum.append(decode)
+        fulls.append(bool(waiting))
+        if waiting:
+            full[0] += shape.decode
+            full[1] += seconds
+            full[2] += 1
+        if recorder is not None:
+            recorder.record(running=shape.seqs, decode=shape.decode, prefill=shape.prefill,
+                            prefill_seqs=shape.seqs - shape.decode, kv_tokens=shape.kv_tokens, preempted=preempted,
+                            waiting=len(waiting), dt=seconds, end=clock)
+        sched._advance(scheduled, running, clock, None)
+        shards_done = []
+        for r, _ in scheduled:
+            if r.finished_at == clock:   # finished in this step
+                unfinished -= 1
+                s = int(shard_of[r.index])
+                remaining[s] -= 1
+                if remaining[s] == 0:
+                    shards_done.append(s)
+        cut = False
+        for s in sorted(shards_done):
+            committed += 1
+            in_flight -= 1
+            if on_commit is not None and on_commit(s, clock, float(decode), step_s, n - handed, tuple(full)):
+                stopped = True   # told after every commit (the shards in flight too); a true return is kept
+            if handed >= limit and limit < n and not stopped:   # a prefix: the engine would have been handed more
+                cut = True
+        if cut:
+            break
+        feed_more()
+    finished = np.array([r.finished_at if r.finished_at is not None else np.nan for r in requests], dtype=float)
+    sim = Simulated(clock, steps, int(output.sum()), finished, np.asarray(ends or [0.0]),
+                    np.asarray(cum or [0], dtype=np.int64), np.asarray(fulls or [False]))
+    return sim, committed

@@ -4,12 +4,16 @@ The tuner is the real one, built the way ``troughput-batch`` builds it (the comp
 ``engine=vllm hardware=h100 model=llama-3.1-8b tune=<space>``, ``build_plan``, ``phase_planner``,
 ``tune_settings``); three things are injected, all here:
 
-- ``VirtualEngine.run_phase``: the one place an engine runs (``launch._tuned``'s ``run_phase``). It simulates the
-  shards' requests (``benchmarks.virtual_engine``) with the plan's knobs, commits each shard into the job state,
-  and returns a ``ShardsRun`` as a real run reports it: output tokens, ``generation_s`` and ``startup_s`` on the
-  virtual clock, the engine's limits and a step trace. A run starts its engine (``restart_s``) unless it is the
-  main phase and the last run ran its config already (``launch``: ``pool.runs_as``). Extra keyword arguments are
-  accepted and ignored, so a tuner that passes more still runs.
+- ``VirtualEngine.run_phase(plan, target, shards, on_commit=None)``: the one place an engine runs
+  (``launch._tuned``'s ``run_phase``). It simulates the shards' requests (``benchmarks.virtual_engine``) with
+  the plan's knobs on one engine fed shard by shard as the pool feeds it (``Feed``: ``pool.takes_another``),
+  commits each shard into the job state at the step its last request finishes, and tells ``on_commit`` a
+  ``SoFar`` then (the tuner's ``Blocks``: a trial's pruner, the main phase's confirmation); a true return stops
+  the handover as ``run_shards`` does (the shards in flight finish, the rest stay uncommitted, the clock stops at
+  the last of them). It returns a ``ShardsRun`` as a real run reports it: output tokens, ``generation_s`` and
+  ``startup_s`` on the virtual clock, the engine's limits and a step trace. A run starts its engine
+  (``restart_s``) unless it is the main phase and the last run ran its config already (``launch``:
+  ``pool.runs_as``). Extra keyword arguments are accepted and ignored.
 - ``VirtualState``: the job state in memory (a 10^6-request job has 10^4 shards and no output to keep); its
   ``tune/`` folder (run log, Optuna study, traces) is real, under ``root``.
 - ``VirtualTuning``: ``InJobTuning`` with the sampled shards' requests made from lengths (there is no input
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import tempfile
 import time as _time
@@ -37,17 +42,19 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from benchmarks.virtual_engine import (CAP, MODEL, ROOT, Backlog, Steady, Truth, config_seed, hardware_spec, limits,
-                                       scheduler_config, simulate, steady_of)
+                                       Feed, Simulated, scheduler_config, simulate_fed, steady_of)
 from engines.sim_scheduler import SchedulerConfig
 from engines.base import KnobError, Request
 from engines.perfmodel import ModelSpec
 from engines.steptrace import StepRecorder
-from harness.batch.job.job import ShardsRun
+from harness.batch.job.job import ShardsRun, SoFar
 from harness.batch.job.plan import Plan
 from harness.batch.job.shards import Index
 from harness.batch.job.state import JobState
+from harness.batch.tune.tune_confirm import BLOCK_STEPS
 from harness.batch.tune.tune_runs import concurrency
 from harness.batch.tune.tuning import InJobTuning
+from harness.report.verdict import MIN_RUNS
 
 log = logging.getLogger("troughput.virtual")
 
@@ -142,6 +149,7 @@ class VirtualEngine:
         self.runs: list[VirtualRun] = []
         self.last: str | None = None   # the config the engines up now run
         self.simulated = 0             # requests simulated step by step (the rest aggregated)
+        self.in_flight = 2             # batch.in_flight of the steady runs (the plans' default)
 
     def now(self) -> float:
         return self.clock
@@ -157,7 +165,29 @@ class VirtualEngine:
         in mode ``slower``, else 1."""
         return 1.0 / (1.0 - self.slowdown) if self.mode == "slower" and plan.phase.get("config") else 1.0
 
-    def run_phase(self, plan: Plan, target: JobState, shards: set[int], probe: Any = None, **_: Any) -> ShardsRun:
+    def feed(self, plan: Plan | None = None) -> Feed:
+        """The pool's handover to one engine at the plan's ``in_flight`` (the steady runs: ``self.in_flight``)."""
+        if plan is None:
+            return Feed.pool(self.in_flight, self.size)
+        seats = plan.knobs.get("max_num_seqs")
+        return Feed.pool(int(plan.in_flight), self.size, int(seats) if isinstance(seats, (int, float)) else None)
+
+    def run_phase(self, plan: Plan, target: JobState, shards: set[int],
+                  on_commit: Callable[[SoFar], bool] | None = None, **_: Any) -> ShardsRun:
+        """One run of ``shards`` (those not committed yet) on one engine fed as the pool feeds it (``Feed``:
+        ``pool.takes_another``, checked after every step; ``simulate_fed``), each shard committed at the step its
+        last request finishes and ``on_commit`` told then (``SoFar.left``: shards not handed over yet;
+        ``step_tokens``/``step_s``: the decode tokens and seconds of the steps so far). A true return stops the
+        handover: the shards handed over finish and commit, the rest stay uncommitted, and the run's generation
+        ends at the last of them.
+
+        A run of up to ``cap`` requests is simulated whole. A longer one (aggregated) takes
+        ``steady.seconds_for`` × its run factor unless stopped; its start, where the looks are made and which is no
+        steady state, is simulated step by step (``prefix_shards`` shards handed over, its factor, up to the first
+        commit after the last of them is handed over); past that each commit, in index order, is a block of its
+        shard's output tokens at ``exp(block_log_mean + block_log_sd·z) ÷ factor`` (the config's own steady
+        blocks, ``Steady``; ``z`` a standard normal draw a block, the run's factor shared by its blocks), hands one
+        more shard over, and finishes pro rata of the tokens between the prefix's end and the run's."""
         kind = str(plan.phase.get("phase", "run"))
         key = self.identity(plan)
         kept = kind == "main" and self.last == key   # launch: the main phase goes on with engines that run it
@@ -165,7 +195,12 @@ class VirtualEngine:
         run_seed = int(self.rng.integers(1 << 31))
         run = ShardsRun(engines_kept=kept, startup_s=None if kept else self.restart_s)
         start = 0.0 if kept else self.restart_s
-        order = sorted(shards)
+        committed = target.committed()
+        order = sorted(i for i in shards if i not in committed)
+        if not order:
+            return run
+        sizes = [min(self.size, len(self.backlog) - i * self.size) for i in order]
+        bounds = np.cumsum([0, *sizes])
         index = self.backlog.indices(order, self.size)
         prompt, output = self.backlog.prompt[index], self.backlog.output[index]
         try:
@@ -176,40 +211,107 @@ class VirtualEngine:
             self._log(kind, plan, run, start, "failed")
             self.last = None
             return run
-        if len(index) > self.cap:   # aggregated: the config's steady run, its noise this run's
-            seconds = self.steady(plan.knobs, config, caching).seconds_for(int(output.sum())) * factor
-            finished = None
-        else:
-            recorder = StepRecorder(clock=lambda: 0.0) if self.replayable and kind != "main" else None
-            [sim] = simulate(config, prompt, output, [partial(self.truth.seconds, caching=caching)], factor,
-                             self.step_sigma, run_seed, recorder)
-            self.simulated += len(index)
-            run.steps = recorder or StepRecorder()
-            run.lengths = list(zip(prompt.tolist(), output.tolist()))
-            seconds, finished = sim.seconds, sim.finished
         said = limits(config)
         run.engine_limits = [{**said, "scheduler": said["scheduler"] if self.replayable else None}]
+        out = [int(output[lo:hi].sum()) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        price = partial(self.truth.seconds, caching=caching)
+        engines = max(int(plan.replicas), 1)
+        stopped = [False]
+
+        def commit(position: int, at: float, step_tokens: float, step_s: float, left: int, engine_s: float,
+                   full: tuple[float, float, int], tell: bool = True) -> bool:
+            lo, hi = int(bounds[position]), int(bounds[position + 1])
+            meta = {"index": order[position], "requests": hi - lo, "ok": hi - lo, "failed": 0,
+                    "prompt_tokens": int(prompt[lo:hi].sum()), "output_tokens": out[position], "engine_s": engine_s,
+                    "done_at_s": at, **plan.phase}
+            if not target.commit(order[position], [], [], meta):
+                return False
+            run.add(meta)
+            if tell and on_commit is not None and not stopped[0]:
+                stopped[0] = bool(on_commit(SoFar(shards=run.shards_run, left=left, engines=engines,
+                                                  output_tokens=run.output_tokens, engine_s=run.engine_s,
+                                                  step_tokens=step_tokens, step_s=step_s,
+                                                  # one engine simulated for each: the engines' full steps summed
+                                                  full_tokens=full[0] * engines, full_s=full[1] * engines,
+                                                  full_steps=int(full[2] * engines))))
+            return stopped[0]
+
+        last = [0.0]
+
+        def in_sim(position: int, at: float, step_tokens: float, step_s: float, left: int,
+                   full: tuple[float, float, int]) -> bool:
+            busy, last[0] = at - last[0], at   # engine-busy seconds since the previous commit, on this shard
+            return commit(position, at, step_tokens, step_s, left, busy, full)
+
+        recorder = StepRecorder(clock=lambda: 0.0) if self.replayable and kind != "main" else None
+        aggregated = len(index) > self.cap
+        # an aggregated run no hook reads (the defaults' after a switch) needs no start of its own: its time is
+        # ``steady.seconds_for`` × its factor either way
+        p = (min(self.prefix_shards(plan), len(order)) if on_commit is not None else 0) if aggregated else len(order)
+        sim, _ = simulate_fed(config, prompt[:bounds[p]], output[:bounds[p]], sizes[:p], price, self.feed(plan), factor,
+                              self.step_sigma, run_seed, recorder, in_sim, hand_over=p)
+        self.simulated += int(bounds[p])
+        seconds = sim.seconds
+        if aggregated and not stopped[0]:
+            seconds = self._steady_rest(plan, config, caching, order, out, target, sim, p, factor, run_seed, commit)
+        if not aggregated:
+            run.lengths = list(zip(prompt.tolist(), output.tolist()))
+        if stopped[0] and run.lengths:   # the requests of the shards it ran
+            mine = target.committed()
+            run.lengths = [pair for n, i in enumerate(order) if i in mine
+                           for pair in run.lengths[bounds[n]:bounds[n + 1]]]
+        run.steps = recorder or StepRecorder()
         run.generation_s = seconds
-        self._commit(plan, target, run, order, prompt, output, finished, seconds)
         self._log(kind, plan, run, start, "ok")
         self.last = key
         return run
 
-    def _commit(self, plan: Plan, target: JobState, run: ShardsRun, order: list[int], prompt: np.ndarray,
-                output: np.ndarray, finished: np.ndarray | None, seconds: float) -> None:
-        """Each shard committed once, when the engines finished it (its last request; pro rata where aggregated)."""
-        bounds = np.cumsum([0] + [min(self.size, len(self.backlog) - i * self.size) for i in order])
-        tokens = np.cumsum(output)
-        total = max(int(tokens[-1]), 1) if len(tokens) else 1
-        for n, index in enumerate(order):
-            lo, hi = int(bounds[n]), int(bounds[n + 1])
-            out = int(output[lo:hi].sum())
-            done = float(finished[lo:hi].max()) if finished is not None else seconds * float(tokens[hi - 1]) / total
-            meta = {"index": index, "requests": hi - lo, "ok": hi - lo, "failed": 0,
-                    "prompt_tokens": int(prompt[lo:hi].sum()), "output_tokens": out, "engine_s": seconds * out / total,
-                    "done_at_s": done, **plan.phase}
-            if target.commit(index, [], [], meta):
-                run.add(meta)
+    def _steady_rest(self, plan: Plan, config: SchedulerConfig, caching: bool, order: list[int], out: list[int],
+                     target: JobState, head: Simulated, handed: int, factor: float, run_seed: int,
+                     commit: Callable[..., bool]) -> float:
+        """An aggregated run past its simulated start (``run_phase``): returns its generation seconds."""
+        steady = self.steady(plan.knobs, config, caching)
+        whole = steady.seconds_for(int(sum(out))) * factor
+        mine = target.committed()
+        rest = [n for n in range(len(order)) if order[n] not in mine]
+        if not rest:
+            return head.seconds
+        t0, end = head.seconds, max(whole, head.seconds)
+        tokens = np.cumsum([out[n] for n in rest], dtype=float)
+        at = t0 + (end - t0) * tokens / tokens[-1]
+        # a rate drawn for each block of BLOCK_STEPS full steps (the config's steady blocks), every step full here
+        mean = steady.block_log_mean if steady.block_log_mean is not None else math.log(steady.rate)
+        steps = np.cumsum([out[n] for n in rest], dtype=float) / (steady.decode_per_step or 1.0)
+        block = ((steps - 1e-9) // BLOCK_STEPS).astype(int)
+        draws = np.exp(mean + (steady.block_log_sd or 0.0)
+                       * np.random.default_rng([run_seed, 7]).standard_normal(int(block[-1]) + 1)) / factor
+        rates = draws[block]
+        step_tokens = float(head.step_decode[-1]) + tokens
+        step_s = float(head.step_end[-1]) + np.cumsum([out[n] for n in rest] / rates)
+        full_mask = head.step_full if head.step_full is not None else np.zeros(len(head.step_end), bool)
+        head_full = (float(np.diff(head.step_decode, prepend=0)[full_mask].sum()),
+                     float(np.diff(head.step_end, prepend=0.0)[full_mask].sum()), int(full_mask.sum()))
+        fulls = [(head_full[0] + float(tokens[j]), head_full[1] + float(step_s[j]) - float(head.step_end[-1]),
+                  head_full[2] + int(steps[j])) for j in range(len(rest))]
+        # ``handed``: what the simulated start handed over; after it, one more shard at each commit
+        share = (end - t0) / tokens[-1]
+        for j, n in enumerate(rest):
+            left = max(0, len(order) - handed - j)
+            if commit(n, float(at[j]), float(step_tokens[j]), float(step_s[j]), left, out[n] * share, fulls[j]):
+                # stopped: the shards handed over finish (one more was handed at each commit before this one)
+                # ``rest`` is in index order; the first ``handed + j`` positions were handed over by now
+                in_flight = [k for k in range(j + 1, len(rest)) if rest[k] < handed + j]
+                for k in in_flight:
+                    commit(rest[k], float(at[k]), float(step_tokens[k]), float(step_s[k]), 0, out[rest[k]] * share,
+                           fulls[k], tell=False)
+                return float(at[in_flight[-1]]) if in_flight else float(at[j])
+        return end
+
+    def prefix_shards(self, plan: Plan) -> int:
+        """The shards an aggregated run's start hands over in its step-by-step simulation: what the engine holds
+        at most (``Feed.most``), plus the blocks the looks read (``MIN_RUNS`` − 1 + ``confirm_looks``), plus four."""
+        looks = int((plan.tune or {}).get("confirm_looks") or 6)
+        return self.feed(plan).most * max(int(plan.replicas), 1) + MIN_RUNS - 1 + looks + 4
 
     def steady(self, knobs: dict[str, Any], config: SchedulerConfig, caching: bool) -> Steady:
         """The config's first ``cap`` requests of the job, simulated once with no run noise (cached by knobs)."""
@@ -218,9 +320,10 @@ class VirtualEngine:
             t0 = _time.perf_counter()
             n = min(self.cap, len(self.backlog))
             prompt, output = self.backlog.prompt[:n], self.backlog.output[:n]
-            [sim] = simulate(config, prompt, output, [partial(self.truth.seconds, caching=caching)], 1.0,
-                             self.step_sigma, config_seed(key))
-            self.cache.entries[key] = steady_of(sim, output)
+            sizes = [min(self.size, n - i) for i in range(0, n, self.size)]
+            sim, _ = simulate_fed(config, prompt, output, sizes, partial(self.truth.seconds, caching=caching),
+                                  self.feed(), 1.0, self.step_sigma, config_seed(key))
+            self.cache.entries[key] = steady_of(sim, output, self.size)
             seats = concurrency([limits(config)], list(zip(prompt.tolist(), output.tolist())))
             if seats and n < 8 * seats:   # fewer engine fills than that: its middle half is no steady state
                 log.warning("steady run of %d requests for %s holds only %.1f engine fills (%.0f at once): its rate "
@@ -261,8 +364,6 @@ class VirtualTuning(InJobTuning):
         return {"requests": max(len(prompt), 1), "input_tokens_requested": int(prompt.sum()),
                 "output_tokens_requested": int(output.sum())}
 
-    def _probe(self) -> list[Request]:
-        raise NotImplementedError("the virtual job has no quality guard (batch.tune.min_agreement stays null)")
 
 
 @contextmanager
@@ -365,7 +466,8 @@ class JobResult:
 
 def run_virtual_job(setup: Setup, engine: VirtualEngine, seed: int, root: Path | None = None,
                     keep: bool = False) -> JobResult:
-    """One job through the real tuner: trials, confirmation, main phase, all on ``engine``'s virtual clock."""
+    """One job through the real tuner: trials, the main phase confirmed as it runs (and switched back to the
+    defaults where the looks say so), all on ``engine``'s virtual clock."""
     from harness.batch.tune import tuning as tuning_module
     from harness.batch.tune.tune_config import phase_planner
 

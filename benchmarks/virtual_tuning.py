@@ -24,12 +24,24 @@ has them), valid by the space's constraints, ranked by the true cost at ``--grid
 caching on and off share one schedule: the prompts are unique), then its ``--leaders`` leading cells run at
 each job size (the ``steady`` of ``--cap`` requests) and the best of them is the grid-best job.
 
+**The tuner's path** (``harness.batch.tune.tuning``): trials (trial 0: the engine defaults), then the main
+phase on the best trial's config (the candidate), confirmed as its shards commit (``tune_confirm``: its blocks
+against trial 0's, at looks spending α); a loser, a tie or no decision by the last look stops the candidate
+(its shards in flight finish) and the rest runs on the defaults, one more engine start. The virtual engine
+tells each run's ``on_commit`` as its shards finish (``VirtualEngine.run_phase``: one engine fed shard by shard
+as the pool feeds it), so the blocks, the looks and the stop are the tuner's own. A job's record keeps its
+engine starts, whether the main phase switched back, the looks made and their action.
+
 **A/A** (``--aa N``) and **a slower candidate** (``--slower N``): ``N`` jobs of ``--count-size`` requests in
 which every config runs as the engine defaults, as fast, or every config but the defaults ``--slowdown``
-(drawn per job, uniform) slower; counted: jobs that finished on a config other than the defaults. The cheap
-path (``--count-replay`` off, the default): the engine does not offer its steps for replay, so the tuner values
+(drawn per job, uniform) slower; counted: jobs that finished on a config other than the defaults, beside how
+many had a candidate, how many switched back, the looks made and why the last look decided. The cheap path
+(``--count-replay`` off, the default): the engine does not offer its steps for replay, so the tuner values
 trials by their plain rates and predicts nothing (the path it takes for an engine whose steps it cannot
-replay); the confirmation, which decides, is the same.
+replay); the confirmation, which decides, is the same. The confirmation needs ``MIN_RUNS`` blocks of trial 0,
+which come only from commits while shards are left to hand over: a trial of no more shards than an engine
+holds (8 of 50 requests) gives none, and its job finishes on the defaults whatever the candidate (at
+``--count-size`` 5×10^4, ``--max-share`` 0.04 and 6 trials a trial is 6 shards: use 0.10, the batch default).
 
 Results go to ``--out``: ``grid.json``, ``jobs.jsonl`` (one line a job, resumed: a job already there is not
 run again), ``counts.jsonl`` and ``summary.json``.
@@ -164,9 +176,13 @@ def job_record(size: int, seed: int, restart: float, result: JobResult, engine: 
             "runs": [{"kind": r.kind, "label": r.label, "config": r.config, "requests": r.requests,
                       "output_tokens": r.output_tokens, "generation_s": r.generation_s, "start_s": r.start_s,
                       "status": r.status} for r in result.runs],
-            "chosen": result.chosen, "verdict": cols.get("tune.verdict"), "margin": cols.get("tune.margin_interval"),
-            "confirm_shards": cols.get("tune.confirm_shards"), "shards_per_run": cols.get("tune.shards_per_run"),
-            "trials": cols.get("tune.trials"), "confirm_runs": cols.get("tune.confirm_runs"),
+            "chosen": result.chosen, "candidate": cols.get("tune.candidate"), "verdict": cols.get("tune.verdict"),
+            "switched": cols.get("tune.switched"), "engine_starts": cols.get("tune.engine_starts"),
+            "distinct_configs": cols.get("tune.distinct_configs"), "confirm_looks": cols.get("tune.confirm.looks"),
+            "confirm_action": cols.get("tune.confirm.action"), "confirm_reason": cols.get("tune.confirm.reason"),
+            "defaults_blocks": len(cols.get("tune.confirm.defaults_blocks") or []),
+            "candidate_blocks": len(cols.get("tune.confirm.candidate_blocks") or []),
+            "shards_per_run": cols.get("tune.shards_per_run"), "trials": cols.get("tune.trials"),
             "tuner_phase_share": cols.get("tune.phase_share"), "tuner_restarts": cols.get("tune.restarts"),
             "predicted_rest_s": cols.get("tune.predicted_rest_s"), "measured_rest_s": cols.get("tune.measured_rest_s"),
             "chosen_knobs": cols.get("tune.chosen_knobs"), "host_s": result.host_s,
@@ -220,7 +236,9 @@ def run_jobs(args: argparse.Namespace, out: Path) -> dict[str, Any]:
                 p = priced_at(record, restart)
                 print(f"size {size:>9,} seed {seed} restart {restart:g} s: in-job {p['job_s']:,.0f} s, tuning "
                       f"{p['tuning_share']:.1%}, {p['starts']} starts, chosen {record['chosen'] or 'engine defaults'} "
-                      f"({record['verdict']}), host {result.host_s:.0f} s", flush=True)
+                      f"(candidate {record['candidate'] or 'none'}, switched back {record['switched']}, "
+                      f"{record['confirm_looks'] or 0} looks: {record['verdict']}), host {result.host_s:.0f} s",
+                      flush=True)
     return summarize(args, out, setup, largest, truth, cache, grid, leaders)
 
 
@@ -251,14 +269,16 @@ def summarize(args: argparse.Namespace, out: Path, setup: Setup, largest: Backlo
                 rows.append({"seed": seed, "in_job_s": p["job_s"], "default_s": default, "grid_s": gridjob,
                              "over_default": p["job_s"] / default, "over_grid": p["job_s"] / gridjob,
                              "tuning_share": p["tuning_share"], "starts": p["starts"],
-                             "chosen": mine[0]["chosen"] or "engine defaults", "verdict": mine[0]["verdict"]})
+                             "chosen": mine[0]["chosen"] or "engine defaults", "verdict": mine[0]["verdict"],
+                             "switched": mine[0]["switched"], "looks": mine[0]["confirm_looks"]})
             if rows:
                 table.append({"size": size, "restart_s": restart, "seeds": len(rows),
                               "over_default": statistics.median(r["over_default"] for r in rows),
                               "over_grid": statistics.median(r["over_grid"] for r in rows),
                               "tuning_share": statistics.median(r["tuning_share"] for r in rows),
                               "starts": statistics.median(r["starts"] for r in rows),
-                              "kept_defaults": sum(r["chosen"] == "engine defaults" for r in rows), "jobs": rows})
+                              "kept_defaults": sum(r["chosen"] == "engine defaults" for r in rows),
+                              "switched_back": sum(bool(r["switched"]) for r in rows), "jobs": rows})
     summary = {"host": host(), "command": " ".join(sys.argv), "settings": settings(args), "table": table,
                "break_even": break_even(table, args.restarts), "fixed_jobs": fixed,
                "grid": {"best": grid["cells"][0] if grid["cells"] else None, "cells": len(grid["cells"]),
@@ -289,11 +309,13 @@ def break_even(table: list[dict[str, Any]], restarts: list[float]) -> dict[str, 
 
 
 def print_table(summary: dict[str, Any]) -> None:
-    print("| requests | restart | in-job ÷ default | in-job ÷ grid's best | tuning phase | starts | kept defaults |")
-    print("|---|---|---|---|---|---|---|")
+    print("| requests | restart | in-job ÷ default | in-job ÷ grid's best | tuning phase | engine starts | finished on "
+          "defaults | switched back |")
+    print("|---|---|---|---|---|---|---|---|")
     for r in summary["table"]:
         print(f"| {r['size']:,} | {r['restart_s']:g} s | {r['over_default']:.3f} | {r['over_grid']:.3f} | "
-              f"{r['tuning_share']:.1%} | {r['starts']:g} | {r['kept_defaults']}/{r['seeds']} |")
+              f"{r['tuning_share']:.1%} | {r['starts']:g} | {r['kept_defaults']}/{r['seeds']} | "
+              f"{r['switched_back']}/{r['seeds']} |")
     print("break-even (median in-job ÷ default ≤ 0.95):", json.dumps(summary["break_even"]))
 
 
@@ -319,27 +341,34 @@ def run_counts(args: argparse.Namespace, out: Path, mode: str, count: int) -> di
                                seed, mode=mode, slowdown=slowdown, replayable=args.count_replay, cache=cache,
                                cap=args.cap, model=truth_model(), spec=truth_spec())
         result = run_virtual_job(setup, engine, seed)
-        sizes = result.columns.get("tune.confirm_shards") or {}
-        done[seed] = {"tag": tag, "seed": seed, "slowdown": slowdown, "switched": bool(result.chosen),
-                      "confirmed": result.columns.get("tune.confirm_runs", 0) > 0,
-                      "verdict": result.columns.get("tune.verdict"),
-                      "margin": result.columns.get("tune.margin_interval"),
-                      "confirm_shards": sizes, "unequal_sizes": len(set(sizes.values())) > 1, "host_s": result.host_s}
+        cols = result.columns
+        done[seed] = {"tag": tag, "seed": seed, "slowdown": slowdown, "non_default": bool(result.chosen),
+                      "candidate": bool(cols.get("tune.candidate")), "switched_back": bool(cols.get("tune.switched")),
+                      "looks": cols.get("tune.confirm.looks") or 0, "action": cols.get("tune.confirm.action"),
+                      "defaults_blocks": len(cols.get("tune.confirm.defaults_blocks") or []),
+                      "verdict": cols.get("tune.verdict"), "engine_starts": cols.get("tune.engine_starts"),
+                      "host_s": result.host_s}
         with open(path, "a") as f:
             f.write(json.dumps(done[seed], default=str) + "\n")
         if (seed + 1) % 50 == 0:
-            switched = sum(j["switched"] for j in done.values())
-            print(f"{mode}: {seed + 1} jobs, {switched} switched ({time.perf_counter() - t0:.0f} s)", flush=True)
+            non_default = sum(j["non_default"] for j in done.values())
+            print(f"{mode}: {seed + 1} jobs, {non_default} on a non-default config ({time.perf_counter() - t0:.0f} s)",
+                  flush=True)
     rows = [done[s] for s in range(count)]
-    switched = sum(r["switched"] for r in rows)
-    unequal = [r for r in rows if r["unequal_sizes"]]
-    summary = {"mode": mode, "jobs": count, "switched": switched, "share": switched / count,
-               "wilson_95": wilson(switched, count), "confirmed": sum(r["confirmed"] for r in rows),
-               "unequal_confirm_sizes": len(unequal),
-               "switched_with_unequal_sizes": sum(r["switched"] for r in unequal),
-               "switched_with_bigger_candidate_runs": sum(
-                   r["switched"] for r in unequal if r["confirm_shards"]["candidate"] > r["confirm_shards"]["default"]),
-               "verdicts": {v: sum(r["verdict"] == v for r in rows) for v in sorted({str(r["verdict"]) for r in rows})},
+    non_default = sum(r["non_default"] for r in rows)
+    with_candidate = [r for r in rows if r["candidate"]]
+    reasons: dict[str, int] = {}
+    for r in rows:
+        why = "no candidate" if not r["candidate"] else ("no look (the main phase ended first)" if not r["looks"]
+                                                        else str(r["verdict"]).split(": ")[-1])
+        reasons[why] = reasons.get(why, 0) + 1
+    summary = {"mode": mode, "jobs": count, "non_default": non_default, "share": non_default / count,
+               "wilson_95": wilson(non_default, count), "with_candidate": len(with_candidate),
+               "switched_back": sum(r["switched_back"] for r in rows),
+               "looks": {n: sum(r["looks"] == n for r in rows) for n in sorted({r["looks"] for r in rows})},
+               "actions": {str(a): sum(r["action"] == a for r in rows) for a in sorted({str(r["action"]) for r in rows})},
+               "defaults_blocks_median": statistics.median(r["defaults_blocks"] for r in rows),
+               "why": reasons,
                "host": host(), "command": " ".join(sys.argv), "tag": tag,
                "host_s_median": statistics.median(r["host_s"] for r in rows)}
     print(json.dumps({k: v for k, v in summary.items() if k not in ("tag",)}, indent=1, default=str))

@@ -24,7 +24,9 @@ from that number, in ``stats().extra["engine_steps"]``; a count its step traces 
 of the two a row holds. ``fail_after_steps``
 (with ``token_s``): the engine fails (``RuntimeError``, every request it runs) after that many steps, mid-shard,
 while its process lives; with ``fail_file`` only the first ``fail_times`` (default 1) engines do, counted across
-processes in that file (an engine that fails once, then works after a restart).
+processes in that file (an engine that fails once, then works after a restart). ``slow_after_steps`` (with
+``token_s``): after that many steps since its start the engine's steps take ``slow_factor`` (default 100) times
+as long (a config fast in its trial and slow in the main phase that goes on with its engines).
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from engines.base import Completion, Engine, EngineStats, KnobError, Request, St
 
 KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs",
          "fail_replica", "sleep_cycle_s", "cycle_file", "token_s", "dtype", "hang_in", "hang_replica",
-         "fail_after_steps", "fail_file", "fail_times", "start_file", "fed_dir", "step_counter"}
+         "fail_after_steps", "fail_file", "fail_times", "start_file", "fed_dir", "step_counter",
+         "slow_after_steps", "slow_factor"}
 
 
 class FakeEngine(Engine):
@@ -120,11 +123,14 @@ class FakeEngine(Engine):
         fail_after = self.knobs.get("fail_after_steps")
         fail_after = int(fail_after) if fail_after is not None and self._fails() else None
         taken = [0]
+        queued = [0]   # requests waiting for a seat (the step trace's ``waiting``)
 
         async def steps() -> None:
             self.step_trace.begin()
             while running:
-                await asyncio.sleep(float(self.knobs["token_s"]))
+                slow = "slow_after_steps" in self.knobs and self.steps_counted >= int(self.knobs["slow_after_steps"])
+                await asyncio.sleep(float(self.knobs["token_s"]) * (float(self.knobs.get("slow_factor", 100)) if slow
+                                                                    else 1.0))
                 taken[0] += 1
                 if fail_after is not None and taken[0] > fail_after:   # the engine dies; its process lives
                     failure.append(RuntimeError(f"scripted engine failure after {fail_after} steps"))
@@ -139,10 +145,12 @@ class FakeEngine(Engine):
                     if state[0] <= 0:
                         state[1].set()
                         del running[rid]
-                self.step_trace.record(running=n, decode=n, prefill=0)
+                self.step_trace.record(running=n, decode=n, prefill=0, waiting=queued[0])
 
         async def one(r: Request) -> Completion:
+            queued[0] += 1
             async with seats:
+                queued[0] -= 1
                 done = asyncio.Event()
                 running[r.id] = [r.max_tokens, done]
                 if not stepping or stepping[-1].done():

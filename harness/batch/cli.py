@@ -97,15 +97,10 @@ def summary(row: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _confirm_sizes(row: dict[str, Any]) -> str:
-    sizes = row.get("tune.confirm_shards")
-    return f"; a confirmation run {sizes['default']} (the job's config) and {sizes['candidate']}" if sizes else ""
-
-
 def _pruned(row: dict[str, Any]) -> str:
     """The trials the pruner stopped (``batch.tune.prune``), for the tuning line."""
     if row.get("tune.prune") in (None, "none"):
-        return " (none pruned: batch.tune.prune=none, or on Ray)"
+        return " (none pruned: batch.tune.prune=none)"
     parts = [f"{row['tune.pruned_trials']} pruned (batch.tune.prune={row['tune.prune']})"]
     if row.get("tune.pruned_share") is not None:
         parts.append(f"{row['tune.pruned_share']:.0%} of the trials that ran")
@@ -118,19 +113,22 @@ def tuning_summary(row: dict[str, Any]) -> list[str]:
     """The in-job tuning's lines: its runs and cost, the config it chose and why, the prediction beside the rest."""
     share = row.get("tune.phase_share")
     pruned = row.get("tune.pruned_trials")
-    lines = [f"  tuning: {row['tune.trials']} trials{_pruned(row) if pruned is not None else ''} and "
-             f"{row['tune.confirm_runs']} confirmation runs on "
-             f"{row['tune.phase_requests']:,} requests ({row['tune.shards_per_run']} shards a trial{_confirm_sizes(row)}), "
-             f"{row['tune.phase_s']:,.1f} s{f' ({share:.1%} of the job)' if share is not None else ''}; overhead "
-             f"{row['tune.overhead_s']:,.1f} s ({row['tune.restarts']} restarts {row['tune.restart_s']:,.1f} s, of which "
-             f"engine start {row['tune.engine_start_s']:,.1f} s; "
-             f"{row['tune.discarded_shards']} discarded shards {row['tune.discarded_s']:,.1f} s)"]
-    verdict = f"{row['tune.verdict']}{': ' + row['tune.margin_interval'] if row.get('tune.margin_interval') else ''}"
+    lines = [f"  tuning: {row['tune.trials']} trials{_pruned(row) if pruned is not None else ''} on "
+             f"{row['tune.phase_requests']:,} requests ({row['tune.shards_per_run']} shards a trial), "
+             f"{row['tune.phase_s']:,.1f} s{f' ({share:.1%} of the job)' if share is not None else ''}; "
+             f"{row.get('tune.engine_starts')} engine starts for {row.get('tune.distinct_configs')} distinct configs; "
+             f"overhead {row['tune.overhead_s']:,.1f} s ({row['tune.restarts']} restarts "
+             f"{row['tune.restart_s']:,.1f} s, "
+             f"of which engine start {row['tune.engine_start_s']:,.1f} s; configs slower than the chosen one "
+             f"{row['tune.shortfall_s']:,.1f} s)"]
+    candidate, why = row.get("tune.candidate"), row.get("tune.verdict") or row.get("tune.confirm.reason")
     if isinstance(row["tune.chosen"], dict):
-        lines.append(f"  chosen: {row['tune.chosen']} over the job's own config ({verdict})")
+        lines.append(f"  chosen: {row['tune.chosen']} over the job's own config, confirmed in the main phase ({why})")
+    elif candidate:
+        lines.append(f"  chosen: the job's own config; trial {row.get('tune.candidate_trial')} ({candidate}) ran the "
+                     f"main phase's first shards, then the rest switched back ({why})")
     else:
-        lines.append(f"  chosen: the job's own config (trial {row['tune.candidate_trial']} vs it: {verdict})"
-                     if row.get("tune.candidate_trial") is not None else f"  chosen: the job's own config ({verdict})")
+        lines.append(f"  chosen: the job's own config ({why})")
     if row.get("tune.predicted_rest_s") and row.get("tune.measured_rest_s"):
         lines.append(f"  rest of the job: predicted {row['tune.predicted_rest_s']:,.1f} s of generation, measured "
                      f"{row['tune.measured_rest_s']:,.1f} s "

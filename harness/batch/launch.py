@@ -7,7 +7,6 @@ import logging
 import resource
 import time
 from collections.abc import Callable
-from contextlib import ExitStack
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
@@ -84,14 +83,14 @@ def run_job(plan: Plan, progress: bool = True, tuning: tuple[Callable[..., Plan]
 
 def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool) -> tuple[ShardsRun, dict[str, Any]]:
     """The tuning phase, then the main phase, each run one engine start on this node (but a main phase on kept
-    engines, below) or one Ray Data pipeline.
+    engines, below).
 
     On this node, with ``batch.tune.restart=in_process``, the workers are started for the most replicas
     a run can ask for (``replica_slots``) where the run's layout allows (``pool.slot_misfit``), and kept:
     a run with fewer replicas leaves the other slots parked. A run they cannot take gets a new pool.
     The main phase goes on with the last run's engines, no restart, where they run its config already
     (``LocalPool.runs_as``: the last run of the tuning phase ran the chosen config); every other run starts
-    its engines. On Ray each phase is one pipeline whose actors start with the phase's knobs.
+    its engines.
     """
     from harness.batch.scale.pool import slot_misfit
     from harness.batch.tune.tune_config import replica_slots
@@ -100,19 +99,14 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
     if tuning is None:
         raise TroughputError("a job with batch.tune needs its config to build each trial's plan (troughput-batch)")
     plan_for, base = tuning
-    cluster = None
     pools: list[Any] = []  # the local workers, kept up between runs (engines restarted in them)
     in_process = plan.tune.get("restart") == "in_process"
     slots = replica_slots(plan) if in_process else 0
 
-    def run_phase(phase: Plan, target: JobState, shards: set[int], probe: Any,
+    def run_phase(phase: Plan, target: JobState, shards: set[int],
                   on_commit: Callable[[SoFar], bool] | None = None) -> ShardsRun:
         """One run of the tuned job. ``on_commit``: called as each shard commits; true stops handing over shards
-        (``run_shards``; on Ray a pipeline runs its shards to the end, so it is not called there)."""
-        if plan.scale == "ray":  # one pipeline per phase, its actors started with the phase's knobs
-            from harness.batch.scale.ray_job import run_ray
-
-            return run_ray(phase, target, index, progress, shards.__contains__, cluster)
+        (``run_shards``)."""
         pool = pools[-1] if pools else None
         label = phase.phase.get("run", "run")
         if pool is None:
@@ -120,11 +114,10 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
         else:
             why = pool.unfit(phase) if in_process else "batch.tune.restart=new_worker"
         if pool is not None and phase.phase.get("phase") == "main" and pool.runs_as(phase):
-            # the last run's engines already run the chosen config (a confirmation run never goes on with the
-            # last one's engines: each is its own start, so the verdict rests on independent runs)
+            # the last run's engines already run the chosen config: no second start of it
             log.info("%s: the engines of the last run kept: they run this config already (no restart)", label)
             pool.keep(phase)
-            return run_shards(phase, target, index, shards.__contains__, pool, progress, probe, keep_open=True,
+            return run_shards(phase, target, index, shards.__contains__, pool, progress, keep_open=True,
                               engines_kept=True, on_commit=on_commit)
         if why is None:
             log.info("%s: workers kept, engines restarted in %d of %d slots, %d parked", label, phase.replicas,
@@ -139,16 +132,14 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
                      f"; not {slots} slots: {refused}" if refused else "")
             pool = make_pool(phase, state, new_run_id(), size)
             pools.append(pool)
-        return run_shards(phase, target, index, shards.__contains__, pool, progress, probe, keep_open=True,
+        return run_shards(phase, target, index, shards.__contains__, pool, progress, keep_open=True,
                           on_commit=on_commit)
 
-    with ExitStack() as stack:
-        if plan.scale == "ray":
-            from harness.batch.scale.ray_job import session
-
-            cluster = stack.enter_context(session(plan))
-        stack.callback(lambda: pools and pools[-1].close())
+    try:
         outcome = InJobTuning(plan, state, index, plan_for, run_phase, base).run()
+    finally:
+        if pools:
+            pools[-1].close()
     return ShardsRun.sequential(outcome.runs, state.committed()), outcome.columns
 
 

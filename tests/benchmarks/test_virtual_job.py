@@ -108,9 +108,11 @@ def test_a_job_of_100000_requests_simulates_a_bounded_number_of_them(truth, tmp_
     assert engine.backlog.prompt.nbytes + engine.backlog.output.nbytes == 8 * 100_000, "lengths, not token lists"
     result = run_virtual_job(setup, engine, seed=0)
     tuning = sum(r.requests for r in result.runs if r.kind != "main")
+    mains = sum(r.kind == "main" for r in result.runs)
     assert sum(r.requests for r in result.runs) == 100_000
-    assert engine.simulated <= tuning and engine.cache.simulated <= 2000, \
-        "step by step: the tuning runs and one capped run a config; the main phase's 96,000 at its steady rate"
+    assert engine.simulated <= tuning + mains * engine.prefix_shards(setup.plan) * 50 \
+        and engine.cache.simulated <= 2 * 2000, "step by step: the tuning runs, each main run's start and one capped " \
+                                                "run a config; the rest of the main phase at its steady rate"
 
 
 def test_the_tuner_values_a_virtual_run_by_the_full_engine_rate_of_its_trace(setup, truth, tmp_path) -> None:
@@ -169,6 +171,61 @@ def test_in_aa_every_config_runs_as_the_defaults_and_slower_ones_slower(setup, t
                 .generation_s
     assert seconds["aa", "candidate"] == pytest.approx(seconds["aa", "default"])
     assert seconds["slower", "candidate"] == pytest.approx(seconds["slower", "default"] / 0.9)
+
+
+def test_run_phase_tells_on_commit_in_commit_order_and_a_stop_leaves_the_rest(setup, truth, tmp_path) -> None:
+    """``on_commit`` after each shard, in the order they finish, ``left`` falling to 0 as the pool hands the last
+    ones over (100 shards of 20: the pool keeps 512 requests queued, so 30 would all be handed over before one
+    commits); a true return: the shards handed over finish, the rest stay uncommitted, the clock stops there."""
+    seen = []
+    engine = _engine(4000, truth, seed=2)
+    plan = replace(setup.plan, phase={"phase": "trial", "run": "trial 0", "config": {}})
+    state = VirtualState(tmp_path / "a")
+    run = engine.run_phase(plan, state, set(range(100)), on_commit=lambda so_far: seen.append(so_far) or False)
+    assert [s.shards for s in seen] == list(range(1, 101)) and state.committed() == set(range(100))
+    done = [state.metas[i]["done_at_s"] for i in sorted(state.metas, key=lambda i: state.metas[i]["done_at_s"])]
+    assert done == sorted(done) and run.generation_s == pytest.approx(max(done))
+    assert seen[0].left > 0 and seen[-1].left == 0 and all(a.left >= b.left for a, b in zip(seen, seen[1:]))
+    assert all(b.step_s >= a.step_s and b.step_tokens >= a.step_tokens for a, b in zip(seen, seen[1:]))  # one step: ties
+    assert seen[-1].step_s == pytest.approx(run.generation_s), "one engine: its steps are its generation"
+
+    stop_at = 3
+    engine = _engine(4000, truth, seed=2)
+    state = VirtualState(tmp_path / "b")
+    told = []
+    cut = engine.run_phase(plan, state, set(range(100)), on_commit=lambda so_far: told.append(so_far.left)
+                           or so_far.shards == stop_at)
+    assert len(told) == stop_at, "no hook call after the stop"
+    handed = 100 - told[-1]
+    assert stop_at < len(state.committed()) <= handed and cut.shards_run == len(state.committed())
+    assert cut.generation_s < run.generation_s and engine.clock == pytest.approx(60.0 + cut.generation_s)
+    assert max(state.metas[i]["done_at_s"] for i in state.metas) == pytest.approx(cut.generation_s)
+
+
+class _SlowInMain(VirtualEngine):
+    """Every config but the defaults 30% faster in its trial and 30% slower in the main phase."""
+
+    def slower(self, plan) -> float:
+        if not plan.phase.get("config"):
+            return 1.0
+        return 1 / 0.7 if plan.phase.get("phase") == "main" else 0.7
+
+
+def test_a_candidate_slower_in_the_main_phase_is_switched_back_to_the_defaults(setup, truth) -> None:
+    engine = _SlowInMain(Backlog.draw(4000, "backlog"), 20, truth, 60.0, 0.02, 0.05, 4, mode="slower", cap=1000,
+                         replayable=False)
+    result = run_virtual_job(setup, engine, seed=4)   # raises unless every shard is committed
+    cols = result.columns
+    assert cols["tune.candidate"] and cols["tune.switched"] and cols["tune.chosen"] == "engine defaults"
+    assert cols["tune.confirm.action"] == "switch to the engine defaults" and cols["tune.confirm.looks"] >= 1
+    mains = [r for r in result.runs if r.kind == "main"]
+    assert [bool(r.config) for r in mains] == [True, False], "the candidate, stopped, then the rest on the defaults"
+    assert [r.start_s > 0 for r in mains] == [True, True], "the switch is an engine start"
+    shards = sum(r.requests for r in result.runs) // 20
+    # the looks come after the origin and three blocks of 128 full steps: about 2,300 of this small job's 4,000
+    # requests ran on the candidate before it was switched back
+    assert shards == 200 and mains[1].requests > 0, "every shard once; the rest on the defaults"
+    assert engine.runs[-1].label == "main (engine defaults)"
 
 
 def truth_model():

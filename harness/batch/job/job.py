@@ -12,13 +12,11 @@ import hashlib
 import json
 import logging
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from engines.base import Request
 from engines.steptrace import StepRecorder, occupancy
 from harness.batch.job.convert import MODEL_NOT_FOUND, Item, convert_shard
 from harness.batch.job.images import image_resolver
@@ -32,7 +30,6 @@ from harness.ordering.policies import apply_ordering
 from harness.workloads.records import Options
 
 log = logging.getLogger(__name__)
-PROBE = -1  # the index the quality probe travels under (no shard has it)
 TIMED_PHASES = ("trial", "reference", "confirm")  # in-job tuning runs whose requests' finish times are kept
 #                                 (a streaming engine's, on the host's clock; a serial or simulated one's say nothing)
 
@@ -60,8 +57,6 @@ class ShardsRun:
     startup_s: float | None = None  # the slowest engine's start
     peak_worker_rss_bytes: int = 0
     errors: list[str] = field(default_factory=list)  # failures that are no shard's (an array task that died)
-    probe: dict[str, list[int]] | None = None  # the quality probe's output token ids by request id, when one ran
-    probe_output_tokens: int = 0   # its output tokens (generated in this run's time, in no shard)
     finishes: list[tuple[float, int]] = field(default_factory=list)  # (finished_at, output tokens) per request,
     #                                  kept for an in-job tuning's runs (``tune_runs.steady_rate``)
     engine_limits: list[dict[str, Any]] = field(default_factory=list)  # per engine started: its max_num_seqs and
@@ -123,8 +118,7 @@ class ShardsRun:
         total = cls()
         for part in parts:
             for key in ("shards_run", "requests_ok", "requests_failed", "requests_other_model", "prompt_tokens",
-                        "output_tokens", "engine_s", "engine_idle_s", "generation_s", "probe_output_tokens",
-                        "traced_steps", "occupancy_steps", "running_share"):
+                        "output_tokens", "engine_s", "engine_idle_s", "generation_s", "traced_steps", "occupancy_steps", "running_share"):
                 setattr(total, key, getattr(total, key) + getattr(part, key))
             total.startup_s = (total.startup_s or 0.0) + part.startup_s if part.startup_s is not None \
                 else total.startup_s
@@ -168,6 +162,9 @@ class SoFar:
     step_tokens: float     # tokens of the decode steps the engines have reported so far (shards still in flight
     #                        included: each shard's result brings the steps since the previous one finished)
     step_s: float          # those steps' seconds, summed over the engines (0: the engines record no steps)
+    full_tokens: float = 0.0  # of those, the steps of an engine running all it holds (requests waiting behind the
+    full_s: float = 0.0       # step; an engine that does not say: while shards were left to hand over): their decode
+    full_steps: int = 0       # tokens, seconds and count (``fed_rate``, ``tune_confirm.Blocks``)
 
 
 def job_id(plan: Plan) -> str:
@@ -182,19 +179,17 @@ def shard_records(index: Index, size: int, shard: int) -> int:
 
 
 def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int], bool], pool: Any,
-               progress: bool = True, probe: list[Request] | None = None, keep_open: bool = False,
+               progress: bool = True, keep_open: bool = False,
                engines_kept: bool = False, on_commit: Callable[[SoFar], bool] | None = None) -> ShardsRun:
     """Run every wanted, uncommitted shard through ``pool`` (a ``LocalPool``; started here unless it is).
 
-    ``probe``: requests fed first, beside the shards, whose outputs are kept in ``ShardsRun.probe``
-    and committed nowhere (the in-job quality guard's sample, ``harness.batch.tune.tuning``).
     ``keep_open``: leave the pool's workers up afterwards (unless a shard failed), for the next run.
     ``engines_kept``: the pool's engines are up already (``LocalPool.keep``): no ``started`` comes, generation
     starts when the first shard is handed over, and each engine's idle time before its first shard counts
     from then (not from the previous run's end).
     ``on_commit``: called with the run ``SoFar`` after each shard this run commits; when it returns true, no
     further shard is handed over: the shards in flight finish and commit, the rest stay uncommitted (an in-job
-    tuning's pruner, ``harness.batch.tune.tune_prune``).
+    tuning's pruner, ``harness.batch.tune.tune_prune``, and its confirmation, ``tune_confirm``).
     """
     size = plan.shard_size
     committed = state.committed()
@@ -208,8 +203,6 @@ def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int]
     runner.on_commit, runner.todo = on_commit, len(todo)
     if not pool.started:
         pool.start()
-    if probe:
-        runner.dispatch_probe(pool, probe)
     try:
         runner.drive(pool, iter_shards(Path(plan.input), plan.format, size, todo.__contains__))
     finally:
@@ -245,6 +238,7 @@ class _Runner:
         self.stopped = False    # ``on_commit`` said stop: no further shard is handed over
         self.step_tokens = 0.0  # decode tokens and seconds of the engines' steps reported so far (``SoFar``)
         self.step_s = 0.0
+        self.full = [0.0, 0.0, 0]  # of those, the full steps' decode tokens, seconds and count (``SoFar``)
 
     def drive(self, pool: Any, shards: Any) -> None:
         exhausted = False
@@ -303,14 +297,6 @@ class _Runner:
                 log.error("worker %d: %s", worker + 1, self.failures[worker])
                 pool.kill(worker)
 
-    def dispatch_probe(self, pool: Any, requests: list[Request]) -> None:
-        shard_dir = self.state.work_dir / f"probe-{uuid.uuid4().hex[:8]}"
-        shard_dir.mkdir(parents=True)
-        with open(shard_dir / "requests.jsonl", "w") as f:
-            for request in requests:
-                f.write(json.dumps(request.to_dict()) + "\n")
-        self._hand_over(str(shard_dir), PROBE, [], pool.submit(shard_dir, PROBE, len(requests)))
-
     def _dispatch(self, pool: Any, index: int, items: list[Item]) -> None:
         self.dispatched += 1
         requests = [item.request for item in items if item.request is not None]
@@ -355,16 +341,13 @@ class _Runner:
             if self.plan.phase.get("phase") in TIMED_PHASES and measured.get("streams") and not measured.get("predicted"):
                 self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
                                       for c in result["completions"] if c.get("finished_at") is not None]
-            if self.plan.phase.get("phase") in TIMED_PHASES and index != PROBE:  # the probe is in no request count
+            if self.plan.phase.get("phase") in TIMED_PHASES:
                 self.run.lengths += [(int(c.get("prompt_tokens") or 0), len(c["output_token_ids"]))
                                      for c in result["completions"]]
                 self.run.serial = self.run.serial or not measured.get("streams")
-            if index == PROBE:
-                self.run.probe = {c["id"]: c["output_token_ids"] for c in result["completions"]}
-                self.run.probe_output_tokens = sum(len(ids) for ids in self.run.probe.values())
-            meta = None if index == PROBE else self._commit(index, items, result, worker)
+            meta = self._commit(index, items, result, worker)
             self.run.steps.extend(result.get("steps"))
-            self._stepped(result.get("steps"))
+            self._stepped(result.get("steps"), left=self.todo - self.dispatched)
             self.run.engine_counted(f"worker {worker + 1}", result["measured"].get("engine_steps"))
             startup = float(result["measured"].get("startup_s") or 0.0)
             self.inside_startup[worker] = self.inside_startup.get(worker, 0.0) + startup
@@ -374,7 +357,7 @@ class _Runner:
                 self.stopped = bool(self.on_commit(SoFar(
                     shards=self.run.shards_run, left=self.todo - self.dispatched, engines=max(int(pool.engines), 1),
                     output_tokens=self.run.output_tokens, engine_s=self.run.engine_s, step_tokens=self.step_tokens,
-                    step_s=self.step_s)))
+                    step_s=self.step_s, full_tokens=self.full[0], full_s=self.full[1], full_steps=self.full[2])))
         elif kind == "shard_failed":
             log.error("worker %d failed: %s", worker + 1, event.get("error"))
             self.failures[worker] = str(event.get("error"))
@@ -390,8 +373,6 @@ class _Runner:
             if owner != worker:
                 continue
             del self.in_flight[shard_dir]
-            if index == PROBE:
-                continue  # no probe outputs: the quality guard counts the run as not measured
             if index not in self.retried and pool.any_alive():
                 self.retried.add(index)
                 count = sum(item.request is not None for item in items)
@@ -410,12 +391,20 @@ class _Runner:
         self.bar.shard_done(-1 if worker is None else worker, len(items), meta["output_tokens"])
         return meta
 
-    def _stepped(self, trace: dict[str, list[float]] | None) -> None:
-        """Add a shard's steps to the decode tokens and step seconds so far (``SoFar``)."""
+    def _stepped(self, trace: dict[str, list[float]] | None, left: int) -> None:
+        """Add a shard's steps to the decode tokens and step seconds so far, and its full steps (requests waiting
+        behind the step; where the engine does not say, -1, while ``left`` shards were still to hand over) to
+        theirs (``SoFar``)."""
         if not trace or not trace.get("weight"):
             return
-        self.step_tokens += sum(w * d for w, d in zip(trace["weight"], trace["decode"]))
-        self.step_s += sum(w * dt for w, dt in zip(trace["weight"], trace["dt"]))
+        waiting = trace.get("waiting") or [-1.0] * len(trace["weight"])
+        for w, d, dt, queued in zip(trace["weight"], trace["decode"], trace["dt"], waiting):
+            self.step_tokens += w * d
+            self.step_s += w * dt
+            if queued > 0 or (queued < 0 and left > 0):
+                self.full[0] += w * d
+                self.full[1] += w * dt
+                self.full[2] += int(w)
 
 
 def commit_shard(plan: Plan, state: JobState, tok: Any, job: str, index: int, items: list[Item],

@@ -10,7 +10,7 @@ from typing import Any
 
 
 # batch.tune settings that change how the job runs, not what it answers
-EXECUTION_ONLY = ("restart", "max_confirm_rounds", "confirm_fill", "prune", "prune_margin", "prune_warmup")
+EXECUTION_ONLY = ("restart", "prune", "prune_margin", "prune_warmup")
 # What must match when a job with committed shards is resumed: the input (path and a sha256 of every
 # byte, from the scan), how it is split and read, and everything that shapes an answer.
 IDENTITY = ("input", "input_digest", "format", "shard_size", "sampling", "default_max_tokens",
@@ -70,10 +70,9 @@ class Plan:
         return frozenset(str(name) for name in (self.model_name, self.model_path, *self.served_model_names) if name)
 
     def identity(self) -> dict[str, Any]:
-        """What must match on resume. Of the in-job tuning settings, how engines restart between runs, how many
-        confirmation rounds may be added and how large confirmation runs are (kept in ``tune/confirm.json`` once
-        set) do not shape an answer, so a job folder made before such a setting existed resumes; a job without
-        tuning has none (so its id is the one it had before tuning existed)."""
+        """What must match on resume. Of the in-job tuning settings, how engines restart between runs and how
+        trials are pruned do not shape an answer, so a job folder made before such a setting existed resumes; a
+        job without tuning has none (so its id is the one it had before tuning existed)."""
         identity = {key: getattr(self, key) for key in IDENTITY}
         identity["tune"] = {k: v for k, v in self.tune.items() if k not in EXECUTION_ONLY}
         if not identity["tune"]:

@@ -23,7 +23,6 @@ from harness.run.spec import layered_knobs
 
 OUTPUT_CHANGING = ("dtype", "kv_cache_dtype", "quantization")  # knobs that change outputs by design
 SAMPLER_KEYS = ("sampler", "seed", "n_startup_trials", "startup", "multivariate", "grid_points")
-SCALES = ("local", "ray")
 RESTARTS = ("in_process", "new_worker")
 
 
@@ -38,10 +37,11 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
     from harness.tune.space import SearchSpace  # the tuner (Optuna) only for a job that tunes
     from harness.tune.space_choice import with_default_space
 
-    if cfg.batch.scale not in SCALES:
+    if cfg.batch.scale != "local":
         raise TroughputError(f"batch.tune.trials with batch.scale={cfg.batch.scale}: in-job tuning runs on one node "
-                             "(local) or on Ray; for a SLURM array, tune first (troughput-tune, or a local job's "
-                             "tuning phase) and run the array with batch.engine_file=")
+                             "(its confirmation looks at each shard as it commits, which a Ray pipeline or a SLURM "
+                             "array does not report); tune first (troughput-tune, or a local job's tuning phase) and "
+                             "run the job there with batch.engine_file=")
     if trials < 2:
         raise TroughputError("batch.tune.trials=1 would only run the engine defaults: use 2 or more")
     share = float(tune["max_share"])
@@ -49,35 +49,33 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
         raise TroughputError(f"batch.tune.max_share={share}: must be a fraction in (0, 1)")
     if tune.get("restart") not in RESTARTS:
         raise TroughputError(f"batch.tune.restart={tune.get('restart')!r}: use one of {', '.join(RESTARTS)}")
-    rounds = int(tune["confirm_rounds"])
-    if rounds < 3:
-        raise TroughputError(f"batch.tune.confirm_rounds={rounds}: the verdict rule (docs/verdicts.md) needs 3 "
-                             "runs a side")
-    fill = tune.get("confirm_fill") or 0
-    if isinstance(fill, bool) or not isinstance(fill, (int, float)) or not math.isfinite(fill) or fill < 0:
-        raise TroughputError(f"batch.tune.confirm_fill={fill!r}: must be a number >= 0 (0: confirmation runs as "
-                             "large as a trial's)")
+    looks = tune.get("confirm_looks")
+    if isinstance(looks, bool) or not isinstance(looks, int) or looks < 1:
+        raise TroughputError(f"batch.tune.confirm_looks={looks!r}: must be an integer >= 1 (the looks the main "
+                             "phase's confirmation makes, from the candidate's third block on)")
+    block = tune.get("block_steps", 128)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise TroughputError(f"batch.tune.block_steps={block!r}: must be an integer >= 1 (the full engine steps a "
+                             "block of the confirmation spans)")
+    spread = tune.get("run_spread")
+    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not math.isfinite(spread) or \
+            not 0 <= spread < 1:
+        raise TroughputError(f"batch.tune.run_spread={spread!r}: must be a number in [0, 1) (the log-rate spread "
+                             "of two runs of one config, beyond what their blocks show)")
     from harness.batch.tune.tune_prune import check_settings   # imports Optuna: only for a job that tunes
 
     check_settings(tune)
-    cap = int(tune.get("max_confirm_rounds") or rounds)
-    if cap < rounds:
-        raise TroughputError(f"batch.tune.max_confirm_rounds={cap} is below batch.tune.confirm_rounds={rounds}: it "
-                             "caps the rounds added while the verdict is undecided")
     full = with_default_space(cfg)
     space = OmegaConf.to_container(full.tune.space, resolve=True)
     SearchSpace(space)  # checks the space's shape
     changing = output_changing(space["params"])
-    if changing and tune.get("min_agreement") is None:
-        raise TroughputError(f"the search space holds {', '.join(changing)}, which change outputs by design: set "
-                             "batch.tune.min_agreement (e.g. 0.99) so that each such config's outputs are checked "
-                             "against the engine defaults' before its shards count, or drop them from the space")
-    if changing and cfg.batch.scale == "ray":
-        raise TroughputError(f"the quality guard for {', '.join(changing)} runs on batch.scale=local only (its probe "
-                             "requests are fed beside the shards of one local pool); drop them from the space on Ray")
+    if changing:
+        raise TroughputError(f"the search space holds {', '.join(changing)}, which change outputs by design: in-job "
+                             "tuning commits every trial's outputs, so it does not take them. Tune them with "
+                             "troughput-tune and its quality guard (tune.min_agreement), then run the job with "
+                             "batch.engine_file=, or drop them from the space")
     return {**tune, "space": space, "seeds": _plain(full.tune.get("seeds")),
-            "heuristic": _plain(full.tune.get("heuristic")), "space_name": _space_name(full),
-            "output_changing": changing}
+            "heuristic": _plain(full.tune.get("heuristic")), "space_name": _space_name(full)}
 
 
 def output_changing(paths: Any) -> list[str]:

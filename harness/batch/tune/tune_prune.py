@@ -104,8 +104,11 @@ class ClearlyBehind(optuna.pruners.BasePruner):
 
 
 def fed_rate(so_far: SoFar) -> float | None:
-    """A trial's value as a shard commits: output tokens a second of its engines' steps so far × its engines (see
-    the module's notes); without steps, its committed shards' output tokens ÷ their engine-busy seconds × engines."""
+    """A trial's value as a shard commits: output tokens a second of its engines' full steps so far (requests waiting
+    behind them: no ramp or drain in it) × its engines, or of all its steps before it has any full one (see the
+    module's notes); without steps, its committed shards' output tokens ÷ their engine-busy seconds × engines."""
+    if so_far.full_s > 0 and so_far.full_tokens > 0:
+        return so_far.full_tokens / so_far.full_s * so_far.engines
     if so_far.step_s > 0 and so_far.step_tokens > 0:
         return so_far.step_tokens / so_far.step_s * so_far.engines
     if so_far.engine_s > 0 and so_far.output_tokens > 0:

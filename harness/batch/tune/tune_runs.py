@@ -1,9 +1,9 @@
 """The runs of an in-job tuning phase: which shards each takes, how many, and their record in the job folder.
 
-``<output_dir>/tune/runs.jsonl`` holds one line per finished run (a trial, a confirmation run,
-the main phase), appended and fsynced as it ends, so a job killed at any moment resumes with
-every finished run's measurement; a run that was cut short has no line (its committed shards
-stay committed and count as output). ``<output_dir>/tune/study.db`` is the Optuna study.
+``<output_dir>/tune/runs.jsonl`` holds one line per finished run (a trial, a main phase run), appended and fsynced
+as it ends, so a job killed at any moment resumes with every finished run's measurement; a run that was cut short
+has no line (its committed shards stay committed and count as output). ``<output_dir>/tune/study.db`` is the Optuna
+study.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import math
 import os
 import random
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -30,26 +30,23 @@ from harness.workloads.records import Options
 class RunRecord:
     """One finished run of the job: its config, its shards and what it measured."""
 
-    kind: str                      # trial | confirm | main
-    label: str                     # "trial 3 (batch recipe)", "confirm default 2", "main"
+    kind: str                      # trial | main
+    label: str                     # "trial 3 (batch recipe)", "main", "main (engine defaults)"
     values: dict[str, Any]         # the config's params ({} = the engine defaults)
     shards: list[int]              # shards this run committed to the job's output
     requests: int = 0
     output_tokens: int = 0
-    probe_output_tokens: int = 0   # the quality probe's tokens (generated in this run's time, committed nowhere)
     generation_s: float = 0.0      # engines up to last commit (engine start excluded)
     startup_s: float | None = None  # the engines' start (each run is one start, but a main phase on kept engines)
     wall_s: float = 0.0            # the run's whole time, start included
-    status: str = "ok"             # ok | failed | rejected (quality guard)
+    status: str = "ok"             # ok | failed
     reason: str = ""
-    trial: int | None = None       # the study's trial number (trial and confirm runs)
-    side: str | None = None        # confirm runs: default | candidate
-    agreement: float | None = None  # token agreement of the probe with the engine defaults' (quality guard)
+    trial: int | None = None       # the study's trial number (trials)
     full_engine_tok_s: float | None = None  # its config with the engines kept full, from its step trace
     full_engine_beyond: list[str] = field(default_factory=list)  # what of that replay lay past its own steps
     full_engine_note: str | None = None  # why it has no full-engine rate where it was asked for one (then: its rate)
     concurrency: float | None = None  # requests its engines run at once, where they say (``concurrency``)
-    discarded: list[int] = field(default_factory=list)  # shards it ran whose outputs were thrown away (rejected)
+    blocks: list[float] = field(default_factory=list)  # its fed-engine rate between commits (``tune_confirm``)
     engines_kept: bool = False     # it went on with the last run's engines, no start (the main phase, same config)
     pruned_at: int | None = None   # a trial the pruner stopped: its shards committed when it was (``tune_prune``)
 
@@ -60,8 +57,8 @@ class RunRecord:
 
     @property
     def rate(self) -> float | None:
-        """Output tok/s over the run's generation time (probe tokens included: the engine made them in it)."""
-        tokens = self.output_tokens + self.probe_output_tokens
+        """Output tok/s over the run's generation time."""
+        tokens = self.output_tokens
         return tokens / self.generation_s if self.status == "ok" and self.generation_s > 0 and tokens else None
 
     @property
@@ -116,80 +113,33 @@ def sample_order(shards: int, seed: int) -> list[int]:
 
 
 def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
-    """How many shards each trial takes (and each confirmation run at least: ``confirm_shards``).
-
-    The tuning budget (``max_share`` of the job's shards) is split evenly over the trials and
-    ``2 × max_confirm_rounds`` confirmation runs (the rounds asked for and those the confirmation
-    may add while undecided), so each run measures as many tokens as the budget allows; where runs
-    that small would hold fewer than ``min_run_requests`` requests, over the trials and
-    ``2 × confirm_rounds`` runs only (no room for added rounds). ``shards_per_run`` sets it by hand.
-    A run must hold at least ``min_run_requests`` requests (several engine batches, so that ramp-up
-    and the drain at its end are a small part of its time); a job too small for that is refused
-    before any engine starts.
+    """How many shards each trial takes: the tuning budget (``max_share`` of the job's shards) split evenly over the
+    trials, so each measures as many tokens as the budget allows (the confirmation runs inside the main phase and
+    takes none of it); ``shards_per_run`` sets it by hand. A trial must hold at least ``min_run_requests``
+    requests (several engine batches, so that ramp-up and the drain at its end are a small part of its time); a
+    job too small for that is refused before any engine starts.
     """
     shards = index.shards(shard_size)
-    runs = int(tune["trials"]) + 2 * int(tune["confirm_rounds"])
+    runs = int(tune["trials"])
     budget = int(float(tune["max_share"]) * shards)
     given = tune.get("shards_per_run")
     min_requests = int(tune["min_run_requests"])
-    roomy = int(tune["trials"]) + 2 * max(int(tune.get("max_confirm_rounds") or 0), int(tune["confirm_rounds"]))
-    k = int(given) if given else budget // roomy
-    if not given and k * shard_size < min_requests:   # too small for room to add rounds: the rounds asked for
-        k = budget // runs
+    k = int(given) if given else budget // runs
     if given and k * runs > budget:
-        raise TroughputError(f"batch.tune.shards_per_run={k} × {runs} runs = {k * runs} shards, over "
+        raise TroughputError(f"batch.tune.shards_per_run={k} × {runs} trials = {k * runs} shards, over "
                              f"batch.tune.max_share={tune['max_share']} of the job's {shards} shards ({budget})")
     if k < 1 or k * shard_size < min_requests:
         per_run = math.ceil(min_requests / shard_size)
         need = math.ceil(per_run * runs / float(tune["max_share"])) * shard_size
         raise TroughputError(
-            f"the job is too small for {tune['trials']} trials and {tune['confirm_rounds']} confirmation rounds: "
-            f"{runs} runs of at least {min_requests} requests (batch.tune.min_run_requests) within "
-            f"batch.tune.max_share={tune['max_share']} of its {index.records:,} records needs about {need:,} "
-            f"records (shard_size {shard_size}). Use fewer trials or confirmation rounds, a lower "
+            f"the job is too small for {runs} trials: trials of at least {min_requests} requests "
+            f"(batch.tune.min_run_requests) within batch.tune.max_share={tune['max_share']} of its {index.records:,} "
+            f"records needs about {need:,} records (shard_size {shard_size}). Use fewer trials, a lower "
             f"batch.tune.min_run_requests, or tune separately (troughput-tune) and run the job with batch.engine_file=")
     return k
 
 
 FILLED = 8.0  # runs of fewer than this many times what their engines run at once read their config's rate low
-
-
-def confirm_shards(k: int, shard_size: int, room: int, rounds: int, concurrencies: dict[str, float | None],
-                   target: float) -> dict[str, int]:
-    """Shards per confirmation run, for each side (``default``, ``candidate``).
-
-    Both sides at one fill (a run's requests ÷ what its engines run at once, ``concurrencies``,
-    known from the trial each side's config ran), up to ``target``: as high as ``rounds`` rounds of
-    both fit in ``room`` shards, never fewer than ``k`` shards a run (the trials' run size, for
-    which the trials kept room), so where the budget holds less than the target, the side that
-    runs fewer at once may run fuller than the other (at ``k``). Where either side's concurrency
-    is unknown (Ray; an engine that does not say its ``max_num_seqs``), or ``target`` is 0, both run
-    ``k``: runs sized for one side only would compare two fills. Where ``room`` holds not even
-    ``k`` a run, also ``k`` (over the budget; the caller warns).
-
-    Why: a confirmation run that holds less than about 2× what its engines run at once is one
-    draining batch (``concurrency``), so a candidate that runs many sequences at once reads low
-    against the defaults and is not called a winner, and the rest of the job's prediction, which
-    rests on these runs, reads long.
-    """
-    seats = list(concurrencies.values())
-    if target <= 0 or any(not c or c <= 0 for c in seats):
-        return {side: k for side in concurrencies}
-
-    def sizes(fill: float) -> dict[str, int]:
-        return {side: max(k, math.ceil(fill * c / shard_size - 1e-9)) for side, c in concurrencies.items()}
-
-    def fits(fill: float) -> bool:
-        return sum(sizes(fill).values()) * rounds <= room
-
-    if fits(target):
-        return sizes(target)
-    # the largest fill that fits, to a quarter of the smallest step one shard makes on either side
-    low, high, step = 0.0, float(target), min(shard_size / c for c in seats) / 4  # type: ignore[operator]
-    while high - low > step:
-        mid = (low + high) / 2
-        low, high = (mid, high) if fits(mid) else (low, mid)
-    return sizes(low)
 
 
 def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]],
@@ -214,14 +164,6 @@ def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]],
     cap = per_engine_cap or math.inf
     return float(sum(min(lim["max_num_seqs"], cap, lim["kv_cache_tokens"] / held if lim.get("kv_cache_tokens") and held
                          else math.inf) for lim in limits))
-
-
-def probe_requests(plan: Plan, index: Index, shard: int, count: int, max_tokens: int) -> list[Request]:
-    """The quality guard's probe: ``count`` requests of ``shard``, greedy, at most ``max_tokens`` each."""
-    items = _items(plan, index, {shard}, Options(plan.default_max_tokens, "benchmark"))
-    requests = [replace(i.request, id=f"probe-{i.request.id}", max_tokens=min(i.request.max_tokens, max_tokens))
-                for i in items if i.request is not None]
-    return requests[:count]
 
 
 def sample_requests(plan: Plan, index: Index, shards: set[int]) -> list[Request]:

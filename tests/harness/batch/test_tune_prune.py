@@ -38,7 +38,6 @@ def _job(tmp_path: Path, space: str) -> list[str]:
             f"batch.output_dir={tmp_path / 'out'}", f"hydra.searchpath=[file://{tmp_path / 'conf'}]", "tune=case",
             f"batch.shard_size={SHARD}", "batch.in_flight=1", "batch.tune.min_run_requests=16",
             "batch.tune.max_share=0.9", "batch.tune.trials=3", f"batch.tune.shards_per_run={PER_RUN}",
-            "batch.tune.max_confirm_rounds=null", "batch.tune.confirm_fill=0",
             "+engine.knobs.token_s=0.01", "+engine.knobs.max_num_seqs=8"]   # the job's own config: 8 seats
 
 
@@ -119,7 +118,8 @@ def test_the_job_s_own_config_is_never_pruned_even_when_clearly_behind(tmp_path:
     wide, own = study.trials[0].intermediate_values, study.trials[1].intermediate_values
     assert own[2] < 0.75 * wide[2], "the defaults were clearly behind the finished trial: the pruner held off"
     assert study.trials[1].state == optuna.trial.TrialState.COMPLETE and "pruned" not in study.trials[1].user_attrs
-    assert row["tune.pruned_trials"] == 1 and row["tune.confirm_runs"] >= 6, "confirmed against the defaults' side"
+    assert row["tune.pruned_trials"] == 1
+    assert row["tune.confirm.defaults_blocks"] == defaults["blocks"], "the defaults' trial: the confirmation's side"
 
 
 def test_kill_9_while_a_pruned_trial_s_last_shards_finish_resumes_with_it_pruned(tmp_path: Path) -> None:

