@@ -49,21 +49,16 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
         raise TroughputError(f"batch.tune.max_share={share}: must be a fraction in (0, 1)")
     if tune.get("restart") not in RESTARTS:
         raise TroughputError(f"batch.tune.restart={tune.get('restart')!r}: use one of {', '.join(RESTARTS)}")
-    looks = tune.get("confirm_looks")
-    if isinstance(looks, bool) or not isinstance(looks, int) or looks < 1:
-        raise TroughputError(f"batch.tune.confirm_looks={looks!r}: must be an integer >= 1 (the looks the main "
-                             "phase's confirmation makes, from the candidate's third block on)")
-    block = tune.get("block_steps", 128)
-    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
-        raise TroughputError(f"batch.tune.block_steps={block!r}: must be an integer >= 1 (the full engine steps a "
-                             "block of the confirmation spans)")
+    from harness.batch.tune.tune_prune import check_settings, positive_int   # Optuna: only for a job that tunes
+
+    positive_int(tune, "confirm_looks", None, "the looks the main phase's confirmation makes, from the candidate's "
+                 "third block on")
+    positive_int(tune, "block_steps", 128, "the full engine steps a block of the confirmation spans")
     spread = tune.get("run_spread")
     if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not math.isfinite(spread) or \
             not 0 <= spread < 1:
         raise TroughputError(f"batch.tune.run_spread={spread!r}: must be a number in [0, 1) (the log-rate spread "
                              "of two runs of one config, beyond what their blocks show)")
-    from harness.batch.tune.tune_prune import check_settings   # imports Optuna: only for a job that tunes
-
     check_settings(tune)
     full = with_default_space(cfg)
     space = OmegaConf.to_container(full.tune.space, resolve=True)

@@ -47,6 +47,14 @@ PRUNERS = ("median", "halving", "none")
 DEFAULTS_SEED = "engine defaults"   # the seed name of the job's own config (``tuning.DEFAULTS_SEED``)
 
 
+def positive_int(tune: dict[str, Any], key: str, default: int | None, what: str) -> None:
+    """Refuse ``batch.tune.<key>`` unless it is an integer >= 1 (``default`` where it is not set); ``what`` says
+    what it counts."""
+    value = tune.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise TroughputError(f"batch.tune.{key}={value!r}: must be an integer >= 1 ({what})")
+
+
 def check_settings(tune: dict[str, Any]) -> None:
     """``batch.tune.prune``, ``prune_margin`` and ``prune_warmup``, checked before any engine starts."""
     kind = tune.get("prune") or "none"
@@ -56,10 +64,7 @@ def check_settings(tune: dict[str, Any]) -> None:
     if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not 0 <= margin < 1:
         raise TroughputError(f"batch.tune.prune_margin={margin!r}: must be a fraction in [0, 1) (a trial is pruned "
                              "only under (1 - it) × the median of the finished trials at the same shard)")
-    warmup = tune.get("prune_warmup", 2)
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 1:
-        raise TroughputError(f"batch.tune.prune_warmup={warmup!r}: must be an integer >= 1 (shards a trial commits "
-                             "before the pruner may stop it)")
+    positive_int(tune, "prune_warmup", 2, "shards a trial commits before the pruner may stop it")
 
 
 def make_pruner(tune: dict[str, Any]) -> optuna.pruners.BasePruner:
