@@ -276,7 +276,7 @@ class InJobTuning:
         """The main phase: on the candidate (looking as its blocks commit) and, where the looks say so, the rest on
         the defaults; returns the config the job finished on."""
         if confirmation is not None and confirmation.action == SWITCH:   # decided before a kill
-            candidate = {}
+            candidate, confirmation = {}, None   # the rest on the defaults, with no looks to stop them
         if left:
             self._run("main", "main", candidate, set(left), hook=confirmation.blocks if confirmation else None)
         if confirmation is None or confirmation.action != SWITCH or not candidate:

@@ -115,3 +115,31 @@ def test_whole_jobs_a_a_and_a_slower_best_candidate_finish_on_the_defaults_in_95
     assert simulate_jobs(rule, 0.03, 0.03, 0.0, 1000) <= 0.05
     assert simulate_jobs(rule, 0.03, 0.03, 0.0, 1000, rates=(1.0, 0.95, 0.9, 0.8), seed=1) <= 0.05
     assert simulate_jobs(rule, 0.05, 0.03, 0.0, 300, rates=(1.0, 2.3, 1.2, 0.9), seed=2) >= 0.95
+
+
+
+def test_a_rerun_after_a_switch_runs_the_rest_on_the_defaults_with_no_look_to_stop_them(tmp_path):
+    """A kill after the looks said switch: the rerun's main phase is the defaults' with no hook (the hook answers
+    ``SWITCH`` at every commit, which stopped the defaults' own run after its first commit, job after job)."""
+    from harness.batch.tune.tuning import InJobTuning
+
+    rule = InMainRule(3, 0.02, 0.0)
+    first = Confirmation(rule, [100.0, 100.5, 99.5], LookLog(tmp_path))
+    for shards, rate in enumerate([50, 51, 49], 1):
+        first.blocks(so_far(shards, 10, rate * 5.0 * shards, shards * 10.0, shards * 2 * BLOCK_STEPS))
+    assert first.action == SWITCH
+    runs = []
+
+    class Tuning(InJobTuning):
+        def __init__(self):   # only what _main reads
+            pass
+
+        def _run(self, kind, label, values, shards, trial=None, reporter=None, hook=None):
+            runs.append((label, values, hook))
+
+        def _left(self):
+            return []
+
+    again = Confirmation(rule, [100.0, 100.5, 99.5], LookLog(tmp_path))
+    assert Tuning()._main({"engine.knobs.max_num_seqs": 64}, again, [5, 6, 7]) == {}
+    assert runs == [("main", {}, None)]
