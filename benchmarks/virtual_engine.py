@@ -177,14 +177,6 @@ class Simulated:
     step_decode: np.ndarray | None = None   # decode tokens up to each step, cumulative
     step_full: np.ndarray | None = None     # each step: requests still waiting behind it (``SoFar.full_*``)
 
-    def at(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The decode tokens and step seconds of the steps ended by each time in ``t`` (what an engine has reported
-        when a shard finishing then commits)."""
-        n = np.searchsorted(self.step_end, t, side="right")
-        tokens = np.where(n > 0, self.step_decode[np.maximum(n - 1, 0)], 0)
-        seconds = np.where(n > 0, self.step_end[np.maximum(n - 1, 0)], 0.0)
-        return tokens.astype(float), seconds.astype(float)
-
 
 def limits(config: SchedulerConfig) -> dict[str, Any]:
     """What the engine says of itself at its start (as ``engines.sim``'s and vLLM's adapters do)."""
@@ -228,12 +220,6 @@ def simulate(config: SchedulerConfig, prompt: np.ndarray, output: np.ndarray,
     return runs
 
 
-def shard_finish(sim: Simulated, sizes: Sequence[int]) -> np.ndarray:
-    """Each shard's finish (its last request's), the shards being consecutive runs of ``sizes`` requests."""
-    bounds = np.cumsum([0, *sizes])
-    return np.array([float(sim.finished[lo:hi].max()) for lo, hi in zip(bounds[:-1], bounds[1:])])
-
-
 @dataclass(frozen=True)
 class Steady:
     """A config's first ``count`` requests of the job, simulated once: what a longer run extrapolates from."""
@@ -256,7 +242,7 @@ class Steady:
         return self.seconds + max(0, output_tokens - self.output_tokens) / self.rate
 
 
-def steady_of(sim: Simulated, output: np.ndarray, shard_size: int | None = None) -> Steady:
+def steady_of(sim: Simulated, output: np.ndarray) -> Steady:
     order = np.argsort(sim.finished, kind="stable")
     done, tokens = sim.finished[order], np.cumsum(output[order])
     lo, hi = (int(np.searchsorted(tokens, share * tokens[-1])) for share in STEADY)

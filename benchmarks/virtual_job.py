@@ -323,7 +323,7 @@ class VirtualEngine:
             sizes = [min(self.size, n - i) for i in range(0, n, self.size)]
             sim, _ = simulate_fed(config, prompt, output, sizes, partial(self.truth.seconds, caching=caching),
                                   self.feed(), 1.0, self.step_sigma, config_seed(key))
-            self.cache.entries[key] = steady_of(sim, output, self.size)
+            self.cache.entries[key] = steady_of(sim, output)
             seats = concurrency([limits(config)], list(zip(prompt.tolist(), output.tolist())))
             if seats and n < 8 * seats:   # fewer engine fills than that: its middle half is no steady state
                 log.warning("steady run of %d requests for %s holds only %.1f engine fills (%.0f at once): its rate "
