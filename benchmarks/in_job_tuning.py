@@ -105,7 +105,8 @@ def run_arm(arm: str, data: Path, work: Path, args: argparse.Namespace) -> dict[
     if proc.returncode != 0 or len(rows) != 1 or rows[0].get("status") != "ok":
         raise SystemExit(f"{arm} failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}")
     row = rows[0]
-    keep = {k: v for k, v in row.items() if k.startswith("tune.") and k != "tune.runs"}
+    keep = {k: v for k, v in row.items() if (k.startswith("tune.") and k != "tune.runs")
+            or k.startswith(("prediction.rest_", "prediction.full_engine."))}
     return {"arm": arm, "job_s": row["wall_s"], "process_wall_s": wall, "output_tok_s": row["output_tok_s"],
             "output_tokens": row["output_tokens"], "startup_s": row["startup_s"], "commit": row.get("git_commit"),
             "load_1min": os.getloadavg()[0], "command": " ".join(cmd), **keep,
@@ -232,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
                          f"({got.get('tune.confirm.reason') or got.get('tune.verdict')}), "
                          f"chosen {got.get('tune.chosen')}, "
                          f"rest predicted {got.get('tune.predicted_rest_s') or 0:,.0f} s measured "
-                         f"{got.get('tune.measured_rest_s') or 0:,.0f} s ({got.get('tune.prediction_method')})")
+                         f"{got.get('tune.measured_rest_s') or 0:,.0f} s ({got.get('tune.prediction_method')}); "
+                         f"in the main phase, after {got.get('tune.in_main_prediction_at_s') or 0:,.0f} s: "
+                         f"predicted {got.get('prediction.rest_in_main.predicted') or 0:,.0f} s measured "
+                         f"{got.get('prediction.rest_in_main.measured') or 0:,.0f} s")
             print(f"round {r + 1} {arm:>9}: job {got['job_s']:8,.1f} s ({got['output_tok_s']:,.1f} output tok/s, "
                   f"load {got['load_1min']:.1f}){extra}", flush=True)
     medians = {a: statistics.median(v) for a, v in times.items()}
@@ -251,6 +255,13 @@ def main(argv: list[str] | None = None) -> int:
                              for p, m in predictions]
     for p, m in predictions:
         print(f"rest of the job: predicted {p:,.1f} s, measured {m:,.1f} s ({m / p:.3f})")
+    in_main = [(x["prediction.rest_in_main.predicted"], x["prediction.rest_in_main.measured"]) for x in records
+               if x["arm"] == "in-job" and x.get("prediction.rest_in_main.predicted")
+               and x.get("prediction.rest_in_main.measured")]
+    summary["prediction_in_main"] = [{"predicted_s": p, "measured_s": m, "measured_over_predicted": m / p}
+                                     for p, m in in_main]
+    for p, m in in_main:
+        print(f"rest of the main phase, predicted inside it: {p:,.1f} s, measured {m:,.1f} s ({m / p:.3f})")
     if grid is not None:
         summary["trials_to_2pct"] = live_trials_to_2pct([x for x in records if x["arm"] == "in-job"], grid)
         print(f"trials to 2% of the grid's best: {summary['trials_to_2pct']}")

@@ -165,6 +165,8 @@ class SoFar:
     full_tokens: float = 0.0  # of those, the steps of an engine running all it holds (requests waiting behind the
     full_s: float = 0.0       # step; an engine that does not say: while shards were left to hand over): their decode
     full_steps: int = 0       # tokens, seconds and count (``fed_rate``, ``tune_confirm.Blocks``)
+    elapsed_s: float = 0.0    # the run's generation seconds so far (engines up to this commit)
+    steps: Any = None         # the run's step recorder (``snapshot()``: every engine step it has reported so far)
 
 
 def job_id(plan: Plan) -> str:
@@ -264,6 +266,12 @@ class _Runner:
         if inside:
             self.run.startup_s = (self.run.startup_s or 0.0) + inside
 
+    def _elapsed(self) -> float:
+        """Generation seconds so far, as ``generation_s`` counts them at the run's end (to now)."""
+        if self.t_ready is None:
+            return 0.0
+        return max(0.0, time.monotonic() - self.t_ready - max(self.inside_startup.values(), default=0.0))
+
     def _hand_over(self, shard_dir: str, index: int, items: list[Item], worker: int) -> None:
         """A shard is now in flight on ``worker``; an idle worker's stall clock starts now. On engines kept from
         the previous run (no ``started``), the first hand-over starts generation."""
@@ -357,7 +365,8 @@ class _Runner:
                 self.stopped = bool(self.on_commit(SoFar(
                     shards=self.run.shards_run, left=self.todo - self.dispatched, engines=max(int(pool.engines), 1),
                     output_tokens=self.run.output_tokens, engine_s=self.run.engine_s, step_tokens=self.step_tokens,
-                    step_s=self.step_s, full_tokens=self.full[0], full_s=self.full[1], full_steps=self.full[2])))
+                    step_s=self.step_s, full_tokens=self.full[0], full_s=self.full[1], full_steps=self.full[2],
+                    elapsed_s=self._elapsed(), steps=self.run.steps)))
         elif kind == "shard_failed":
             log.error("worker %d failed: %s", worker + 1, event.get("error"))
             self.failures[worker] = str(event.get("error"))

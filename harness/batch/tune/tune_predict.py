@@ -11,7 +11,13 @@ requests' shards). From them:
 - ``predict_rest``: the rest of the job's generation seconds, from a step model fitted to every
   run of the chosen config, by replaying the remaining requests (the sampled shards' real
   requests, cycled to the count left, split over the main phase's engines) through the
-  simulator's scheduler: ramp-up, preemptions and the final drain included.
+  simulator's scheduler: ramp-up, preemptions and the final drain included. Made as the tuning
+  phase ends, it carries what the trials' steps saw: a trial smaller than its engines never reaches
+  the main phase's steady context (on vLLM-CPU at 2 × 256 sequences its fit priced the main
+  phase's steps 34% too slow), and it cannot see the host's speed through the main phase.
+- ``RestInMain``: the same replay made again inside the main phase, once its engines have run
+  ``at_steps`` full steps each (the confirmation's first look), with the main phase's own steps so
+  far added to the fit: the rest of the job as the main phase then runs it.
 """
 
 from __future__ import annotations
@@ -89,16 +95,19 @@ def full_engine_rate(root: Path, label: str, requests: list[Request], model_cfg:
 
 def predict_rest(root: Path, labels: Sequence[str], load_requests: Callable[[set[int]], list[Request]],
                  requests_left: int, model_cfg: dict[str, Any], hardware_spec: dict[str, Any],
-                 main_knobs: dict[str, Any], engines: int) -> dict[str, Any]:
+                 main_knobs: dict[str, Any], engines: int, extra: dict[str, pd.DataFrame] | None = None
+                 ) -> dict[str, Any]:
     """The rest of the job's generation seconds, replayed with the chosen config's step model (``tune.*`` columns).
 
     Args:
         labels: the chosen config's runs (their traces are fitted together; the last one's engines say what they
             ran at once, ``engine_*``, which wins over ``main_knobs``).
         load_requests: the real requests of a set of shards (the runs' sampled shards).
+        extra: more traces of the chosen config to fit with them (``RestInMain``: the main phase's so far).
     """
     traces, metas = load_runs(root, labels)
-    if not traces or requests_left <= 0:
+    traces |= {name: t for name, t in (extra or {}).items() if t is not None and len(t)}
+    if not metas or requests_left <= 0:
         return dict(NO_PREDICTION)
     sample = load_requests({s for m in metas for s in m["shards"]})
     if not sample:
@@ -117,9 +126,45 @@ def predict_rest(root: Path, labels: Sequence[str], load_requests: Callable[[set
         tokens = round(per_request * share)
     note = (f"replay of {share} request(s) per engine ({engines} engine(s)), cycled from {len(sample)} sampled, "
             f"step model fitted on {len(traces)} run(s) of the chosen config"
+            + (f" ({', '.join(extra)} so far among them)" if extra else "")
             + (f"; extrapolates past the traces in {', '.join(run.beyond)}" if run.beyond else ""))
     return {"predicted_rest_s": seconds, "predicted_rest_output_tokens": tokens * engines,
             "predicted_rest_tok_s": tokens * engines / seconds if seconds > 0 else None,
             "prediction_interval": model.interval, "prediction_method": "replay", "prediction_note": note}
 
 
+
+
+class RestInMain:
+    """An ``on_commit`` hook for a main-phase run: once its engines have run ``at_steps`` full steps each, the run's
+    rest predicted again with its own steps so far in the fit (``predict_rest`` of every request of the run, less
+    the generation seconds it has run); ``then`` (the confirmation's looks) is asked first and answered as it says.
+
+    ``made``: the prediction (``predict_rest``'s columns, with ``at_s``: the run's generation seconds when made),
+    or None. Made once, in the driver's loop (a replay of up to ``REPLAY_CAP`` requests an engine: seconds); not
+    where ``then`` stops the run at that commit (its rest then runs on another config)."""
+
+    def __init__(self, then: Callable[[Any], bool] | None, predict: Callable[[dict[str, pd.DataFrame]], dict[str, Any]],
+                 at_steps: int):
+        self.then, self.predict, self.at_steps = then, predict, at_steps
+        self.made: dict[str, Any] | None = None
+        self.stopped = False   # ``then`` stopped the run: its rest went to another config
+
+    def __call__(self, so_far: Any) -> bool:
+        stop = bool(self.then(so_far)) if self.then is not None else False
+        self.stopped = self.stopped or stop
+        if stop or self.made is not None or so_far.steps is None or \
+                so_far.full_steps < self.at_steps * max(so_far.engines, 1):
+            return stop
+        try:
+            made = self.predict({"main phase": trace_frame([{"steps": so_far.steps.snapshot()}])})
+        except (OSError, ValueError, MemoryError, RuntimeError) as e:
+            log.warning("no prediction of the rest inside the main phase: %s", e)
+            made = dict(NO_PREDICTION)
+        made["predicted_rest_s"] = max(0.0, made["predicted_rest_s"] - so_far.elapsed_s) \
+            if made.get("predicted_rest_s") else None
+        self.made = {**made, "at_s": so_far.elapsed_s}
+        if made.get("predicted_rest_s") is not None:
+            log.info("the rest of the main phase predicted at %.0f s after its first %.0f s (%s)",
+                     made["predicted_rest_s"], so_far.elapsed_s, made.get("prediction_note"))
+        return stop

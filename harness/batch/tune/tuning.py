@@ -48,11 +48,12 @@ from harness.batch.job.shards import Index
 from harness.batch.job.state import JobState
 from harness.batch.tune.tune_config import sampler_config
 from harness.batch.tune.tune_confirm import BLOCK_STEPS, SWITCH, Blocks, Confirmation, InMainRule, LookLog
-from harness.batch.tune.tune_predict import NO_PREDICTION, full_engine_rate, predict_rest, save_run
+from harness.batch.tune.tune_predict import NO_PREDICTION, RestInMain, full_engine_rate, predict_rest, save_run
 from harness.batch.tune.tune_prune import DEFAULTS_SEED, Reporter, accepts_hook, make_pruner, reporting_points
 from harness.batch.tune.tune_runs import (RunLog, RunRecord, concurrency, sample_order, sample_requests,
                                           sample_summary, shards_per_run)
 from harness.core.errors import TroughputError
+from harness.report.verdict import MIN_RUNS
 from harness.run.stepmodels import REPLAYABLE
 from harness.steps.predict import prediction_columns
 from harness.tune.best import leaders
@@ -92,6 +93,7 @@ class InJobTuning:
         self.space = SearchSpace(self.tune["space"])
         self.outcome = Outcome()
         self.study: optuna.Study | None = None
+        self.in_main: list[tuple[RestInMain, RunRecord]] = []   # each main run's prediction from its own steps
         if not accepts_hook(run_phase):
             raise TroughputError("in-job tuning needs a run_phase that takes on_commit: the confirmation reads the "
                                  "blocks of each run as its shards commit")
@@ -278,15 +280,22 @@ class InJobTuning:
         if confirmation is not None and confirmation.action == SWITCH:   # decided before a kill
             candidate, confirmation = {}, None   # the rest on the defaults, with no looks to stop them
         if left:
-            self._run("main", "main", candidate, set(left), hook=confirmation.blocks if confirmation else None)
+            self._run("main", "main", candidate, set(left), hook=confirmation.blocks if confirmation else None,
+                      rest=self._rest_in_main(candidate, set(left)))
         if confirmation is None or confirmation.action != SWITCH or not candidate:
             return candidate
         rest = self._left()
         log.info("confirmation: %s: the %d shard(s) left run on the engine defaults", confirmation.made[-1].reason,
                  len(rest))
         if rest:
-            self._run("main", "main (engine defaults)", {}, set(rest))
+            self._run("main", "main (engine defaults)", {}, set(rest), rest=self._rest_in_main({}, set(rest)))
         return {}
+
+    def _rest_in_main(self, values: dict[str, Any], shards: set[int]) -> RestInMain:
+        """The main run's rest predicted at the confirmation's first look, its own steps so far in the fit."""
+        requests = sum(shard_records(self.index, self.plan.shard_size, i) for i in shards)
+        return RestInMain(None, lambda extra: self._predict_rest(values, requests, extra),
+                          MIN_RUNS * self.block_steps)
 
     def _left(self) -> list[int]:
         return [i for i in range(self.index.shards(self.plan.shard_size)) if i not in self.state.committed()]
@@ -294,17 +303,21 @@ class InJobTuning:
     # ---- one run ----------------------------------------------------------------------------------
 
     def _run(self, kind: str, label: str, values: dict[str, Any], shards: set[int], trial: int | None = None,
-             reporter: Reporter | None = None, hook: Blocks | None = None) -> RunRecord:
+             reporter: Reporter | None = None, hook: Blocks | None = None, rest: RestInMain | None = None
+             ) -> RunRecord:
         """Run ``shards`` with ``values``' config, one engine start; record it with its blocks; fold it into the
         invocation. ``reporter``: a trial's, which reports to the pruner as its shards commit and may stop the run;
-        ``hook``: the main phase's confirmation, which may stop it too."""
+        ``hook``: the main phase's confirmation, which may stop it too; ``rest``: a main run's prediction of its
+        rest from its own steps (after the blocks and looks, at the same commits)."""
         phase = {"phase": kind, "run": label, "config": values}
         plan = self.plan_for(values, phase)
         blocks = hook or Blocks(reporter, self.block_steps)
         log.info("%s: %s on %d shards", label, values or "engine defaults", len(shards))
         t0 = time.monotonic()
         before = self.state.committed()
-        run = self.run_phase(plan, self.state, shards, on_commit=blocks)
+        if rest is not None:
+            rest.then = blocks
+        run = self.run_phase(plan, self.state, shards, on_commit=rest or blocks)
         wall = time.monotonic() - t0
         committed = sorted(self.state.committed() - before)
         record = RunRecord(kind=kind, label=label, values=values, shards=committed, requests=run.requests_ok,
@@ -328,6 +341,8 @@ class InJobTuning:
             record.status, record.reason = "failed", "; ".join(failed)[:1000]
         self.log.append(record)
         self.outcome.runs.append(run)
+        if rest is not None:
+            self.in_main.append((rest, record))
         log.info("%s: %s", label, _describe(record))
         return record
 
@@ -369,14 +384,16 @@ class InJobTuning:
         return {"name": self.plan.device_kind, "kind": self.plan.device_kind, "peak_flops_bf16": 1e12,
                 "bandwidth_bytes_s": 1e11, "memory_bytes": float(1 << 40)}
 
-    def _predict_rest(self, chosen: dict[str, Any], requests_left: int) -> dict[str, Any]:
-        """The rest of the job, replayed with the step model of the chosen config's runs (``tune_predict``)."""
+    def _predict_rest(self, chosen: dict[str, Any], requests_left: int,
+                      extra: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The rest of the job, replayed with the step model of the chosen config's runs (``tune_predict``), and
+        ``extra`` traces of it (the main phase's so far)."""
         labels = [r.label for r in self.log.read() if r.kind == "trial" and r.values == chosen
                   and r.status == "ok" and r.full_engine_tok_s]   # runs whose steps the simulator replays
         main = self.plan_for(chosen, {})
         try:
             return predict_rest(self.root, labels, self._requests, requests_left, self.plan.model, self._hardware(),
-                                main.knobs, max(main.replicas, 1))
+                                main.knobs, max(main.replicas, 1), extra)
         except (OSError, ValueError, MemoryError, RuntimeError) as e:
             log.warning("no prediction of the rest of the job: %s", e)
             return dict(NO_PREDICTION)
@@ -434,8 +451,27 @@ class InJobTuning:
                                  prediction.get("prediction_interval"), note),
             **_full_engine_record([r for r in tuning if r in mine], main[0] if main and main[0].values == chosen
                                   else None),
+            **self._in_main_record(),
             "tune.trial_statistics": _statistics(tuning),
         }
+
+
+    def _in_main_record(self) -> dict[str, Any]:
+        """``prediction.rest_in_main.*``: the last main run's rest, predicted at its first look from its own steps so
+        far, beside its generation seconds from then on; where that run was stopped (the looks switched to the
+        defaults later), the measured side is left out (its rest ran on another config)."""
+        made = [(rest, record) for rest, record in self.in_main if rest.made and rest.made.get("predicted_rest_s")]
+        if not made:
+            return {}
+        rest, record = made[-1]
+        stopped = rest.stopped
+        measured = None if stopped else max(0.0, record.generation_s - rest.made["at_s"])
+        note = (f"{rest.made['prediction_note']}; made {rest.made['at_s']:.0f} s into {record.label}, the whole run "
+                "replayed less those seconds" + ("; not measured: the looks then switched the rest to the defaults"
+                                                 if stopped else ""))
+        return {"tune.in_main_prediction_at_s": rest.made["at_s"],
+                **prediction_columns("rest_in_main", rest.made["predicted_rest_s"], measured, "seconds",
+                                     rest.made.get("prediction_interval"), note)}
 
 
 def _full_engine_record(chosen_runs: list[RunRecord], main: RunRecord | None) -> dict[str, Any]:

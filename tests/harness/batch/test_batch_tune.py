@@ -98,6 +98,10 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     assert row["tune.prediction_method"] == "replay" and row["tune.predicted_rest_s"] > 0
     assert row["prediction.rest_of_job.measured"] == row["tune.measured_rest_s"] > 0
     assert row["prediction.rest_of_job.unit"] == "seconds"
+    # and again inside the main phase, at its first look, with its own steps so far in the fit
+    assert row["prediction.rest_in_main.predicted"] > 0 and row["prediction.rest_in_main.measured"] > 0
+    assert 0 < row["tune.in_main_prediction_at_s"] < row["tune.measured_rest_s"]
+    assert "main phase so far among them" in row["prediction.rest_in_main.note"]
     chosen = [r for r in runs[:-1] if r["values"] == row["tune.chosen"] and r["full_engine_tok_s"]]
     assert row["prediction.full_engine.predicted"] == pytest.approx(
         sum(r["full_engine_tok_s"] for r in chosen) / len(chosen))

@@ -166,3 +166,58 @@ def test_a_run_without_a_full_engine_rate_keeps_why(tmp_path, model_dir, monkeyp
                          full_engine_tok_s=rate, full_engine_beyond=beyond, full_engine_note=why_not))
     [kept] = log.read()
     assert kept.full_engine_note == why_not and kept.value == kept.rate == 50.0
+
+
+def test_the_rest_predicted_inside_the_main_phase_sees_the_host_the_trials_did_not(tmp_path, model_dir) -> None:
+    """Trials on one host speed, the main phase at 1.3× the step time (a loaded host, or a regime the short trials
+    never reached): the prediction made as the tuning ends reads the rest about 1.3× short; the one ``RestInMain``
+    makes once the main phase's engines have run ``at_steps`` full steps, its own steps so far in the fit, lands
+    within 10% of the rest then measured. Made once; not where the looks stop the run at that commit."""
+    from harness.batch.job.job import SoFar
+    from harness.batch.tune.tune_predict import RestInMain, predict_rest, save_run
+    from engines.sim_scheduler import Scheduler, SchedulerConfig
+    from engines.steptrace import StepRecorder
+
+    knobs = {"max_num_seqs": 512, "block_size": 16, "max_model_len": 1024, "kv_cache_memory_bytes": 1 << 34}
+    hardware = {"name": "cpu", "kind": "cpu", "peak_flops_bf16": 1e12, "bandwidth_bytes_s": 1e11}
+    model = {"name": "t", "local_dir": str(model_dir)}
+    sample = []
+    for seed in range(3):
+        requests = _requests(_lengths(192, seed), seed, prefix=f"s{seed}-")
+        trace, _ = _sim_run(requests, 512)
+        save_run(tmp_path, f"trial {seed}", trace, knobs, 1, [seed])
+        sample.append(requests)
+    main = _requests(_lengths(20_000, 99), 99)
+    steps = []
+    config = SchedulerConfig(max_seqs=512, max_tokens_per_step=4096, chunked_prefill=True, prefix_caching=True,
+                             block_size=16, num_blocks=200_000, max_model_len=1024)
+    total = Scheduler(config).run([r.prompt_token_ids for r in main], [r.max_tokens for r in main],
+                                  lambda s: 1.3 * _curve(s), on_step=lambda s, dt, p: steps.append((s, dt))).seconds
+    at = len(steps) // 4
+    recorder = StepRecorder(clock=lambda: 0.0)
+    for s, dt in steps[:at]:
+        recorder.record(running=s.seqs, decode=s.decode, prefill=s.prefill, kv_tokens=s.kv_tokens, dt=dt, end=0.0)
+    elapsed = sum(dt for _, dt in steps[:at])
+
+    def predict(extra=None):
+        return predict_rest(tmp_path, [f"trial {s}" for s in range(3)],
+                            lambda shards: [r for s in sorted(shards) for r in sample[s]], len(main), model, hardware,
+                            knobs, 1, extra)
+
+    def so_far(full_steps: int) -> SoFar:
+        return SoFar(shards=1, left=1, engines=1, output_tokens=0, engine_s=0.0, step_tokens=0.0, step_s=0.0,
+                     full_steps=full_steps, elapsed_s=elapsed, steps=recorder)
+
+    before = predict()["predicted_rest_s"]
+    assert total / before > 1.2, "the trials' steps cannot see the main phase's slower host"
+    rest = RestInMain(None, predict, at)
+    assert rest(so_far(at - 1)) is False and rest.made is None, "not before at_steps full steps an engine"
+    assert rest(so_far(at)) is False and rest.made["at_s"] == elapsed
+    assert (total - elapsed) / rest.made["predicted_rest_s"] == pytest.approx(1.0, abs=0.10)
+    assert "main phase so far among them" in rest.made["prediction_note"]
+    made = rest.made
+    rest(so_far(at + 5))
+    assert rest.made is made, "made once"
+    stopped = RestInMain(lambda s: True, predict, at)
+    assert stopped(so_far(at)) is True and stopped.made is None and stopped.stopped, \
+        "the looks switched the run at that commit: its rest is another config's"
