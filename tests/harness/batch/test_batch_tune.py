@@ -143,6 +143,23 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
     assert row["tune.engine_starts"] == 3 and runs[2]["engines_kept"], "its trial ran last: one switch back only"
 
 
+def test_a_defaults_trial_with_too_few_blocks_runs_the_main_phase_on_the_defaults(tmp_path: Path) -> None:
+    """Blocks of more full steps than trial 0 runs: it gives none, so there is nothing to confirm a candidate against.
+    The main phase runs the engine defaults from its start (no candidate shards run only to be switched away from),
+    and the row says why."""
+    path, args = _job(tmp_path, 1152, max_tokens=30)
+    proc = batch_app(tmp_path, *args[:-1], "batch.tune.block_steps=100000", "batch.tune.trials=2",
+                     "+engine.knobs.token_s=0.002", "+engine.knobs.max_num_seqs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = read_rows(tmp_path / "results", "batch")
+    assert row["tune.runs"][0]["blocks"] == [] and row["tune.chosen"] == "engine defaults"
+    assert row["tune.candidate"] and not row["tune.switched"], "the trials' best is named, not run"
+    assert row["tune.engine_starts"] == 3, "two trials and the defaults' main phase: no candidate run to switch from"
+    assert "gave 0 block(s) of full steps" in row["tune.verdict"] and "tune.confirm.looks" not in row
+    assert all(not m["config"] for m in _metas(tmp_path / "out").values() if m["phase"] == "main")
+    assert not (tmp_path / "out" / "tune" / "confirm.jsonl").exists()
+
+
 def test_a_trial_whose_steps_give_no_full_engine_rate_keeps_why_in_its_record(tmp_path: Path, monkeypatch) -> None:
     """The step model cannot be fitted (scripted): every trial and confirmation run says why it has no full-engine
     rate, in ``tune.runs`` and in its log line, and the job goes on with the plain rates."""

@@ -134,8 +134,11 @@ def test_a_rerun_after_a_switch_runs_the_rest_on_the_defaults_with_no_look_to_st
         def __init__(self):   # only what _main reads
             pass
 
-        def _run(self, kind, label, values, shards, trial=None, reporter=None, hook=None):
+        def _run(self, kind, label, values, shards, trial=None, reporter=None, hook=None, rest=None):
             runs.append((label, values, hook))
+
+        def _rest_in_main(self, values, shards):
+            return None
 
         def _left(self):
             return []
@@ -143,3 +146,26 @@ def test_a_rerun_after_a_switch_runs_the_rest_on_the_defaults_with_no_look_to_st
     again = Confirmation(rule, [100.0, 100.5, 99.5], LookLog(tmp_path))
     assert Tuning()._main({"engine.knobs.max_num_seqs": 64}, again, [5, 6, 7]) == {}
     assert runs == [("main", {}, None)]
+
+
+def test_a_candidate_with_no_decision_within_a_quarter_of_the_main_phase_switches(tmp_path):
+    """An engine that never runs full long enough for the blocks (no steps reported, or too few shards to keep it
+    fed) gives the looks nothing: the candidate is not kept unconfirmed for the rest of the job; at the bound (the
+    main phase's shards × WITHIN) it switches, and the look says why. Looks due before it are made as usual."""
+    rule = InMainRule(3, 0.02, 0.0)
+    confirmation = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path), within=5)
+    for shards in range(1, 5):   # commits without a full step: no block, no look
+        assert confirmation.blocks(so_far(shards, 20, 0.0, 0.0, 0)) is False
+    assert confirmation.made == [] and confirmation.action is None
+    assert confirmation.blocks(so_far(5, 15, 0.0, 0.0, 0)) is True
+    [look] = LookLog(tmp_path).read()
+    assert look.action == SWITCH and "no decision after 5 of the main phase's shards (25%)" in look.reason
+    assert "gave 0 block(s)" in look.reason
+    # a look due at the bound's commit is made by the rule first (here it keeps a clear winner)
+    winner = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "w"), within=3)
+    (tmp_path / "w").mkdir()
+    tokens = 0.0
+    for shards, rate in enumerate([150, 151, 149], 1):
+        tokens += rate * 5
+        winner.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
+    assert winner.action == KEEP and len(winner.made) == 1

@@ -119,7 +119,9 @@ def test_the_job_s_own_config_is_never_pruned_even_when_clearly_behind(tmp_path:
     assert own[2] < 0.75 * wide[2], "the defaults were clearly behind the finished trial: the pruner held off"
     assert study.trials[1].state == optuna.trial.TrialState.COMPLETE and "pruned" not in study.trials[1].user_attrs
     assert row["tune.pruned_trials"] == 1
-    assert row["tune.confirm.defaults_blocks"] == defaults["blocks"], "the defaults' trial: the confirmation's side"
+    # its 8-seat engine runs its 80 ten-token requests in about 100 steps, no block of 128: nothing to confirm the
+    # wide config against, so the main phase runs the defaults from its start, and says why
+    assert defaults["blocks"] == [] and "gave 0 block(s) of full steps" in row["tune.verdict"]
 
 
 def test_kill_9_while_a_pruned_trial_s_last_shards_finish_resumes_with_it_pruned(tmp_path: Path) -> None:
