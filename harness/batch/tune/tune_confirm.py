@@ -61,7 +61,7 @@ from harness.report.sequential import spent
 from harness.report.verdict import ALPHA, CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, MIN_RUNS, t_quantile
 
 KEEP, SWITCH = "keep the candidate", "switch to the engine defaults"
-WITHIN = 0.25   # the share of the main phase's shards by which the looks must have decided
+WITHIN = 0.5    # the share of the main phase's shards by which the looks must have decided
 
 
 BLOCK_STEPS = 128   # full steps an engine a block spans

@@ -63,6 +63,7 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     assert ids == [f"r{i}" for i in range(1152)], "every request once, in file order, trial shards included"
     [row] = read_rows(tmp_path / "results", "batch")
     runs = row["tune.runs"]
+
     assert [r["kind"] for r in runs] == ["trial"] * 3 + ["main"], "no confirmation runs: it is in the main phase"
     assert row["tune.shards_per_run"] == 24 and all(len(r["shards"]) == 24 or r["pruned_at"] for r in runs[:-1])
     sampled = sorted(i for r in runs[:-1] for i in r["shards"])

@@ -148,7 +148,7 @@ def test_a_rerun_after_a_switch_runs_the_rest_on_the_defaults_with_no_look_to_st
     assert runs == [("main", {}, None)]
 
 
-def test_a_candidate_with_no_decision_within_a_quarter_of_the_main_phase_switches(tmp_path):
+def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches(tmp_path):
     """An engine that never runs full long enough for the blocks (no steps reported, or too few shards to keep it
     fed) gives the looks nothing: the candidate is not kept unconfirmed for the rest of the job; at the bound (the
     main phase's shards × WITHIN) it switches, and the look says why. Looks due before it are made as usual."""
@@ -159,7 +159,7 @@ def test_a_candidate_with_no_decision_within_a_quarter_of_the_main_phase_switche
     assert confirmation.made == [] and confirmation.action is None
     assert confirmation.blocks(so_far(5, 15, 0.0, 0.0, 0)) is True
     [look] = LookLog(tmp_path).read()
-    assert look.action == SWITCH and "no decision after 5 of the main phase's shards (25%)" in look.reason
+    assert look.action == SWITCH and "no decision after 5 of the main phase's shards (50%)" in look.reason
     assert "gave 0 block(s)" in look.reason
     # a look due at the bound's commit is made by the rule first (here it keeps a clear winner)
     winner = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "w"), within=3)
