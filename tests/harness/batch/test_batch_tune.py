@@ -137,7 +137,13 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
     assert [r["label"] for r in runs] == ["trial 0 (engine defaults)", "trial 1 (slows down)", "main",
                                           "main (engine defaults)"]
     assert row["tune.switched"] and row["tune.chosen"] == "engine defaults"
-    assert row["tune.confirm.action"] == "switch to the engine defaults" and "clear loser" in row["tune.confirm.reason"]
+    # a clear loser, or (on a loaded host, where its first block, before the slowdown, is far from the rest) not a
+    # clear winner by the last look: either way the looks switch, and never keep it
+    assert row["tune.confirm.action"] == "switch to the engine defaults"
+    assert "clear loser" in row["tune.confirm.reason"] or "the last look: not a clear winner" in \
+        row["tune.confirm.reason"], row["tune.confirm.reason"]
+    assert row["tune.confirm.candidate_blocks"] and \
+        min(row["tune.confirm.candidate_blocks"]) < 0.5 * min(row["tune.confirm.defaults_blocks"])
     metas = _metas(tmp_path / "out")
     on_candidate = [m for m in metas.values() if m["phase"] == "main" and m["config"]]
     assert 3 <= len(on_candidate) < 96 and len(metas) == 144, "the candidate's shards kept, the rest on the defaults"
