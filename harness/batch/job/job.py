@@ -31,7 +31,6 @@ from harness.workloads.records import Options
 
 log = logging.getLogger(__name__)
 TIMED_PHASES = ("trial",)  # in-job tuning runs whose requests' lengths are kept (``tune_runs.concurrency``)
-#                                 (a streaming engine's, on the host's clock; a serial or simulated one's say nothing)
 
 
 @dataclass

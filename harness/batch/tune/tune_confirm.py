@@ -176,8 +176,10 @@ class Confirmation:
     and stops the main phase on the candidate where the rule says to switch."""
 
     def __init__(self, rule: InMainRule, defaults: list[float], log: LookLog, steps: int = BLOCK_STEPS,
-                 within: int | None = None):
-        self.rule, self.defaults, self.log, self.within = rule, defaults, log, within   # within: shards (WITHIN)
+                 within: int | None = None, before: int = 0):
+        # within: the main phase's shards (``WITHIN`` of them) by which it must decide; before: those it committed
+        # in earlier invocations (a kill)
+        self.rule, self.defaults, self.log, self.within, self.before = rule, defaults, log, within, before
         self.made = log.read()
         self.earlier = self.made[-1].candidate if self.made else []   # blocks of a run a kill cut
         self.blocks = Blocks(self._after_commit, steps)
@@ -194,11 +196,14 @@ class Confirmation:
     def _after_commit(self, so_far: SoFar) -> bool:
         if self.action is not None:
             return self.action == SWITCH
-        if self.within is not None and so_far.shards >= self.within and \
+        done = self.before + so_far.shards
+        if self.within is not None and done >= self.within and \
                 len(self.candidate) - MIN_RUNS + 1 <= len(self.made):   # no look due at this commit
             look = Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, None, None, None, SWITCH,
-                        f"no decision after {so_far.shards} of the main phase's shards ({WITHIN:.0%}): the "
-                        f"candidate gave {len(self.candidate)} block(s), the looks need {MIN_RUNS} and more")
+                        f"no decision after {done} of the main phase's shards (the bound: {WITHIN:.0%} of them, "
+                        f"{self.within}): the candidate gave {len(self.candidate)} block(s) and the looks made "
+                        f"{len(self.made)} without deciding (the rule's first look needs {MIN_RUNS}); the looks "
+                        "it had left are not made")
         elif len(self.candidate) < MIN_RUNS or len(self.candidate) - MIN_RUNS + 1 <= len(self.made):
             return False
         else:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -126,13 +127,12 @@ def predict_rest(root: Path, labels: Sequence[str], load_requests: Callable[[set
         tokens = round(per_request * share)
     note = (f"replay of {share} request(s) per engine ({engines} engine(s)), cycled from {len(sample)} sampled, "
             f"step model fitted on {len(traces)} run(s) of the chosen config"
-            + (f" ({', '.join(extra)} so far among them)" if extra else "")
+            + (f" ({', '.join(name for name in extra if name in traces)} so far among them)"
+               if extra and any(name in traces for name in extra) else "")
             + (f"; extrapolates past the traces in {', '.join(run.beyond)}" if run.beyond else ""))
     return {"predicted_rest_s": seconds, "predicted_rest_output_tokens": tokens * engines,
             "predicted_rest_tok_s": tokens * engines / seconds if seconds > 0 else None,
             "prediction_interval": model.interval, "prediction_method": "replay", "prediction_note": note}
-
-
 
 
 class RestInMain:
@@ -144,8 +144,8 @@ class RestInMain:
     or None. Made once, in the driver's loop (a replay of up to ``REPLAY_CAP`` requests an engine: seconds); not
     where ``then`` stops the run at that commit (its rest then runs on another config)."""
 
-    def __init__(self, then: Callable[[Any], bool] | None, predict: Callable[[dict[str, pd.DataFrame]], dict[str, Any]],
-                 at_steps: int):
+    def __init__(self, predict: Callable[[dict[str, pd.DataFrame]], dict[str, Any]], at_steps: int,
+                 then: Callable[[Any], bool] | None = None):
         self.then, self.predict, self.at_steps = then, predict, at_steps
         self.made: dict[str, Any] | None = None
         self.stopped = False   # ``then`` stopped the run: its rest went to another config
@@ -156,14 +156,17 @@ class RestInMain:
         if stop or self.made is not None or so_far.steps is None or \
                 so_far.full_steps < self.at_steps * max(so_far.engines, 1):
             return stop
+        t0 = time.monotonic()
         try:
             made = self.predict({"main phase": trace_frame([{"steps": so_far.steps.snapshot()}])})
-        except (OSError, ValueError, MemoryError, RuntimeError) as e:
-            log.warning("no prediction of the rest inside the main phase: %s", e)
+        except Exception as e:   # an advisory figure: no failure of it may stop the job
+            log.warning("no prediction of the rest inside the main phase: %s: %s", type(e).__name__, e)
             made = dict(NO_PREDICTION)
-        made["predicted_rest_s"] = max(0.0, made["predicted_rest_s"] - so_far.elapsed_s) \
-            if made.get("predicted_rest_s") else None
-        self.made = {**made, "at_s": so_far.elapsed_s}
+        run_s = made.get("predicted_rest_s")
+        # the rest may come out ≤ 0 (the whole run replayed shorter than it has run): kept, it is the record's worst
+        made["predicted_rest_s"] = max(0.0, run_s - so_far.elapsed_s) if run_s is not None else None
+        # cost_s: the replay's own seconds, in the driver's loop (no shard handed over meanwhile), so inside the rest
+        self.made = {**made, "at_s": so_far.elapsed_s, "run_s": run_s, "cost_s": time.monotonic() - t0}
         if made.get("predicted_rest_s") is not None:
             log.info("the rest of the main phase predicted at %.0f s after its first %.0f s (%s)",
                      made["predicted_rest_s"], so_far.elapsed_s, made.get("prediction_note"))

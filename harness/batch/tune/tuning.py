@@ -141,10 +141,6 @@ class InJobTuning:
         tuning_s = time.monotonic() - t0
         left = self._left()
         requests_left = sum(shard_records(self.index, self.plan.shard_size, i) for i in left)
-        prediction = self._predict_rest(candidate, requests_left)
-        if prediction.get("predicted_rest_s"):
-            log.info("the rest of the job (%d requests) predicted at %.0f s of generation (%s)", requests_left,
-                     prediction["predicted_rest_s"], prediction["prediction_note"])
         confirmation = self._confirmation(len(left)) if candidate and why is None else None
         start = candidate
         if confirmation is not None and len(confirmation.defaults) < MIN_RUNS:
@@ -153,6 +149,10 @@ class InJobTuning:
                    "runs the defaults")
             log.warning("%s", why)
             start, confirmation = {}, None
+        prediction = self._predict_rest(start, requests_left)   # for the config the main phase starts on
+        if prediction.get("predicted_rest_s"):
+            log.info("the rest of the job (%d requests) predicted at %.0f s of generation (%s)", requests_left,
+                     prediction["predicted_rest_s"], prediction["prediction_note"])
         chosen = self._main(start, confirmation, left)
         if confirmation is not None:
             why = confirmation.columns()["tune.confirm.reason"]
@@ -277,12 +277,13 @@ class InJobTuning:
             return dict(candidate.params), f"the job's own config failed ({why}): the best trial, unconfirmed"
         return dict(candidate.params), None
 
-    def _confirmation(self, shards: int) -> Confirmation:
+    def _confirmation(self, left: int) -> Confirmation:
         """The main phase's looks against the engine defaults' trial blocks (its last ok run of them), deciding
-        within ``tune_confirm.WITHIN`` of its ``shards``."""
+        within ``tune_confirm.WITHIN`` of its shards: those ``left`` and those it committed before a kill."""
         own = [r for r in self.log.read() if r.kind == "trial" and not r.values and r.status == "ok"]
+        before = sum(1 for i in self.state.committed() if self.state.meta(i).get("phase") == "main")
         confirmation = Confirmation(self.rule, own[-1].blocks if own else [], LookLog(self.root), self.block_steps,
-                                    within=max(1, math.ceil(WITHIN * shards)))
+                                    within=max(1, math.ceil(WITHIN * (left + before))), before=before)
         log.info("confirmation in the main phase: %s; the defaults' blocks: %s", self.rule.describe(),
                  ", ".join(f"{b:,.0f}" for b in confirmation.defaults) or "none")
         return confirmation
@@ -307,8 +308,7 @@ class InJobTuning:
     def _rest_in_main(self, values: dict[str, Any], shards: set[int]) -> RestInMain:
         """The main run's rest predicted at the confirmation's first look, its own steps so far in the fit."""
         requests = sum(shard_records(self.index, self.plan.shard_size, i) for i in shards)
-        return RestInMain(None, lambda extra: self._predict_rest(values, requests, extra),
-                          MIN_RUNS * self.block_steps)
+        return RestInMain(lambda extra: self._predict_rest(values, requests, extra), MIN_RUNS * self.block_steps)
 
     def _left(self) -> list[int]:
         return [i for i in range(self.index.shards(self.plan.shard_size)) if i not in self.state.committed()]
@@ -328,7 +328,7 @@ class InJobTuning:
         log.info("%s: %s on %d shards", label, values or "engine defaults", len(shards))
         t0 = time.monotonic()
         before = self.state.committed()
-        if rest is not None:
+        if rest is not None:   # it asks the blocks (and the looks) first, at the same commits
             rest.then = blocks
         run = self.run_phase(plan, self.state, shards, on_commit=rest or blocks)
         wall = time.monotonic() - t0
@@ -468,12 +468,12 @@ class InJobTuning:
             "tune.trial_statistics": _statistics(tuning),
         }
 
-
     def _in_main_record(self) -> dict[str, Any]:
         """``prediction.rest_in_main.*``: the last main run's rest, predicted at its first look from its own steps so
         far, beside its generation seconds from then on; where that run was stopped (the looks switched to the
         defaults later), the measured side is left out (its rest ran on another config)."""
-        made = [(rest, record) for rest, record in self.in_main if rest.made and rest.made.get("predicted_rest_s")]
+        made = [(rest, record) for rest, record in self.in_main
+                if rest.made and rest.made.get("predicted_rest_s") is not None]
         if not made:
             return {}
         rest, record = made[-1]
@@ -483,6 +483,8 @@ class InJobTuning:
                 "replayed less those seconds" + ("; not measured: the looks then switched the rest to the defaults"
                                                  if stopped else ""))
         return {"tune.in_main_prediction_at_s": rest.made["at_s"],
+                "tune.in_main_prediction_cost_s": rest.made["cost_s"],
+                "tune.in_main_predicted_run_s": rest.made["run_s"], "tune.in_main_measured_run_s": record.generation_s,
                 **prediction_columns("rest_in_main", rest.made["predicted_rest_s"], measured, "seconds",
                                      rest.made.get("prediction_interval"), note)}
 

@@ -63,7 +63,6 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     assert ids == [f"r{i}" for i in range(1152)], "every request once, in file order, trial shards included"
     [row] = read_rows(tmp_path / "results", "batch")
     runs = row["tune.runs"]
-
     assert [r["kind"] for r in runs] == ["trial"] * 3 + ["main"], "no confirmation runs: it is in the main phase"
     assert row["tune.shards_per_run"] == 24 and all(len(r["shards"]) == 24 or r["pruned_at"] for r in runs[:-1])
     sampled = sorted(i for r in runs[:-1] for i in r["shards"])
@@ -102,6 +101,11 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     # and again inside the main phase, at its first look, with its own steps so far in the fit
     assert row["prediction.rest_in_main.predicted"] > 0 and row["prediction.rest_in_main.measured"] > 0
     assert 0 < row["tune.in_main_prediction_at_s"] < row["tune.measured_rest_s"]
+    assert row["prediction.rest_in_main.measured"] + row["tune.in_main_prediction_at_s"] == \
+        pytest.approx(runs[-1]["generation_s"]), "the rest measured: the main run's generation after the prediction"
+    assert row["tune.in_main_measured_run_s"] == pytest.approx(runs[-1]["generation_s"])
+    assert row["tune.in_main_predicted_run_s"] > row["prediction.rest_in_main.predicted"]
+    assert row["tune.in_main_prediction_cost_s"] > 0
     assert "main phase so far among them" in row["prediction.rest_in_main.note"]
     chosen = [r for r in runs[:-1] if r["values"] == row["tune.chosen"] and r["full_engine_tok_s"]]
     assert row["prediction.full_engine.predicted"] == pytest.approx(

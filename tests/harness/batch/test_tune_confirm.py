@@ -159,8 +159,13 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches(tmp
     assert confirmation.made == [] and confirmation.action is None
     assert confirmation.blocks(so_far(5, 15, 0.0, 0.0, 0)) is True
     [look] = LookLog(tmp_path).read()
-    assert look.action == SWITCH and "no decision after 5 of the main phase's shards (50%)" in look.reason
+    assert look.action == SWITCH and "no decision after 5 of the main phase's shards (the bound: 50%" in look.reason
     assert "gave 0 block(s)" in look.reason
+    # after a kill: the shards the main phase committed before count towards the bound
+    resumed = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "r"), within=5, before=3)
+    (tmp_path / "r").mkdir()
+    assert resumed.blocks(so_far(1, 20, 0.0, 0.0, 0)) is False
+    assert resumed.blocks(so_far(2, 20, 0.0, 0.0, 0)) is True and "after 5 of" in resumed.made[-1].reason
     # a look due at the bound's commit is made by the rule first (here it keeps a clear winner)
     winner = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "w"), within=3)
     (tmp_path / "w").mkdir()

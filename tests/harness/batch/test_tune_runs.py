@@ -210,14 +210,43 @@ def test_the_rest_predicted_inside_the_main_phase_sees_the_host_the_trials_did_n
 
     before = predict()["predicted_rest_s"]
     assert total / before > 1.2, "the trials' steps cannot see the main phase's slower host"
-    rest = RestInMain(None, predict, at)
+    rest = RestInMain(predict, at)
     assert rest(so_far(at - 1)) is False and rest.made is None, "not before at_steps full steps an engine"
-    assert rest(so_far(at)) is False and rest.made["at_s"] == elapsed
+    assert rest(so_far(at)) is False and rest.made["at_s"] == elapsed and rest.made["cost_s"] > 0
+    assert rest.made["run_s"] - elapsed == pytest.approx(rest.made["predicted_rest_s"])
     assert (total - elapsed) / rest.made["predicted_rest_s"] == pytest.approx(1.0, abs=0.10)
     assert "main phase so far among them" in rest.made["prediction_note"]
     made = rest.made
     rest(so_far(at + 5))
     assert rest.made is made, "made once"
-    stopped = RestInMain(lambda s: True, predict, at)
+    stopped = RestInMain(predict, at, then=lambda s: True)
     assert stopped(so_far(at)) is True and stopped.made is None and stopped.stopped, \
         "the looks switched the run at that commit: its rest is another config's"
+
+
+def test_the_row_leaves_out_the_measured_rest_of_a_main_run_the_looks_later_switched() -> None:
+    """A prediction made inside the candidate's main run, after which the looks switched the rest to the defaults:
+    the row keeps it with no measurement (its rest ran on another config); one the defaults' run made is measured."""
+    from harness.batch.tune.tune_predict import RestInMain
+    from harness.batch.tune.tuning import InJobTuning
+
+    def made(stopped: bool) -> RestInMain:
+        rest = RestInMain(lambda extra: {}, 1)
+        rest.made = {"predicted_rest_s": 50.0, "at_s": 10.0, "run_s": 60.0, "cost_s": 0.5, "prediction_note": "n",
+                     "prediction_interval": None}
+        rest.stopped = stopped
+        return rest
+
+    class Tuning(InJobTuning):
+        def __init__(self, in_main):   # only what _in_main_record reads
+            self.in_main = in_main
+
+    candidate = RunRecord(kind="main", label="main", values={"x": 1}, shards=[1], generation_s=30.0)
+    defaults = RunRecord(kind="main", label="main (engine defaults)", values={}, shards=[2], generation_s=70.0)
+    cols = Tuning([(made(True), candidate)])._in_main_record()
+    assert cols["prediction.rest_in_main.predicted"] == 50.0 and cols["prediction.rest_in_main.measured"] is None
+    assert "not measured: the looks then switched" in cols["prediction.rest_in_main.note"]
+    cols = Tuning([(made(True), candidate), (made(False), defaults)])._in_main_record()
+    assert cols["prediction.rest_in_main.measured"] == 60.0 and "main (engine defaults)" in \
+        cols["prediction.rest_in_main.note"]
+    assert Tuning([(RestInMain(lambda extra: {}, 1), candidate)])._in_main_record() == {}, "none made: no columns"
