@@ -53,7 +53,10 @@ def one_job(out: Path, at: int) -> dict[str, float]:
     trials = {path.stem: pd.read_parquet(path) for path in chosen if path.exists()}
     steps = pd.read_parquet(trace_paths(out / "tune", "main")[0]).sort_values("t").reset_index(drop=True)
     meta = json.loads(trace_paths(out / "tune", "main")[1].read_text())
-    cut = int(((steps["waiting"] > 0).cumsum() >= at * meta["engines"]).idxmax())
+    full = ((steps["waiting"] > 0) * steps["weight"]).cumsum()
+    if full.iloc[-1] < at * meta["engines"]:
+        raise SystemExit(f"{out}: its main phase ran {full.iloc[-1]:.0f} full steps, under --at {at} an engine")
+    cut = int((full >= at * meta["engines"]).idxmax())
     elapsed = float(steps["t"][cut] - steps["t"].min())
     share = engine_share(sample_requests(plan, scan(Path(plan.input), plan.format), set(meta["shards"])),
                          meta["engines"])

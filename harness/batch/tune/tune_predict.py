@@ -37,6 +37,7 @@ from harness.steps.predict import cycled, replay, sim_engine
 from harness.steps.store import trace_frame
 
 log = logging.getLogger("troughput.batch.tune")
+FLOOR_S = 1e-3        # the least rest ``RestInMain`` predicts
 REPLAY_CAP = 20_000   # requests replayed per engine; past it the rest goes at the full-engine rate
 NO_PREDICTION = {"predicted_rest_s": None, "predicted_rest_output_tokens": None, "predicted_rest_tok_s": None,
                  "prediction_interval": None, "prediction_method": None, "prediction_note": None}
@@ -163,8 +164,9 @@ class RestInMain:
             log.warning("no prediction of the rest inside the main phase: %s: %s", type(e).__name__, e)
             made = dict(NO_PREDICTION)
         run_s = made.get("predicted_rest_s")
-        # the rest may come out ≤ 0 (the whole run replayed shorter than it has run): kept, it is the record's worst
-        made["predicted_rest_s"] = max(0.0, run_s - so_far.elapsed_s) if run_s is not None else None
+        # the rest may come out ≤ 0 (the whole run replayed shorter than it has run): kept at a millisecond, so that
+        # its error (measured ÷ predicted − 1) is the record's worst rather than left out
+        made["predicted_rest_s"] = max(FLOOR_S, run_s - so_far.elapsed_s) if run_s is not None else None
         # cost_s: the replay's own seconds, in the driver's loop (no shard handed over meanwhile), so inside the rest
         self.made = {**made, "at_s": so_far.elapsed_s, "run_s": run_s, "cost_s": time.monotonic() - t0}
         if made.get("predicted_rest_s") is not None:

@@ -407,8 +407,8 @@ class InJobTuning:
         try:
             return predict_rest(self.root, labels, self._requests, requests_left, self.plan.model, self._hardware(),
                                 main.knobs, max(main.replicas, 1), extra)
-        except (OSError, ValueError, MemoryError, RuntimeError) as e:
-            log.warning("no prediction of the rest of the job: %s", e)
+        except Exception as e:   # an advisory figure: no failure of it may stop the job
+            log.warning("no prediction of the rest of the job: %s: %s", type(e).__name__, e)
             return dict(NO_PREDICTION)
 
     def _columns(self, chosen: dict[str, Any], candidate: dict[str, Any], why: str | None,
@@ -484,7 +484,8 @@ class InJobTuning:
                                                  if stopped else ""))
         return {"tune.in_main_prediction_at_s": rest.made["at_s"],
                 "tune.in_main_prediction_cost_s": rest.made["cost_s"],
-                "tune.in_main_predicted_run_s": rest.made["run_s"], "tune.in_main_measured_run_s": record.generation_s,
+                "tune.in_main_predicted_run_s": rest.made["run_s"],
+                "tune.in_main_measured_run_s": None if stopped else record.generation_s,
                 **prediction_columns("rest_in_main", rest.made["predicted_rest_s"], measured, "seconds",
                                      rest.made.get("prediction_interval"), note)}
 

@@ -104,7 +104,6 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     assert row["prediction.rest_in_main.measured"] + row["tune.in_main_prediction_at_s"] == \
         pytest.approx(runs[-1]["generation_s"]), "the rest measured: the main run's generation after the prediction"
     assert row["tune.in_main_measured_run_s"] == pytest.approx(runs[-1]["generation_s"])
-    assert row["tune.in_main_predicted_run_s"] > row["prediction.rest_in_main.predicted"]
     assert row["tune.in_main_prediction_cost_s"] > 0
     assert "main phase so far among them" in row["prediction.rest_in_main.note"]
     chosen = [r for r in runs[:-1] if r["values"] == row["tune.chosen"] and r["full_engine_tok_s"]]

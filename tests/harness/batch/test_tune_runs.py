@@ -268,3 +268,24 @@ def test_the_row_leaves_out_the_measured_rest_of_a_main_run_the_looks_later_swit
     assert cols["prediction.rest_in_main.measured"] == 60.0 and "main (engine defaults)" in \
         cols["prediction.rest_in_main.note"]
     assert Tuning([(RestInMain(lambda extra: {}, 1), candidate)])._in_main_record() == {}, "none made: no columns"
+
+
+def test_a_rest_predicted_at_or_under_nothing_stays_in_the_record_as_its_worst() -> None:
+    """The whole run replayed shorter than it has already run: the rest is kept at a millisecond (its error huge,
+    counted), not dropped; and a predictor that raises leaves no prediction and does not stop the run."""
+    from harness.batch.job.job import SoFar
+    from harness.batch.tune.tune_predict import FLOOR_S, RestInMain
+    from engines.steptrace import StepRecorder
+
+    recorder = StepRecorder(clock=lambda: 0.0)
+    recorder.record(running=4, decode=4, prefill=0, kv_tokens=100, dt=0.01, end=0.0)
+    so_far = SoFar(shards=1, left=1, engines=1, output_tokens=0, engine_s=0.0, step_tokens=0.0, step_s=0.0,
+                   full_steps=1, elapsed_s=30.0, steps=recorder)
+    short = RestInMain(lambda extra: {"predicted_rest_s": 20.0, "prediction_note": "n"}, 1)
+    assert short(so_far) is False and short.made["predicted_rest_s"] == FLOOR_S and short.made["run_s"] == 20.0
+
+    def broken(extra):
+        raise KeyError("scripted")
+
+    failing = RestInMain(broken, 1)
+    assert failing(so_far) is False and failing.made["predicted_rest_s"] is None
