@@ -49,7 +49,9 @@ def test_a_node_lost_mid_job_ends_with_every_custom_id_once_after_at_most_one_re
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "include_dashboard": False})
     try:
         worker = cluster.add_node(num_cpus=1)
-        path, out, fed = numbered(tmp_path / "batch.jsonl", COUNT, max_tokens=8), tmp_path / "out", tmp_path / "fed"
+        # 24 tokens at 50 ms a step: a shard holds an engine about 2.4 s, the window in which the node is removed
+        # while its engine holds a shard (at 8 tokens, 0.8 s, a loaded host removed it only after that shard committed)
+        path, out, fed = numbered(tmp_path / "batch.jsonl", COUNT, max_tokens=24), tmp_path / "out", tmp_path / "fed"
         fed.mkdir()
         command = [sys.executable, "-m", "harness.batch.cli", f"engine.name={FAKE_ENGINE}", "batch.sampling=benchmark",
                    f"batch.input={path}", f"batch.output_dir={out}", f"batch.shard_size={SHARD}", "batch.in_flight=1",
