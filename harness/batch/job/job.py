@@ -258,16 +258,18 @@ class _Runner:
                 self._handle(pool, *got)
             self._kill_stalled(pool)
         inside = max(self.inside_startup.values(), default=0.0)  # start-up, not generation, on the slowest worker
-        if self.t_ready is not None and self.t_last is not None:
-            self.run.generation_s = max(0.0, self.t_last - self.t_ready - inside)
+        if self.t_last is not None:
+            self.run.generation_s = self._elapsed(self.t_last)
         if inside:
             self.run.startup_s = (self.run.startup_s or 0.0) + inside
 
-    def _elapsed(self) -> float:
-        """Generation seconds so far, as ``generation_s`` counts them at the run's end (to now)."""
+    def _elapsed(self, until: float | None = None) -> float:
+        """Generation seconds from the engines up to ``until`` (default: now), the slowest worker's start-up inside
+        its shards taken off: ``SoFar.elapsed_s`` as shards commit, ``generation_s`` at the run's last commit."""
         if self.t_ready is None:
             return 0.0
-        return max(0.0, time.monotonic() - self.t_ready - max(self.inside_startup.values(), default=0.0))
+        end = time.monotonic() if until is None else until
+        return max(0.0, end - self.t_ready - max(self.inside_startup.values(), default=0.0))
 
     def _hand_over(self, shard_dir: str, index: int, items: list[Item], worker: int) -> None:
         """A shard is now in flight on ``worker``; an idle worker's stall clock starts now. On engines kept from

@@ -41,10 +41,10 @@ stay. So does a candidate with no decision once ``WITHIN`` of the main phase's s
 were never full long enough for the blocks the looks need: an engine that reports no steps, or shards too few to
 keep it fed): the bound on how long a candidate runs unconfirmed. The bound counts the main phase's shards
 committed before a kill; the blocks of a candidate's run cut before its first look are not kept (only a look
-keeps the blocks it saw), so a rerun may reach the bound with too few blocks and switch a winner away. Where trial 0 gave fewer than ``MIN_RUNS``
-blocks there is no defaults' side to look against, and the main phase runs the defaults from its start
-(``harness.batch.tune.tuning``). Every look is appended to ``tune/confirm.jsonl`` as it is made, so a killed
-job resumes with the looks it has made (their α spent) and the blocks they saw.
+keeps the blocks it saw), so a rerun may reach the bound with too few blocks and switch a winner away. Where
+trial 0 gave fewer than ``MIN_RUNS`` blocks there is no defaults' side to look against, and the main phase runs
+the defaults from its start (``harness.batch.tune.tuning``). Every look is appended to ``tune/confirm.jsonl`` as
+it is made, so a killed job resumes with the looks it has made (their α spent) and the blocks they saw.
 """
 
 from __future__ import annotations
