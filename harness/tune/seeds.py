@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import optuna
 
@@ -51,12 +51,14 @@ def weight_bytes(model_dir: str | Path) -> float:
 
 
 def enqueue_seeds(study: optuna.Study, tune: Mapping[str, Any], space: SearchSpace, base: Mapping[str, Any],
-                  workload_summary: Mapping[str, Any], model_dir: str) -> list[str]:
+                  workload_summary: Mapping[str, Any], model_dir: str,
+                  order: Callable[[dict[str, Any]], Any] | None = None) -> list[str]:
     """Enqueue the configured seeds and the heuristic; already-enqueued ones are skipped. Returns their names.
 
     Args:
         tune: the ``tune`` config (``seeds``, ``heuristic``, ``seed_from_study`` and its ``storage``).
         model_dir: the model's local folder (its ``config.json``, and weight files if it has any).
+        order: a sort key on a seed's params (stable: seeds it ranks alike keep their listed order); none: as listed.
     """
     seeds = [dict(s) for s in tune.get("seeds") or []]
     heuristic = tune.get("heuristic")
@@ -70,12 +72,12 @@ def enqueue_seeds(study: optuna.Study, tune: Mapping[str, Any], space: SearchSpa
                       "params": {**(heuristic.get("params") or {}), heuristic["param"]: value}})
     if tune.get("seed_from_study"):
         seeds.extend(study_seeds(tune["storage"], tune["seed_from_study"], space))
-    names = []
-    for seed in seeds:
-        params = space.clip(seed.get("params") or {}, base)
-        study.enqueue_trial(params, user_attrs={"seed": seed["name"]}, skip_if_exists=True)
-        names.append(seed["name"])
-    return names
+    clipped = [(seed["name"], space.clip(seed.get("params") or {}, base)) for seed in seeds]
+    if order is not None:
+        clipped.sort(key=lambda named: order(named[1]))
+    for name, params in clipped:
+        study.enqueue_trial(params, user_attrs={"seed": name}, skip_if_exists=True)
+    return [name for name, _ in clipped]
 
 
 def study_seeds(storage: str | optuna.storages.BaseStorage, source: str | Mapping[str, Any],

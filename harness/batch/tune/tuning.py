@@ -45,6 +45,7 @@ from typing import Any
 import optuna
 
 from engines.base import Request
+from engines.knobs import canonical_view
 from engines.worker import classify_failure
 from harness.batch.job.job import ShardsRun, shard_records
 from harness.batch.job.plan import Plan
@@ -173,7 +174,7 @@ class InJobTuning:
         if not any(s.get("name") == DEFAULTS_SEED for s in seeds):
             seeds.insert(0, {"name": DEFAULTS_SEED})  # the fallback config is always measured
         enqueue_seeds(study, {**self.tune, "seeds": seeds}, self.space, self.base, self._sample_summary(),
-                      self.plan.model["local_dir"])
+                      self.plan.model["local_dir"], order=self._at_once)
         finished = {r.trial: r for r in self.log.read() if r.kind == "trial"}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
@@ -197,6 +198,15 @@ class InJobTuning:
             if trial.user_attrs.get("status") == "oom":
                 self.space.learn_memory_edge(trial.params)
         return study
+
+    def _at_once(self, values: dict[str, Any]) -> tuple[bool, int]:
+        """The seeds' order: the engine defaults first (trial 0), then the fewest sequences at once (replicas ×
+        ``max_seqs``; unset: 0) to the most, so that the likeliest winner of a throughput job runs last and the main
+        phase goes on with its engines (no second start of it)."""
+        if not values:
+            return False, 0
+        plan = self.plan_for(values, {})
+        return True, plan.replicas * int(canonical_view(plan.engine, plan.knobs).get("max_seqs") or 0)
 
     def _pruned_and_cut(self, trial: optuna.trial.FrozenTrial) -> RunRecord:
         """The run record of a trial the pruner stopped and a kill then cut while its shards in flight finished: its
