@@ -52,13 +52,14 @@ def weight_bytes(model_dir: str | Path) -> float:
 
 def enqueue_seeds(study: optuna.Study, tune: Mapping[str, Any], space: SearchSpace, base: Mapping[str, Any],
                   workload_summary: Mapping[str, Any], model_dir: str,
-                  order: Callable[[dict[str, Any]], Any] | None = None) -> list[str]:
+                  order: Callable[[list[tuple[str, dict[str, Any]]]], list[tuple[str, dict[str, Any]]]] | None = None
+                  ) -> list[str]:
     """Enqueue the configured seeds and the heuristic; already-enqueued ones are skipped. Returns their names.
 
     Args:
         tune: the ``tune`` config (``seeds``, ``heuristic``, ``seed_from_study`` and its ``storage``).
         model_dir: the model's local folder (its ``config.json``, and weight files if it has any).
-        order: a sort key on a seed's params (stable: seeds it ranks alike keep their listed order); none: as listed.
+        order: reorders the seeds, as (name, clipped params) pairs; none: as listed.
     """
     seeds = [dict(s) for s in tune.get("seeds") or []]
     heuristic = tune.get("heuristic")
@@ -74,7 +75,7 @@ def enqueue_seeds(study: optuna.Study, tune: Mapping[str, Any], space: SearchSpa
         seeds.extend(study_seeds(tune["storage"], tune["seed_from_study"], space))
     clipped = [(seed["name"], space.clip(seed.get("params") or {}, base)) for seed in seeds]
     if order is not None:
-        clipped.sort(key=lambda named: order(named[1]))
+        clipped = order(clipped)
     for name, params in clipped:
         study.enqueue_trial(params, user_attrs={"seed": name}, skip_if_exists=True)
     return [name for name, _ in clipped]

@@ -71,10 +71,12 @@ BLOCK_STEPS = 128   # full steps an engine a block spans
 
 class Blocks:
     """An ``on_commit`` hook that keeps a run's blocks (see the module's notes), then asks ``then``, if any (a trial's
-    pruner, or the main phase's looks), and returns its answer (true: stop handing shards over)."""
+    pruner, or the main phase's looks), and returns its answer (true: stop handing shards over); ``enough`` blocks
+    (0: no such stop) once no more than ``left`` of the run's shards wait to be handed over stop it too."""
 
-    def __init__(self, then: Any = None, steps: int = BLOCK_STEPS):
+    def __init__(self, then: Any = None, steps: int = BLOCK_STEPS, enough: int = 0, left: int = 0):
         self.then, self.steps, self.values = then, steps, []
+        self.enough, self.left = enough, left
         self._origin: tuple[float, float, int] = (0.0, 0.0, 0)   # full tokens, seconds and steps at the last block's end
 
     def __call__(self, so_far: SoFar) -> bool:
@@ -82,7 +84,8 @@ class Blocks:
         if point[2] - self._origin[2] >= self.steps * max(so_far.engines, 1) and point[1] > self._origin[1]:
             self.values.append((point[0] - self._origin[0]) / (point[1] - self._origin[1]) * so_far.engines)
             self._origin = point
-        return bool(self.then(so_far)) if self.then is not None else False
+        stop = bool(self.then(so_far)) if self.then is not None else False
+        return stop or bool(self.enough) and len(self.values) >= self.enough and so_far.left <= self.left
 
 
 @dataclass

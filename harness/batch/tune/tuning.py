@@ -174,7 +174,7 @@ class InJobTuning:
         if not any(s.get("name") == DEFAULTS_SEED for s in seeds):
             seeds.insert(0, {"name": DEFAULTS_SEED})  # the fallback config is always measured
         enqueue_seeds(study, {**self.tune, "seeds": seeds}, self.space, self.base, self._sample_summary(),
-                      self.plan.model["local_dir"], order=self._at_once)
+                      self.plan.model["local_dir"], order=self._run_order)
         finished = {r.trial: r for r in self.log.read() if r.kind == "trial"}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
@@ -199,14 +199,19 @@ class InJobTuning:
                 self.space.learn_memory_edge(trial.params)
         return study
 
-    def _at_once(self, values: dict[str, Any]) -> tuple[bool, int]:
-        """The seeds' order: the engine defaults first (trial 0), then the fewest sequences at once (replicas ×
-        ``max_seqs``; unset: 0) to the most, so that the likeliest winner of a throughput job runs last and the main
-        phase goes on with its engines (no second start of it)."""
-        if not values:
-            return False, 0
-        plan = self.plan_for(values, {})
-        return True, plan.replicas * int(canonical_view(plan.engine, plan.knobs).get("max_seqs") or 0)
+    def _run_order(self, seeds: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
+        """The seeds' order: the engine defaults first (trial 0, wherever the space lists them), then the next
+        ``trials - 1`` seeds as listed, run from the fewest sequences at once (replicas × ``max_seqs``; unset: 0) to
+        the most, so that the likeliest winner of a throughput job runs last and the main phase goes on with its
+        engines (no second start of it); the seeds that do not fit in the trials after them, as listed."""
+        def at_once(params: dict[str, Any]) -> int:
+            plan = self.plan_for(params, {})
+            return plan.replicas * int(canonical_view(plan.engine, plan.knobs).get("max_seqs") or 0)
+
+        own = [seed for seed in seeds if not seed[1]][:1]
+        others = [seed for seed in seeds if seed not in own]
+        n = int(self.tune["trials"]) - len(own)
+        return own + sorted(others[:n], key=lambda seed: at_once(seed[1])) + others[n:]
 
     def _pruned_and_cut(self, trial: optuna.trial.FrozenTrial) -> RunRecord:
         """The run record of a trial the pruner stopped and a kill then cut while its shards in flight finished: its
@@ -257,7 +262,9 @@ class InJobTuning:
             label = f"trial {trial.number}" + (f" ({seed})" if seed else "")
             # every trial reports, the defaults' too (the others are compared with them; the pruner never stops them)
             reporter = Reporter(study, trial, label, values) if self.pruning else None
-            record = self._run("trial", label, values, self._next_shards(), trial=trial.number, reporter=reporter)
+            shards = self._next_shards(None if values else self._room_for_the_defaults(study, budget))
+            blocks = Blocks(reporter, self.block_steps, *((MIN_RUNS, len(shards) - self.k) if not values else ()))
+            record = self._run("trial", label, values, shards, trial=trial.number, blocks=blocks)
             trial.set_user_attr("status", record.status)
             if record.status == "failed":
                 if classify_failure(record.reason) == "oom":
@@ -304,7 +311,7 @@ class InJobTuning:
         if confirmation is not None and confirmation.action == SWITCH:   # decided before a kill
             candidate, confirmation = {}, None   # the rest on the defaults, with no looks to stop them
         if left:
-            self._run("main", "main", candidate, set(left), hook=confirmation.blocks if confirmation else None,
+            self._run("main", "main", candidate, set(left), blocks=confirmation.blocks if confirmation else None,
                       rest=self._rest_in_main(candidate, set(left)))
         if confirmation is None or confirmation.action != SWITCH or not candidate:
             return candidate
@@ -326,15 +333,15 @@ class InJobTuning:
     # ---- one run ----------------------------------------------------------------------------------
 
     def _run(self, kind: str, label: str, values: dict[str, Any], shards: set[int], trial: int | None = None,
-             reporter: Reporter | None = None, hook: Blocks | None = None, rest: RestInMain | None = None
-             ) -> RunRecord:
+             blocks: Blocks | None = None, rest: RestInMain | None = None) -> RunRecord:
         """Run ``shards`` with ``values``' config, one engine start; record it with its blocks; fold it into the
-        invocation. ``reporter``: a trial's, which reports to the pruner as its shards commit and may stop the run;
-        ``hook``: the main phase's confirmation, which may stop it too; ``rest``: a main run's prediction of its
-        rest from its own steps (after the blocks and looks, at the same commits)."""
+        invocation. ``blocks``: the run's hook as its shards commit, which may stop it (a trial's, reporting to the
+        pruner; the main phase's confirmation); ``rest``: a main run's prediction of its rest from its own steps
+        (after the blocks and looks, at the same commits)."""
         phase = {"phase": kind, "run": label, "config": values}
         plan = self.plan_for(values, phase)
-        blocks = hook or Blocks(reporter, self.block_steps)
+        blocks = blocks or Blocks(None, self.block_steps)
+        reporter = blocks.then if isinstance(blocks.then, Reporter) else None
         log.info("%s: %s on %d shards", label, values or "engine defaults", len(shards))
         t0 = time.monotonic()
         before = self.state.committed()
@@ -375,6 +382,13 @@ class InJobTuning:
         """The next ``k`` (default: the run size ``self.k``) shards of the sample order that are not committed yet."""
         committed = self.state.committed()
         return set([i for i in self.order if i not in committed][:k or self.k])
+
+    def _room_for_the_defaults(self, study: optuna.Study, budget: int) -> int:
+        """The engine defaults' trial's shards: the budget's room less a run for each trial after it, at least a
+        run (it stops being handed shards once it has the confirmation's blocks and a run's shards)."""
+        asked = len(study.get_trials(deepcopy=False))   # this one among them
+        room = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size)) - len(self.state.committed())
+        return max(self.k, room - max(0, budget - asked) * self.k)
 
     def _room_for_a_trial(self) -> bool:
         """Whether one more trial fits in ``max_share`` of the job's shards, counting every shard the tuning runs
@@ -437,6 +451,8 @@ class InJobTuning:
         shortfall_s = sum(max(0.0, r.generation_s - r.output_tokens / rate)
                           for r in records if r.status == "ok" and r.values != chosen) if rate else 0.0
         job_s = sum(r.wall_s for r in records)
+        phase_s = sum(r.wall_s for r in tuning)
+        first_s = max(0.0, records[0].wall_s - records[0].generation_s) if records else 0.0
         states = [t.state for t in self.study.get_trials(deepcopy=False)] if self.study is not None else []
         pruned, ran = states.count(PRUNED), states.count(PRUNED) + states.count(optuna.trial.TrialState.COMPLETE)
         switched = bool(candidate) and not chosen and any(r.kind == "main" and r.values for r in main)
@@ -463,8 +479,10 @@ class InJobTuning:
             "tune.shortfall_s": shortfall_s,
             "tune.overhead_s": restarts_s + shortfall_s,
             "tune.overhead_share": (restarts_s + shortfall_s) / job_s if job_s else None,
-            "tune.phase_s": sum(r.wall_s for r in tuning), "tune.phase_share": sum(r.wall_s for r in tuning) / job_s
-            if job_s else None,
+            "tune.phase_s": phase_s, "tune.phase_share": phase_s / job_s if job_s else None,
+            # the first start (a worker's spawn with the engine's import, then its engine) is paid by any job
+            "tune.first_start_s": first_s,
+            "tune.phase_share_after_start": (phase_s - first_s) / (job_s - first_s) if job_s > first_s else None,
             "tune.phase_requests": sum(r.requests for r in tuning),
             "tune.this_invocation_tuning_s": tuning_s,
             **{f"tune.{k}": v for k, v in prediction.items()},
