@@ -12,7 +12,7 @@ import json
 import math
 import os
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -110,6 +110,18 @@ def sample_order(shards: int, seed: int) -> list[int]:
     order = list(range(shards))
     random.Random(seed).shuffle(order)
     return order
+
+
+def run_order(seeds: list[tuple[str, dict[str, Any]]], trials: int,
+              at_once: Callable[[dict[str, Any]], int]) -> list[tuple[str, dict[str, Any]]]:
+    """The seeds' order, as (name, params): the engine defaults (no params) first, trial 0 wherever they are listed;
+    then the next ``trials - 1`` seeds as listed, run from the fewest sequences at once (``at_once``) to the most, so
+    that the likeliest winner of a throughput job runs last and the main phase goes on with its engines (no second
+    start of it); then the seeds that do not fit in the trials, as listed."""
+    own = [seed for seed in seeds if not seed[1]][:1]
+    others = [seed for seed in seeds if seed not in own]
+    n = trials - len(own)
+    return own + sorted(others[:n], key=lambda seed: at_once(seed[1])) + others[n:]
 
 
 def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:

@@ -45,7 +45,7 @@ from typing import Any
 import optuna
 
 from engines.base import Request
-from engines.knobs import canonical_view
+from engines.knobs import canonical_of, canonical_view
 from engines.worker import classify_failure
 from harness.batch.job.job import ShardsRun, shard_records
 from harness.batch.job.plan import Plan
@@ -55,7 +55,7 @@ from harness.batch.tune.tune_config import sampler_config
 from harness.batch.tune.tune_confirm import BLOCK_STEPS, SWITCH, WITHIN, Blocks, Confirmation, InMainRule, LookLog
 from harness.batch.tune.tune_predict import NO_PREDICTION, RestInMain, full_engine_rate, predict_rest, save_run
 from harness.batch.tune.tune_prune import DEFAULTS_SEED, Reporter, accepts_hook, make_pruner, reporting_points
-from harness.batch.tune.tune_runs import (RunLog, RunRecord, concurrency, sample_order, sample_requests,
+from harness.batch.tune.tune_runs import (RunLog, RunRecord, concurrency, run_order, sample_order, sample_requests,
                                           sample_summary, shards_per_run)
 from harness.core.errors import TroughputError
 from harness.report.verdict import MIN_RUNS
@@ -72,6 +72,7 @@ STUDY = "in-job"
 # the run_phase must take it (``tune_prune.accepts_hook``): the confirmation reads the blocks it gives
 PhaseRunner = Callable[..., ShardsRun]
 PRUNED = optuna.trial.TrialState.PRUNED
+ASKED = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING, PRUNED)
 
 
 @dataclass
@@ -174,7 +175,7 @@ class InJobTuning:
         if not any(s.get("name") == DEFAULTS_SEED for s in seeds):
             seeds.insert(0, {"name": DEFAULTS_SEED})  # the fallback config is always measured
         enqueue_seeds(study, {**self.tune, "seeds": seeds}, self.space, self.base, self._sample_summary(),
-                      self.plan.model["local_dir"], order=self._run_order)
+                      self.plan.model["local_dir"], order=lambda seeds: run_order(seeds, int(self.tune["trials"]), self._at_once))
         finished = {r.trial: r for r in self.log.read() if r.kind == "trial"}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
@@ -199,19 +200,13 @@ class InJobTuning:
                 self.space.learn_memory_edge(trial.params)
         return study
 
-    def _run_order(self, seeds: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, dict[str, Any]]]:
-        """The seeds' order: the engine defaults first (trial 0, wherever the space lists them), then the next
-        ``trials - 1`` seeds as listed, run from the fewest sequences at once (replicas × ``max_seqs``; unset: 0) to
-        the most, so that the likeliest winner of a throughput job runs last and the main phase goes on with its
-        engines (no second start of it); the seeds that do not fit in the trials after them, as listed."""
-        def at_once(params: dict[str, Any]) -> int:
-            plan = self.plan_for(params, {})
-            return plan.replicas * int(canonical_view(plan.engine, plan.knobs).get("max_seqs") or 0)
-
-        own = [seed for seed in seeds if not seed[1]][:1]
-        others = [seed for seed in seeds if seed not in own]
-        n = int(self.tune["trials"]) - len(own)
-        return own + sorted(others[:n], key=lambda seed: at_once(seed[1])) + others[n:]
+    def _at_once(self, values: dict[str, Any]) -> int:
+        """Sequences a config runs at once: replicas × ``max_seqs`` (unset: 0; an adapter given as ``module:Class``
+        has no mapping: the knob that is ``max_seqs`` in some engine)."""
+        plan = self.plan_for(values, {})
+        seqs = canonical_view(plan.engine, plan.knobs).get("max_seqs") or next(
+            (v for k, v in plan.knobs.items() if canonical_of(k) == "max_seqs"), 0)
+        return plan.replicas * int(seqs or 0)
 
     def _pruned_and_cut(self, trial: optuna.trial.FrozenTrial) -> RunRecord:
         """The run record of a trial the pruner stopped and a kill then cut while its shards in flight finished: its
@@ -233,9 +228,7 @@ class InJobTuning:
         cut = sum(1 for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.FAIL,))
                   if self._cut(study, t))  # killed while running: those do not use up the budget
         budget = int(self.tune["trials"]) + cut
-        states = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.FAIL, optuna.trial.TrialState.RUNNING,
-                  PRUNED)
-        while len(study.get_trials(deepcopy=False, states=states)) < budget:
+        while len(study.get_trials(deepcopy=False, states=ASKED)) < budget:
             if not self._room_for_a_trial():
                 log.warning("the tuning budget (batch.tune.max_share) has no room for another trial (runs cut by "
                             "kills took shards): no more trials")
@@ -384,11 +377,13 @@ class InJobTuning:
         return set([i for i in self.order if i not in committed][:k or self.k])
 
     def _room_for_the_defaults(self, study: optuna.Study, budget: int) -> int:
-        """The engine defaults' trial's shards: the budget's room less a run for each trial after it, at least a
-        run (it stops being handed shards once it has the confirmation's blocks and a run's shards)."""
-        asked = len(study.get_trials(deepcopy=False))   # this one among them
+        """The engine defaults' trial's shards: twice a run (it is the confirmation's side too), within the budget's
+        room less a run for each trial after it, at least a run. It stops being handed shards once it has given the
+        confirmation its blocks and taken a run's shards (a run's engines keep up to twice what they hold queued, so
+        a stop comes that much later)."""
+        asked = len(study.get_trials(deepcopy=False, states=ASKED))   # this one among them (not the seeds waiting)
         room = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size)) - len(self.state.committed())
-        return max(self.k, room - max(0, budget - asked) * self.k)
+        return max(self.k, min(2 * self.k, room - max(0, budget - asked) * self.k))
 
     def _room_for_a_trial(self) -> bool:
         """Whether one more trial fits in ``max_share`` of the job's shards, counting every shard the tuning runs

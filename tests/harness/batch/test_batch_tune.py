@@ -153,6 +153,25 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
     assert row["tune.engine_starts"] == 3 and runs[2]["engines_kept"], "its trial ran last: one switch back only"
 
 
+def test_the_defaults_trial_takes_shards_until_it_has_given_the_confirmation_its_blocks(tmp_path: Path) -> None:
+    """Trials of 8 shards, too few for three blocks of 400 full steps at the job's 2 sequences: the engine defaults'
+    trial is handed twice a run (within the budget's room less the later trials' runs), and stops being handed shards
+    once it has its three blocks; the later trials take a run each, and the confirmation runs against those blocks."""
+    path, args = _job(tmp_path, 1152, max_tokens=30)
+    proc = batch_app(tmp_path, *args[:-1], "batch.tune.block_steps=400", "batch.tune.trials=3",
+                     "batch.tune.shards_per_run=8", "+engine.knobs.token_s=0.001", "+engine.knobs.max_num_seqs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = read_rows(tmp_path / "results", "batch")
+    runs = row["tune.runs"]
+    defaults, later = runs[0], runs[1:3]
+    assert defaults["values"] == {} and len(defaults["blocks"]) >= 3
+    # 8 shards of 8 requests of 30 tokens at 2 sequences: 960 steps, under the 1,200 three blocks need
+    assert 8 < len(defaults["shards"]) <= 16, len(defaults["shards"])
+    assert [len(r["shards"]) for r in later] == [8, 8] and [r["kind"] for r in later] == ["trial", "trial"]
+    assert row["tune.confirm.defaults_blocks"] == defaults["blocks"] and row["tune.confirm.looks"] >= 1
+    assert len(_metas(tmp_path / "out")) == 144
+
+
 def test_a_defaults_trial_with_too_few_blocks_runs_the_main_phase_on_the_defaults(tmp_path: Path) -> None:
     """Blocks of more full steps than trial 0 runs: it gives none, so there is nothing to confirm a candidate against.
     The main phase runs the engine defaults from its start (no candidate shards run only to be switched away from),

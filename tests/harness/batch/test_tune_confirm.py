@@ -134,8 +134,8 @@ def test_a_rerun_after_a_switch_runs_the_rest_on_the_defaults_with_no_look_to_st
         def __init__(self):   # only what _main reads
             pass
 
-        def _run(self, kind, label, values, shards, trial=None, reporter=None, hook=None, rest=None):
-            runs.append((label, values, hook))
+        def _run(self, kind, label, values, shards, trial=None, blocks=None, rest=None):
+            runs.append((label, values, blocks))
 
         def _rest_in_main(self, values, shards):
             return None

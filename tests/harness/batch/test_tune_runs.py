@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from harness.batch.tune.tune_runs import RunRecord
+from harness.batch.tune.tune_runs import RunRecord, run_order
 
 TINY_LLAMA = {"model_type": "llama", "num_hidden_layers": 4, "hidden_size": 128, "num_attention_heads": 4,
               "num_key_value_heads": 2, "head_dim": 32, "intermediate_size": 256, "vocab_size": 2048,
@@ -289,3 +289,18 @@ def test_a_rest_predicted_at_or_under_nothing_stays_in_the_record_as_its_worst()
 
     failing = RestInMain(broken, 1)
     assert failing(so_far) is False and failing.made["predicted_rest_s"] is None
+
+
+def test_the_trials_run_the_defaults_first_then_their_seeds_from_fewest_sequences_at_once_to_most() -> None:
+    """The likeliest winner of a throughput job runs last (the main phase goes on with its engines); which seeds run is
+    still the listed order's (a seed past the trials is not pulled in by its size)."""
+    def seed(name: str, replicas: int = 0, seqs: int = 0) -> tuple[str, dict]:
+        return name, ({"replicas": replicas, "seqs": seqs} if replicas else {})
+
+    seeds = [seed("batch recipe", 1, 256), seed("every core", 2, 256), seed("engine defaults"), seed("heuristic", 1, 54)]
+    at_once = lambda params: params["replicas"] * params["seqs"]   # noqa: E731
+    assert [name for name, _ in run_order(seeds, 4, at_once)] == ["engine defaults", "heuristic", "batch recipe",
+                                                                  "every core"]
+    assert [name for name, _ in run_order(seeds, 3, at_once)] == ["engine defaults", "batch recipe", "every core",
+                                                                  "heuristic"]
+    assert [name for name, _ in run_order(seeds, 2, at_once)][:2] == ["engine defaults", "batch recipe"]
