@@ -16,6 +16,14 @@ outputs and large shards that commit comes after most of a short trial's full st
 - the **candidate**: the blocks of the main phase, which starts on it. Its trial's blocks are not counted: it
   was chosen because they looked best, and counting them again would carry that selection into the verdict.
 
+**Like for like.** Each look compares the candidate's ``n`` blocks so far with the defaults' trial's first ``n``
+(all of them where it gave fewer): both runs start from empty engines, and a run's first blocks are not its later
+ones (an engine filling from empty holds short contexts: on the virtual H100 on ``backlog_long`` a run's first
+three blocks read 2-23% over its mean, so the main phase on the defaults read 1.16-1.21x the defaults' trial
+against all of its 84 blocks, 0.98-1.03x against its first ones; ``docs/benchmarks.md``). After a kill the
+candidate's blocks are the cut run's then the rerun's, which started from empty again: from there on they are
+not at the same places as the defaults' (the bias that matching removes, for those blocks only).
+
 Every block's shards are real output, whichever side it is on.
 
 **The looks.** After the candidate's ``MIN_RUNS`` th block, and after each block to the ``looks`` th
@@ -115,7 +123,7 @@ class InMainRule:
 
     def describe(self) -> str:
         return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {MIN_RUNS + self.looks - 1} against "
-                f"the engine defaults' trial blocks, Pocock levels adding to α = {self.alpha:g} (union "
+                f"the engine defaults' trial blocks at the same places in its run, Pocock levels adding to α = {self.alpha:g} (union "
                 f"bound), a run-to-run allowance of {self.run_spread:.1%} a side, minimum effect {self.min_effect:.0%}")
 
     def look(self, candidate: list[float], defaults: list[float]) -> Look:
@@ -211,8 +219,8 @@ class Confirmation:
                         "it had left are not made")
         elif len(self.candidate) < MIN_RUNS or len(self.candidate) - MIN_RUNS + 1 <= len(self.made):
             return False
-        else:
-            look = self.rule.look(self.candidate, self.defaults)
+        else:   # like for like: the defaults' blocks at the same places in their run as the candidate's
+            look = self.rule.look(self.candidate, self.defaults[:len(self.candidate)])
         self.log.append(look)
         self.made.append(look)
         return look.action == SWITCH

@@ -95,6 +95,25 @@ def test_looks_are_kept_and_a_resumed_main_phase_goes_on_from_them(tmp_path):
     assert [look.look for look in LookLog(tmp_path).read()] == [1, 2]
 
 
+def test_the_candidate_s_blocks_meet_the_defaults_blocks_at_the_same_places_in_their_runs(tmp_path):
+    """One config on both sides, each run from empty engines: its first blocks run fast (short contexts), the rest
+    at its steady rate. Against every block of the defaults' trial the candidate's first three read as a clear
+    winner (what the virtual H100 showed: 1.16-1.21x for the defaults against themselves); the looks compare them
+    with the trial's first three, and see one config."""
+    run = [140.0, 132.0, 125.0] + [100.0 + (i % 3 - 1) * 0.5 for i in range(30)]
+    rule = InMainRule(3, 0.02, 0.03)
+    assert rule.look(run[:3], run).action == KEEP, "the bias the matching removes"
+    confirmation = Confirmation(rule, run, LookLog(tmp_path))
+    tokens = 0.0
+    for shards, rate in enumerate(run[:3], 1):   # two engines: a block is the rate per engine × 2
+        tokens += rate / 2 * 10
+        confirmation.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
+    assert confirmation.candidate == pytest.approx(run[:3])
+    look = confirmation.made[-1]
+    assert look.look == 1 and look.action != KEEP and look.ratio == pytest.approx(1.0)
+    assert "3 vs 3 blocks" in look.reason and "same places" in rule.describe()
+
+
 def test_a_a_false_winners_stay_under_5_percent_with_run_noise_and_drift_within_the_allowance():
     """Both sides one run whose blocks share its offset, 2% run-to-run, 1% drift, 1% block noise: the allowance of
     3% keeps false winners under 5%; without it (the blocks' own spread only) the rule names a winner in about
