@@ -123,8 +123,9 @@ class InMainRule:
 
     def describe(self) -> str:
         return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {MIN_RUNS + self.looks - 1} against "
-                f"the engine defaults' trial blocks at the same places in its run, Pocock levels adding to α = {self.alpha:g} (union "
-                f"bound), a run-to-run allowance of {self.run_spread:.1%} a side, minimum effect {self.min_effect:.0%}")
+                f"the engine defaults' trial blocks at the same places in its run, Pocock levels adding to "
+                f"α = {self.alpha:g} (union bound), a run-to-run allowance of {self.run_spread:.1%} a side, minimum "
+                f"effect {self.min_effect:.0%}")
 
     def look(self, candidate: list[float], defaults: list[float]) -> Look:
         """Look ``len(candidate) - MIN_RUNS + 1``: the verdict on the blocks so far, and what to do."""
