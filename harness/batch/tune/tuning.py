@@ -6,7 +6,9 @@ with them):
 1. **trials**: ``trials`` configs from ``harness.tune``'s tuner (the space ``troughput-tune`` takes
    for this engine and hardware, its seed trials and sizing heuristic, constraints, memory
    edge and sampler), each on the next ``tune_runs.shards_per_run`` shards of a seeded random order of the
-   job's shards. Trial 0 is the job's own config (the engine defaults). A trial's shards are committed as the
+   job's shards. Trial 0 is the job's own config (the engine defaults), up to twice a run until it has given the
+   confirmation its blocks; the other seeds run from the fewest sequences at once to the most (``run_order``: the
+   likeliest winner last, so the main phase goes on with its engines). A trial's shards are committed as the
    job's output; its value is its full-engine rate (``tune_predict``), else its plain rate.
 2. **main**: every shard left, starting on the best trial's config (the candidate), confirmed as it runs
    (``tune_confirm``): its blocks against trial 0's, at looks whose levels spend α. A clear winner keeps it;
