@@ -128,7 +128,8 @@ class InMainRule:
                 f"effect {self.min_effect:.0%}")
 
     def look(self, candidate: list[float], defaults: list[float]) -> Look:
-        """Look ``len(candidate) - MIN_RUNS + 1``: the verdict on the blocks so far, and what to do."""
+        """Look ``len(candidate) - MIN_RUNS + 1``: the verdict on the blocks so far against the defaults' first as many
+        (like for like: see the module's notes), and what to do."""
         j = len(candidate) - MIN_RUNS + 1
         if j < 1 or j > self.looks:
             raise ValueError(f"look {j} is outside 1..{self.looks}")
@@ -136,7 +137,7 @@ class InMainRule:
         if len(defaults) < MIN_RUNS:
             return Look(j, level, list(candidate), INSUFFICIENT, None, None, None, SWITCH,
                         f"the defaults' trial gave {len(defaults)} block(s), under the {MIN_RUNS} the rule needs")
-        lc, ld = [math.log(x) for x in candidate], [math.log(x) for x in defaults]
+        lc, ld = [math.log(x) for x in candidate], [math.log(x) for x in defaults[:len(candidate)]]
         diff = statistics.fmean(lc) - statistics.fmean(ld)
         vc, vd = statistics.variance(lc) / len(lc), statistics.variance(ld) / len(ld)
         variance = vc + vd + 2 * self.run_spread ** 2   # the allowance is known, not estimated: no degrees of freedom
@@ -220,8 +221,8 @@ class Confirmation:
                         "it had left are not made")
         elif len(self.candidate) < MIN_RUNS or len(self.candidate) - MIN_RUNS + 1 <= len(self.made):
             return False
-        else:   # like for like: the defaults' blocks at the same places in their run as the candidate's
-            look = self.rule.look(self.candidate, self.defaults[:len(self.candidate)])
+        else:
+            look = self.rule.look(self.candidate, self.defaults)
         self.log.append(look)
         self.made.append(look)
         return look.action == SWITCH

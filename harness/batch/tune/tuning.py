@@ -447,8 +447,12 @@ class InJobTuning:
         rate = sum(r.output_tokens for r in mine) / sum(r.generation_s for r in mine) if mine else None
         shortfall_s = sum(max(0.0, r.generation_s - r.output_tokens / rate)
                           for r in records if r.status == "ok" and r.values != chosen) if rate else 0.0
-        job_s = sum(r.wall_s for r in records)
+        # the tuning phase on its own clock where this invocation ran all of it (the step-model replays between
+        # runs included), else its runs' wall times; the job: its runs' wall times and those replays
         phase_s = sum(r.wall_s for r in tuning)
+        if len(self.outcome.runs) == len(records):
+            phase_s = max(phase_s, tuning_s)
+        job_s = sum(r.wall_s for r in records) + phase_s - sum(r.wall_s for r in tuning)
         first_s = max(0.0, records[0].wall_s - records[0].generation_s) if records else 0.0
         states = [t.state for t in self.study.get_trials(deepcopy=False)] if self.study is not None else []
         pruned, ran = states.count(PRUNED), states.count(PRUNED) + states.count(optuna.trial.TrialState.COMPLETE)

@@ -102,7 +102,8 @@ def test_the_candidate_s_blocks_meet_the_defaults_blocks_at_the_same_places_in_t
     with the trial's first three, and see one config."""
     run = [140.0, 132.0, 125.0] + [100.0 + (i % 3 - 1) * 0.5 for i in range(30)]
     rule = InMainRule(3, 0.02, 0.03)
-    assert rule.look(run[:3], run).action == KEEP, "the bias the matching removes"
+    assert rule.look(run[:3], run[3:]).action == KEEP, "against a run's later blocks: the bias the matching removes"
+    assert rule.look(run[:3], run).action != KEEP, "the rule matches them itself"
     confirmation = Confirmation(rule, run, LookLog(tmp_path))
     tokens = 0.0
     for shards, rate in enumerate(run[:3], 1):   # two engines: a block is the rate per engine × 2
