@@ -227,9 +227,10 @@ def main(argv: list[str] | None = None) -> int:
             records.append({"round": r + 1, **got})
             extra = ""
             if arm == "in-job":
-                extra = (f"  tuning {got.get('tune.phase_s', 0):,.0f} s ({got.get('tune.phase_share') or 0:.1%}; "
-                         f"{got.get('tune.phase_share_after_start') or 0:.1%} after the job's first start of "
-                         f"{got.get('tune.first_start_s') or 0:.1f} s), "
+                after = got.get("tune.phase_share_after_start")
+                extra = (f"  tuning {got.get('tune.phase_s', 0):,.0f} s ({got.get('tune.phase_share') or 0:.1%} of the "
+                         f"job's runs; after the job's first start of {got.get('tune.first_start_s') or 0:.1f} s, "
+                         f"which any job pays: {'-' if after is None else format(after, '.1%')}), "
                          f"{got.get('tune.engine_starts')} engine starts for {got.get('tune.distinct_configs')} "
                          f"configs, candidate {got.get('tune.candidate')}, switched back {got.get('tune.switched')} "
                          f"({got.get('tune.confirm.reason') or got.get('tune.verdict')}), "

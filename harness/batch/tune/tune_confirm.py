@@ -18,11 +18,12 @@ outputs and large shards that commit comes after most of a short trial's full st
 
 **Like for like.** Each look compares the candidate's ``n`` blocks so far with the defaults' trial's first ``n``
 (all of them where it gave fewer): both runs start from empty engines, and a run's first blocks are not its later
-ones (an engine filling from empty holds short contexts: on the virtual H100 on ``backlog_long`` a run's first
-three blocks read 2-23% over its mean, so the main phase on the defaults read 1.16-1.21x the defaults' trial
-against all of its 84 blocks, 0.98-1.03x against its first ones; ``docs/benchmarks.md``). After a kill the
-candidate's blocks are the cut run's then the rerun's, which started from empty again: from there on they are
-not at the same places as the defaults' (the bias that matching removes, for those blocks only).
+ones (an engine filling from empty holds short contexts, so its first blocks read high). The defaults' trial is
+run until it has given as many blocks as the last look compares (``MIN_RUNS + looks - 1``) where the budget allows;
+where it gave fewer, the later looks compare the candidate's later blocks with its first ones, which leans against
+the candidate (a winner kept later or not at all, never a loser kept). After a kill the candidate's blocks are the
+cut run's then the rerun's, which started from empty again: from there on they are not at the same places as the
+defaults'.
 
 Every block's shards are real output, whichever side it is on.
 

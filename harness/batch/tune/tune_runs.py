@@ -112,22 +112,28 @@ def sample_order(shards: int, seed: int) -> list[int]:
     return order
 
 
-def run_order(seeds: list[tuple[str, dict[str, Any]]], trials: int,
-              at_once: Callable[[dict[str, Any]], int]) -> list[tuple[str, dict[str, Any]]]:
-    """The seeds' order, as (name, params): the engine defaults (no params) first, trial 0 wherever they are listed;
-    then the next ``trials - 1`` seeds as listed, run from the fewest sequences at once (``at_once``) to the most, so
-    that the likeliest winner of a throughput job runs last and the main phase goes on with its engines (no second
-    start of it); then the seeds that do not fit in the trials, as listed."""
-    own = [seed for seed in seeds if not seed[1]][:1]
-    others = [seed for seed in seeds if seed not in own]
-    n = trials - len(own)
-    return own + sorted(others[:n], key=lambda seed: at_once(seed[1])) + others[n:]
+def run_order(seeds: list[tuple[str, dict[str, Any]]], trials: int, at_once: Callable[[dict[str, Any]], int],
+              own: str) -> list[tuple[str, dict[str, Any]]]:
+    """The seeds' order, as (name, params): the one named ``own`` (the engine defaults) first, trial 0 wherever it is
+    listed; then the next ``trials - 1`` distinct seeds as listed (a seed whose params another listed before it
+    has already is left out: it would not run), run from the fewest sequences at once (``at_once``) to the most, so
+    that the likeliest winner of a throughput job runs last and the main phase goes on with its engines; then the
+    seeds that do not fit in the trials, as listed."""
+    first = [seed for seed in seeds if seed[0] == own][:1]
+    others, seen = [], [params for _, params in first]
+    for seed in seeds:
+        if seed not in first and seed[1] not in seen:
+            others.append(seed)
+            seen.append(seed[1])
+    n = trials - len(first)
+    return first + sorted(others[:n], key=lambda seed: at_once(seed[1])) + others[n:]
 
 
 def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
-    """How many shards each trial takes: the tuning budget (``max_share`` of the job's shards) split evenly over the
-    trials, so each measures as many tokens as the budget allows (the confirmation runs inside the main phase and
-    takes none of it); ``shards_per_run`` sets it by hand. A trial must hold at least ``min_run_requests``
+    """How many shards a trial takes: the tuning budget (``max_share`` of the job's shards) split evenly over the
+    trials plus one, so that each measures as many tokens as the budget allows and the engine defaults' trial, the
+    confirmation's side too, may take two (the confirmation runs inside the main phase and takes none of the
+    budget); ``shards_per_run`` sets it by hand. A trial must hold at least ``min_run_requests``
     requests (several engine batches, so that ramp-up and the drain at its end are a small part of its time); a
     job too small for that is refused before any engine starts.
     """
@@ -136,13 +142,13 @@ def shards_per_run(tune: dict[str, Any], index: Index, shard_size: int) -> int:
     budget = int(float(tune["max_share"]) * shards)
     given = tune.get("shards_per_run")
     min_requests = int(tune["min_run_requests"])
-    k = int(given) if given else budget // runs
+    k = int(given) if given else budget // (runs + 1)
     if given and k * runs > budget:
         raise TroughputError(f"batch.tune.shards_per_run={k} × {runs} trials = {k * runs} shards, over "
                              f"batch.tune.max_share={tune['max_share']} of the job's {shards} shards ({budget})")
     if k < 1 or k * shard_size < min_requests:
         per_run = math.ceil(min_requests / shard_size)
-        need = math.ceil(per_run * runs / float(tune["max_share"])) * shard_size
+        need = math.ceil(per_run * (runs + (0 if given else 1)) / float(tune["max_share"])) * shard_size
         raise TroughputError(
             f"the job is too small for {runs} trials: trials of at least {min_requests} requests "
             f"(batch.tune.min_run_requests) within batch.tune.max_share={tune['max_share']} of its {index.records:,} "

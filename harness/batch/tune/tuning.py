@@ -142,7 +142,6 @@ class InJobTuning:
         study = self.study = self._study()
         self._trials(study)
         candidate, why = self._candidate(study)
-        tuning_s = time.monotonic() - t0
         left = self._left()
         requests_left = sum(shard_records(self.index, self.plan.shard_size, i) for i in left)
         confirmation = self._confirmation(len(left)) if candidate and why is None else None
@@ -154,6 +153,7 @@ class InJobTuning:
             log.warning("%s", why)
             start, confirmation = {}, None
         prediction = self._predict_rest(start, requests_left)   # for the config the main phase starts on
+        tuning_s = time.monotonic() - t0   # the study's start to the main phase's
         if prediction.get("predicted_rest_s"):
             log.info("the rest of the job (%d requests) predicted at %.0f s of generation (%s)", requests_left,
                      prediction["predicted_rest_s"], prediction["prediction_note"])
@@ -177,7 +177,7 @@ class InJobTuning:
         if not any(s.get("name") == DEFAULTS_SEED for s in seeds):
             seeds.insert(0, {"name": DEFAULTS_SEED})  # the fallback config is always measured
         enqueue_seeds(study, {**self.tune, "seeds": seeds}, self.space, self.base, self._sample_summary(),
-                      self.plan.model["local_dir"], order=lambda seeds: run_order(seeds, int(self.tune["trials"]), self._at_once))
+                      self.plan.model["local_dir"], order=lambda seeds: run_order(seeds, int(self.tune["trials"]), self._at_once, DEFAULTS_SEED))
         finished = {r.trial: r for r in self.log.read() if r.kind == "trial"}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
@@ -203,9 +203,13 @@ class InJobTuning:
         return study
 
     def _at_once(self, values: dict[str, Any]) -> int:
-        """Sequences a config runs at once: replicas × ``max_seqs`` (unset: 0; an adapter given as ``module:Class``
-        has no mapping: the knob that is ``max_seqs`` in some engine)."""
-        plan = self.plan_for(values, {})
+        """Sequences a config runs at once, for the seeds' order: replicas × ``max_seqs`` (an adapter given as
+        ``module:Class`` has no mapping: the knob that is ``max_seqs`` in some engine). Unset (the engine's default)
+        or a config that cannot be planned (its trial fails, as before): 0, so it runs among the first."""
+        try:
+            plan = self.plan_for(values, {})
+        except Exception:   # noqa: BLE001 - the trial itself says why
+            return 0
         seqs = canonical_view(plan.engine, plan.knobs).get("max_seqs") or next(
             (v for k, v in plan.knobs.items() if canonical_of(k) == "max_seqs"), 0)
         return plan.replicas * int(seqs or 0)
@@ -258,7 +262,8 @@ class InJobTuning:
             # every trial reports, the defaults' too (the others are compared with them; the pruner never stops them)
             reporter = Reporter(study, trial, label, values) if self.pruning else None
             shards = self._next_shards(None if values else self._room_for_the_defaults(study, budget))
-            blocks = Blocks(reporter, self.block_steps, *((MIN_RUNS, len(shards) - self.k) if not values else ()))
+            enough = MIN_RUNS + self.rule.looks - 1   # a block for each of the candidate's at the last look
+            blocks = Blocks(reporter, self.block_steps, *((enough, len(shards) - self.k) if not values else ()))
             record = self._run("trial", label, values, shards, trial=trial.number, blocks=blocks)
             trial.set_user_attr("status", record.status)
             if record.status == "failed":

@@ -53,8 +53,8 @@ def _metas(out: Path) -> dict[int, dict]:
 
 def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_in_the_main_phase(tmp_path: Path
                                                                                                ) -> None:
-    # 30-token outputs at 2 ms a token: 60 ms a request. 144 shards of 8, a budget of 72: trials of 24 shards, of
-    # which the engines hold at most 12 at once, so each trial commits about 12 while shards are left (its blocks)
+    # 30-token outputs at 2 ms a token: 60 ms a request. 144 shards of 8, a budget of 72 split over the trials and
+    # one more: runs of 18 shards (the defaults' trial up to 36), of which the engines hold at most 12 at once
     path, args = _job(tmp_path, 1152, max_tokens=30)
     proc = batch_app(tmp_path, *args, "batch.tune.trials=3", "+engine.knobs.token_s=0.002",
                      "+engine.knobs.max_num_seqs=2")  # the job's own config: 2 sequences at once
@@ -64,7 +64,8 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     [row] = read_rows(tmp_path / "results", "batch")
     runs = row["tune.runs"]
     assert [r["kind"] for r in runs] == ["trial"] * 3 + ["main"], "no confirmation runs: it is in the main phase"
-    assert row["tune.shards_per_run"] == 24 and all(len(r["shards"]) == 24 or r["pruned_at"] for r in runs[:-1])
+    assert row["tune.shards_per_run"] == 18 and all(len(r["shards"]) == 18 or r["pruned_at"] for r in runs[1:-1])
+    assert 18 <= len(runs[0]["shards"]) <= 36, "the defaults' trial: a run, up to two until it has its blocks"
     sampled = sorted(i for r in runs[:-1] for i in r["shards"])
     assert sampled != list(range(72)) and max(sampled) >= 72, "trial shards are drawn from the whole file"
     assert row["tune.phase_requests"] == sum(r["requests"] for r in runs[:-1]) <= 72 * 8
@@ -154,19 +155,21 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
 
 
 def test_the_defaults_trial_takes_shards_until_it_has_given_the_confirmation_its_blocks(tmp_path: Path) -> None:
-    """Trials of 8 shards, too few for three blocks of 400 full steps at the job's 2 sequences: the engine defaults'
-    trial is handed twice a run (within the budget's room less the later trials' runs), and stops being handed shards
-    once it has its three blocks; the later trials take a run each, and the confirmation runs against those blocks."""
+    """Trials of 8 shards, too few for the five blocks of 240 full steps (one a look's candidate block) at the job's 2
+    sequences: the engine defaults' trial is handed twice a run (within the budget's room less the later trials'
+    runs), and stops being handed shards once it has its five blocks; the later trials take a run each, and the
+    confirmation runs against those blocks."""
     path, args = _job(tmp_path, 1152, max_tokens=30)
-    proc = batch_app(tmp_path, *args[:-1], "batch.tune.block_steps=400", "batch.tune.trials=3",
+    proc = batch_app(tmp_path, *args[:-1], "batch.tune.block_steps=240", "batch.tune.trials=3",
                      "batch.tune.shards_per_run=8", "+engine.knobs.token_s=0.001", "+engine.knobs.max_num_seqs=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     [row] = read_rows(tmp_path / "results", "batch")
     runs = row["tune.runs"]
     defaults, later = runs[0], runs[1:3]
-    assert defaults["values"] == {} and len(defaults["blocks"]) >= 3
-    # 8 shards of 8 requests of 30 tokens at 2 sequences: 960 steps, under the 1,200 three blocks need
-    assert 8 < len(defaults["shards"]) <= 16, len(defaults["shards"])
+    assert defaults["values"] == {} and len(defaults["blocks"]) >= 5
+    # 8 shards of 8 requests of 30 tokens at 2 sequences: 960 steps, under the 1,200 five blocks need; the stop comes
+    # at about 10 shards, and the engine's queue (4 requests: a shard) finishes after it, short of the 16 handed over
+    assert 8 < len(defaults["shards"]) < 16, len(defaults["shards"])
     assert [len(r["shards"]) for r in later] == [8, 8] and [r["kind"] for r in later] == ["trial", "trial"]
     assert row["tune.confirm.defaults_blocks"] == defaults["blocks"] and row["tune.confirm.looks"] >= 1
     assert len(_metas(tmp_path / "out")) == 144

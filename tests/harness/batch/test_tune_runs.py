@@ -293,14 +293,23 @@ def test_a_rest_predicted_at_or_under_nothing_stays_in_the_record_as_its_worst()
 
 def test_the_trials_run_the_defaults_first_then_their_seeds_from_fewest_sequences_at_once_to_most() -> None:
     """The likeliest winner of a throughput job runs last (the main phase goes on with its engines); which seeds run is
-    still the listed order's (a seed past the trials is not pulled in by its size)."""
+    still the listed order's (a seed past the trials is not pulled in by its size), the engine defaults always among
+    them, and a seed with params listed before it takes no trial's place."""
     def seed(name: str, replicas: int = 0, seqs: int = 0) -> tuple[str, dict]:
         return name, ({"replicas": replicas, "seqs": seqs} if replicas else {})
 
+    def names(seeds: list, trials: int) -> list[str]:
+        return [name for name, _ in run_order(seeds, trials, lambda p: p["replicas"] * p["seqs"], "engine defaults")]
+
     seeds = [seed("batch recipe", 1, 256), seed("every core", 2, 256), seed("engine defaults"), seed("heuristic", 1, 54)]
-    at_once = lambda params: params["replicas"] * params["seqs"]   # noqa: E731
-    assert [name for name, _ in run_order(seeds, 4, at_once)] == ["engine defaults", "heuristic", "batch recipe",
-                                                                  "every core"]
-    assert [name for name, _ in run_order(seeds, 3, at_once)] == ["engine defaults", "batch recipe", "every core",
-                                                                  "heuristic"]
-    assert [name for name, _ in run_order(seeds, 2, at_once)][:2] == ["engine defaults", "batch recipe"]
+    assert names(seeds, 4) == ["engine defaults", "heuristic", "batch recipe", "every core"]
+    assert names(seeds, 3) == ["engine defaults", "batch recipe", "every core", "heuristic"]
+    assert names(seeds, 2)[:2] == ["engine defaults", "batch recipe"]
+    # listed last, past the trials: the defaults still run, first
+    assert names(seeds[:2] + [seed("heuristic", 1, 54), seed("engine defaults")], 3) == [
+        "engine defaults", "batch recipe", "every core", "heuristic"]
+    # the same params twice: the second is left out, and the widest still runs last
+    twice = [seed("engine defaults"), seed("every core", 2, 256), seed("again", 2, 256), seed("batch recipe", 1, 256)]
+    assert names(twice, 3) == ["engine defaults", "batch recipe", "every core"]
+    # a seed whose params clip to nothing is the defaults again, not trial 0
+    assert names([seed("clipped away"), seed("engine defaults"), seed("one", 1, 8)], 2) == ["engine defaults", "one"]
