@@ -17,13 +17,13 @@ outputs and large shards that commit comes after most of a short trial's full st
   was chosen because they looked best, and counting them again would carry that selection into the verdict.
 
 **Like for like.** Each look compares the candidate's ``n`` blocks so far with the defaults' trial's first ``n``
-(all of them where it gave fewer): both runs start from empty engines, and a run's first blocks are not its later
-ones (an engine filling from empty holds short contexts, so its first blocks read high). The defaults' trial is
-run until it has given as many blocks as the last look compares (``MIN_RUNS + looks - 1``) where the budget allows;
-where it gave fewer, the later looks compare the candidate's later blocks with its first ones, which leans against
-the candidate (a winner kept later or not at all, never a loser kept). After a kill the candidate's blocks are the
-cut run's then the rerun's, which started from empty again: from there on they are not at the same places as the
-defaults'.
+(all of them where it gave fewer): both runs start from empty engines, and a run's first blocks need not read like
+its later ones (on the virtual H100 they read high, its engines holding short contexts; on vLLM's CPU build trial
+0's first block read low). The defaults' trial is run until it has given as many blocks as the last look compares
+(``MIN_RUNS + looks - 1``) where the budget allows; where it gave fewer, the later looks compare the candidate's
+later blocks with its first ones. The matching costs power where the defaults gave more blocks than the candidate
+has (look 1 uses 3 of them). After a kill the candidate's blocks are the cut run's then the rerun's, which started
+from empty again: from there on they are not at the same places as the defaults'.
 
 Every block's shards are real output, whichever side it is on.
 

@@ -116,7 +116,9 @@ def run_order(seeds: list[tuple[str, dict[str, Any]]], trials: int, at_once: Cal
               own: str) -> list[tuple[str, dict[str, Any]]]:
     """The seeds' order, as (name, params): the one named ``own`` (the engine defaults) first, trial 0 wherever it is
     listed; then the next ``trials - 1`` distinct seeds as listed (a seed whose params another listed before it
-    has already is left out: it would not run), run from the fewest sequences at once (``at_once``) to the most, so
+    has already is left out: it would not run; equal as Python compares them, where Optuna's own skip also treats
+    floats within 1e-5 alike and checks trials already in the study, so such a near-duplicate may still take a
+    place and be skipped), run from the fewest sequences at once (``at_once``) to the most, so
     that the likeliest winner of a throughput job runs last and the main phase goes on with its engines; then the
     seeds that do not fit in the trials, as listed."""
     first = [seed for seed in seeds if seed[0] == own][:1]

@@ -168,7 +168,7 @@ def test_the_defaults_trial_takes_shards_until_it_has_given_the_confirmation_its
     defaults, later = runs[0], runs[1:3]
     assert defaults["values"] == {} and len(defaults["blocks"]) >= 5
     # 8 shards of 8 requests of 30 tokens at 2 sequences: 960 steps, under the 1,200 five blocks need; the stop comes
-    # at about 10 shards, and the engine's queue (4 requests: a shard) finishes after it, short of the 16 handed over
+    # at about 10 shards, and the engine's queue (4 requests, within a shard) finishes after it, short of the 16
     assert 8 < len(defaults["shards"]) < 16, len(defaults["shards"])
     assert [len(r["shards"]) for r in later] == [8, 8] and [r["kind"] for r in later] == ["trial", "trial"]
     assert row["tune.confirm.defaults_blocks"] == defaults["blocks"] and row["tune.confirm.looks"] >= 1
