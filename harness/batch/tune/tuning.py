@@ -176,8 +176,10 @@ class InJobTuning:
         seeds = [dict(s) for s in self.tune.get("seeds") or []]
         if not any(s.get("name") == DEFAULTS_SEED for s in seeds):
             seeds.insert(0, {"name": DEFAULTS_SEED})  # the fallback config is always measured
+        trials = int(self.tune["trials"])
         enqueue_seeds(study, {**self.tune, "seeds": seeds}, self.space, self.base, self._sample_summary(),
-                      self.plan.model["local_dir"], order=lambda seeds: run_order(seeds, int(self.tune["trials"]), self._at_once, DEFAULTS_SEED))
+                      self.plan.model["local_dir"], order=lambda named: run_order(named, trials, self._at_once,
+                                                                                  DEFAULTS_SEED))
         finished = {r.trial: r for r in self.log.read() if r.kind == "trial"}
         for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
             record = finished.get(trial.number)  # killed after its run was logged, before it was told: tell it now
@@ -389,7 +391,8 @@ class InJobTuning:
         confirmation its blocks and taken a run's shards (a run's engines keep up to twice what they hold queued, so
         a stop comes that much later)."""
         asked = len(study.get_trials(deepcopy=False, states=ASKED))   # this one among them (not the seeds waiting)
-        room = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size)) - len(self.state.committed())
+        room = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size))
+        room -= len(self.state.committed())
         return max(self.k, min(2 * self.k, room - max(0, budget - asked) * self.k))
 
     def _room_for_a_trial(self) -> bool:
