@@ -102,6 +102,7 @@ class InJobTuning:
         self.outcome = Outcome()
         self.study: optuna.Study | None = None
         self.in_main: list[tuple[RestInMain, RunRecord]] = []   # each main run's prediction from its own steps
+        self._limits: list[dict[str, Any]] = []   # what the last run's engines said at their start
         if not accepts_hook(run_phase):
             raise TroughputError("in-job tuning needs a run_phase that takes on_commit: the confirmation reads the "
                                  "blocks of each run as its shards commit")
@@ -350,6 +351,9 @@ class InJobTuning:
         if rest is not None:   # it asks the blocks (and the looks) first, at the same commits
             rest.then = blocks
         run = self.run_phase(plan, self.state, shards, on_commit=rest or blocks)
+        if run.engines_kept and not run.engine_limits:   # no start, so nothing said: the last run's engines' limits
+            run.engine_limits = list(self._limits)
+        self._limits = list(run.engine_limits)
         wall = time.monotonic() - t0
         committed = sorted(self.state.committed() - before)
         record = RunRecord(kind=kind, label=label, values=values, shards=committed, requests=run.requests_ok,

@@ -11,6 +11,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from harness.batch.tune.tune_predict import trace_paths
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
 from tests.harness.batch.conftest import batch_app, completion, read_jsonl, troughput_batch, write_jsonl
@@ -152,6 +153,11 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
     on_candidate = [m for m in metas.values() if m["phase"] == "main" and m["config"]]
     assert 3 <= len(on_candidate) < 96 and len(metas) == 144, "the candidate's shards kept, the rest on the defaults"
     assert row["tune.engine_starts"] == 3 and runs[2]["engines_kept"], "its trial ran last: one switch back only"
+    # the main run on kept engines keeps what they said at their start (the replay's engines and limits)
+    steps = tmp_path / "out" / "tune" / "steps"
+    trial, main = (json.loads(trace_paths(steps.parent, label)[1].read_text()) for label in (runs[1]["label"], "main"))
+    assert main["knobs"] == trial["knobs"] and main["engines"] == trial["engines"] == 1
+    assert any(k.startswith("engine_") for k in main["knobs"])
 
 
 def test_the_defaults_trial_takes_shards_until_it_has_given_the_confirmation_its_blocks(tmp_path: Path) -> None:
