@@ -20,22 +20,22 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pandas as pd
 
+from engines.stepmodel import StepModel
 from harness.batch.job.plan import Plan
 from harness.batch.job.shards import scan
 from harness.batch.tune.tune_predict import engine_share, trace_paths
-from harness.batch.tune.tune_runs import sample_requests
+from harness.batch.tune.tune_runs import RunLog, sample_requests
 from harness.steps.fit import fit_step_model, run_errors
 from harness.steps.predict import replay
 
 HARDWARE = {"name": "cpu", "kind": "cpu", "peak_flops_bf16": 1e12, "bandwidth_bytes_s": 1e11,
             "memory_bytes": float(1 << 40)}
-TIMED = ("step_s", "seq_s", "token_s", "prefill_token_s", "prefill_pair_s", "kv_token_s", "kv_held_s",
-         "encoder_token_s", "preempt_s")
+TIMED = [f.name for f in fields(StepModel) if f.name.endswith("_s")]   # the parts' seconds (knees aside)
 
 
 def scaled(model, factor: float):
@@ -46,10 +46,9 @@ def scaled(model, factor: float):
 
 def one_job(out: Path, at: int) -> dict[str, float]:
     plan = Plan.from_json((out / "plan.json").read_text())
-    runs = [json.loads(line) for line in (out / "tune" / "runs.jsonl").read_text().splitlines()]
-    main = next(r for r in runs if r["kind"] == "main")
-    chosen = [trace_paths(out / "tune", r["label"])[0] for r in runs
-              if r["kind"] == "trial" and r["values"] == main["values"]]
+    runs = RunLog(out / "tune").read()
+    main = next(r for r in runs if r.kind == "main")
+    chosen = [trace_paths(out / "tune", r.label)[0] for r in runs if r.kind == "trial" and r.values == main.values]
     trials = {path.stem: pd.read_parquet(path) for path in chosen if path.exists()}
     steps = pd.read_parquet(trace_paths(out / "tune", "main")[0]).sort_values("t").reset_index(drop=True)
     meta = json.loads(trace_paths(out / "tune", "main")[1].read_text())
@@ -65,12 +64,12 @@ def one_job(out: Path, at: int) -> dict[str, float]:
     fits = {"trials": trial_fit, "trials + main": fit_step_model({**trials, **so_far}),
             "main": fit_step_model(so_far),
             "scaled": scaled(trial_fit, 1 / (1 + run_errors(trial_fit, so_far)["main"]))}
-    measured = main["generation_s"] - elapsed
+    measured = main.generation_s - elapsed
     got = {}
     for name, model in fits.items():
         predicted = replay(model, share, meta["knobs"], plan.model, HARDWARE).seconds - elapsed
         got[name] = measured / predicted
-    print(f"{out}: cut {elapsed:.1f} s into {main['generation_s']:.1f} s; measured ÷ predicted rest "
+    print(f"{out}: cut {elapsed:.1f} s into {main.generation_s:.1f} s; measured ÷ predicted rest "
           + ", ".join(f"{k} {v:.3f}" for k, v in got.items()), flush=True)
     return got
 

@@ -395,15 +395,17 @@ class InJobTuning:
         confirmation its blocks and taken a run's shards (a run's engines keep up to twice what they hold queued, so
         a stop comes that much later)."""
         asked = len(study.get_trials(deepcopy=False, states=ASKED))   # this one among them (not the seeds waiting)
-        room = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size))
-        room -= len(self.state.committed())
-        return max(self.k, min(2 * self.k, room - max(0, budget - asked) * self.k))
+        return max(self.k, min(2 * self.k, self._budget_left() - max(0, budget - asked) * self.k))
 
     def _room_for_a_trial(self) -> bool:
-        """Whether one more trial fits in ``max_share`` of the job's shards, counting every shard the tuning runs
-        so far took (runs cut by a kill took theirs too; there is no main phase yet)."""
+        """Whether one more trial fits in ``max_share`` of the job's shards."""
+        return self.k <= self._budget_left()
+
+    def _budget_left(self) -> int:
+        """``max_share`` of the job's shards less every shard the tuning runs so far took (runs cut by a kill took
+        theirs too; there is no main phase yet)."""
         budget = int(float(self.tune["max_share"]) * self.index.shards(self.plan.shard_size))
-        return self.k <= budget - len(self.state.committed())
+        return budget - len(self.state.committed())
 
     @staticmethod
     def _cut(study: optuna.Study, trial: optuna.trial.FrozenTrial) -> bool:
