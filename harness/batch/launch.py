@@ -90,7 +90,8 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
     a run with fewer replicas leaves the other slots parked. A run they cannot take gets a new pool.
     The main phase goes on with the last run's engines, no restart, where they run its config already
     (``LocalPool.runs_as``: the last run of the tuning phase ran the chosen config); every other run starts
-    its engines.
+    its engines. The first run's workers may be started ahead (``start_ahead``): their import and engine start
+    go on while the study is set up, and that run takes them as they are.
     """
     from harness.batch.scale.pool import slot_misfit
     from harness.batch.tune.tune_config import replica_slots
@@ -100,8 +101,25 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
         raise TroughputError("a job with batch.tune needs its config to build each trial's plan (troughput-batch)")
     plan_for, base = tuning
     pools: list[Any] = []  # the local workers, kept up between runs (engines restarted in them)
+    ahead: list[Any] = []  # a pool started ahead for the first run, not yet taken by it
     in_process = plan.tune.get("restart") == "in_process"
     slots = replica_slots(plan) if in_process else 0
+
+    def new_pool(phase: Plan, label: str, why: str) -> Any:
+        if pools:
+            pools[-1].close()
+        refused = slot_misfit(phase, slots) if slots > phase.replicas else None
+        size = slots if slots > phase.replicas and refused is None else phase.replicas
+        log.info("%s: new workers (slots %d, replicas %d): %s%s", label, size, phase.replicas, why,
+                 f"; not {slots} slots: {refused}" if refused else "")
+        pools.append(make_pool(phase, state, new_run_id(), size))
+        return pools[-1]
+
+    def start_ahead(phase: Plan) -> None:
+        """The first run's workers started now, before the run is asked for (their start goes on meanwhile)."""
+        if not pools:
+            new_pool(phase, phase.phase.get("run", "run"), "the first run, started ahead").start()
+            ahead.append(pools[-1])
 
     def run_phase(phase: Plan, target: JobState, shards: set[int],
                   on_commit: Callable[[SoFar], bool] | None = None) -> ShardsRun:
@@ -109,6 +127,10 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
         (``run_shards``)."""
         pool = pools[-1] if pools else None
         label = phase.phase.get("run", "run")
+        if ahead and ahead.pop() is pool and pool.started_as(phase):
+            log.info("%s: the workers started ahead for it", label)
+            return run_shards(phase, target, index, shards.__contains__, pool, progress, keep_open=True,
+                              on_commit=on_commit)
         if pool is None:
             why = "the first run"
         else:
@@ -124,19 +146,12 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
                      pool.slots, pool.slots - phase.replicas)
             pool.restart(phase)
         else:
-            if pool is not None:
-                pool.close()
-            refused = slot_misfit(phase, slots) if slots > phase.replicas else None
-            size = slots if slots > phase.replicas and refused is None else phase.replicas
-            log.info("%s: new workers (slots %d, replicas %d): %s%s", label, size, phase.replicas, why,
-                     f"; not {slots} slots: {refused}" if refused else "")
-            pool = make_pool(phase, state, new_run_id(), size)
-            pools.append(pool)
+            pool = new_pool(phase, label, why)
         return run_shards(phase, target, index, shards.__contains__, pool, progress, keep_open=True,
                           on_commit=on_commit)
 
     try:
-        outcome = InJobTuning(plan, state, index, plan_for, run_phase, base).run()
+        outcome = InJobTuning(plan, state, index, plan_for, run_phase, base, start_ahead).run()
     finally:
         if pools:
             pools[-1].close()

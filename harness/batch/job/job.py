@@ -198,11 +198,11 @@ def run_shards(plan: Plan, state: JobState, index: Index, wanted: Callable[[int]
         return run
     total = sum(shard_records(index, size, i) for i in range(index.shards(size)) if wanted(i))
     bar = Progress(total, total - sum(shard_records(index, size, i) for i in todo), progress)
-    runner = _Runner(plan, state, index, run, bar)
-    runner.on_commit, runner.todo = on_commit, len(todo)
     if not pool.started:
-        pool.start()
+        pool.start()   # first: the workers import their engine while the runner loads its tokenizer
     try:
+        runner = _Runner(plan, state, index, run, bar)
+        runner.on_commit, runner.todo = on_commit, len(todo)
         runner.drive(pool, iter_shards(Path(plan.input), plan.format, size, todo.__contains__))
     finally:
         if not keep_open or run.shards_failed or not pool.any_alive():

@@ -143,9 +143,14 @@ class LocalPool:
         return self.started and bool(running) and all(self.up[i] and not self.restarting[i] for i in running)
 
     def runs_as(self, plan: Plan) -> bool:
-        """Whether the engines up now already run ``plan``'s config: the same workers' jobs (engine, knobs, model
-        limits, cores) and replicas, so ``plan`` can go on with them, no restart (``keep``)."""
-        if not self.ready() or plan.replicas != self.plan.replicas or self.unfit(plan):
+        """Whether the engines up now already run ``plan``'s config, so ``plan`` can go on with them, no restart
+        (``keep``)."""
+        return self.ready() and self.started_as(plan)
+
+    def started_as(self, plan: Plan) -> bool:
+        """Whether the workers were started (or last restarted) for ``plan``'s config: the same workers' jobs
+        (engine, knobs, model limits, cores) and replicas, their engines up or still starting."""
+        if plan.replicas != self.plan.replicas or self.unfit(plan):
             return False
         return all(_same_job(self._job(i), self._job(i, plan)) for i in range(len(self.procs)))
 

@@ -89,10 +89,11 @@ class InJobTuning:
     """One invocation of a tuned job: what is left of the trials, the confirmation and the main phase."""
 
     def __init__(self, plan: Plan, state: JobState, index: Index, plan_for: Callable[..., Plan],
-                 run_phase: PhaseRunner, base: dict[str, Any]):
+                 run_phase: PhaseRunner, base: dict[str, Any], start_ahead: Callable[[Plan], None] | None = None):
+        # start_ahead(plan): start the first run's engines now, so that they start while the study is set up
         self.plan, self.state, self.index = plan, state, index
         self.tune = plan.tune
-        self.plan_for, self.run_phase, self.base = plan_for, run_phase, base
+        self.plan_for, self.run_phase, self.base, self.start_ahead = plan_for, run_phase, base, start_ahead
         self.root = state.root / "tune"
         self._adopt_folder()
         self.log = RunLog(self.root)
@@ -140,6 +141,8 @@ class InJobTuning:
 
     def run(self) -> Outcome:
         t0 = time.monotonic()
+        if self.start_ahead is not None and not self.log.read():   # a new job: its first run is the defaults' trial
+            self.start_ahead(self.plan_for({}, {"phase": "trial", "run": "the engine defaults' trial", "config": {}}))
         study = self.study = self._study()
         self._trials(study)
         candidate, why = self._candidate(study)

@@ -118,6 +118,7 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     assert "tuning" in proc.stdout and "confirmed in the main phase" in proc.stdout
     logs = list((tmp_path / "results" / "logs").glob("*.worker*.log"))
     assert len(logs) == 1, "one worker for the whole job: each run restarts the engine in it (batch.tune.restart)"
+    assert "trial 0 (engine defaults): the workers started ahead for it" in proc.stdout, "started before the study"
 
 
 def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults(tmp_path: Path) -> None:
@@ -271,7 +272,10 @@ def test_kill_9_in_the_tuning_phase_resumes_it_without_losing_a_committed_shard(
     states = [t.state for t in study.trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 3, "the budget of 3 trials is met after the kill"
     [row] = read_rows(tmp_path / "results", "batch")   # the killed invocation wrote no row
-    assert row["tune.trials"] == 3 and [r["kind"] for r in row["tune.runs"]].count("main") == 1
+    mains = [r for r in row["tune.runs"] if r["kind"] == "main"]
+    # one main run, or two where the looks switched to the defaults (on a loaded host a candidate's blocks may not
+    # read as a clear winner): the looks' verdict is not what this test is about
+    assert row["tune.trials"] == 3 and (len(mains) == 1 or [m["values"] for m in mains[1:]] == [{}])
     assert json.loads(json.dumps(row["tune.runs"]))[0]["label"].startswith("trial 0")
     logs = list((tmp_path / "results" / "logs").glob("*.worker*.log"))
     started = sum(not r["engines_kept"] for r in row["tune.runs"])
