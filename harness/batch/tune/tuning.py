@@ -141,7 +141,7 @@ class InJobTuning:
 
     def run(self) -> Outcome:
         t0 = time.monotonic()
-        if self.start_ahead is not None and not self.log.read():   # a new job: its first run is the defaults' trial
+        if self.start_ahead is not None and not (self.root / "study.db").exists():   # a new study: trial 0 is first
             self.start_ahead(self.plan_for({}, {"phase": "trial", "run": "the engine defaults' trial", "config": {}}))
         study = self.study = self._study()
         self._trials(study)
