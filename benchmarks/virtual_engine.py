@@ -1,4 +1,5 @@
-"""The virtual engine: one H100 with Llama-3.1-8B, simulated step by step with a TRUE step cost of its own.
+"""The virtual engine: one GPU (an H100; ``HARDWARES`` the others) with Llama-3.1-8B, simulated step by step with
+a TRUE step cost of its own.
 
 The in-job tuner (``harness.batch.tune``) fits the simulator's step model (``engines.stepmodel``: a sum of
 named parts, linear in each, with hinges on the step's tokens) to a run's step trace and replays requests
@@ -55,6 +56,7 @@ from engines.steptrace import StepRecorder
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "llama-3.1-8b"
 HARDWARE = "h100"
+HARDWARES = ("h100", "a100_80gb", "l40s")   # conf/hardware/<name>.yaml: the GPUs the virtual engine can be
 WORKLOAD = "backlog_long"
 CAP = 10_000          # requests a run simulates step by step; a larger one is aggregated (``steady``)
 STEADY = (0.25, 0.75)  # the steady rate: output tokens finished between these shares of a run's tokens
@@ -68,7 +70,13 @@ def hardware_spec(name: str = HARDWARE) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class Truth:
-    """The virtual engine's true seconds per step (module docstring); figures for bf16 Llama-3.1-8B on an H100."""
+    """The virtual engine's true seconds per step (module docstring) for bf16 Llama-3.1-8B on one GPU.
+
+    ``flops`` and ``bandwidth`` are the GPU's datasheet figures as its ``conf/hardware/<name>.yaml`` spec holds
+    them (``peak_flops_bf16``: dense bf16 tensor-core FLOP/s; ``bandwidth_bytes_s``): H100 SXM 989.5 TFLOP/s and
+    3.35 TB/s, A100 80GB SXM 312 TFLOP/s and 2.039 TB/s, L40S 362.05 TFLOP/s and 864 GB/s. Everything else (the
+    efficiencies, the knee, the launches, the CPU side) is the same for every GPU: the form is this class's, not
+    the step model the tuner fits, whatever the GPU."""
 
     flops: float                  # peak dense bf16 FLOP/s
     bandwidth: float              # bytes/s
@@ -95,12 +103,15 @@ class Truth:
     overlap: float = 0.7          # share of the smaller of the CPU and GPU times hidden under the larger
 
     @classmethod
-    def h100_llama(cls, model: ModelSpec | None = None, spec: Mapping[str, Any] | None = None) -> Truth:
+    def llama(cls, model: ModelSpec | None = None, spec: Mapping[str, Any] | None = None) -> Truth:
+        """Llama-3.1-8B (``model``) on the GPU of ``spec`` (a ``conf/hardware`` spec block; default the H100's)."""
         model = model or ModelSpec.load(None, MODEL)
         hw = HardwareSpec.from_config(spec or hardware_spec())
         return cls(flops=hw.peak_flops_bf16, bandwidth=hw.bandwidth_bytes_s, weight_bytes=model.weight_bytes(),
                    matmul_params=model.matmul_params, kv_token_bytes=model.kv_bytes_per_token(),
                    attention_flops_per_pair=model.attention_flops_per_pair)
+
+    h100_llama = llama   # the H100's: ``spec`` left out
 
     def seconds(self, s: StepShape, caching: bool = True) -> float:
         p = self.knee_p

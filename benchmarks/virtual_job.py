@@ -1,7 +1,7 @@
 """A job on a virtual clock: the real in-job tuner (``InJobTuning``) with runs from the virtual engine.
 
 The tuner is the real one, built the way ``troughput-batch`` builds it (the composed config of
-``engine=vllm hardware=h100 model=llama-3.1-8b tune=<space>``, ``build_plan``, ``phase_planner``,
+``engine=vllm hardware=<h100 or another> model=llama-3.1-8b tune=<space>``, ``build_plan``, ``phase_planner``,
 ``tune_settings``); three things are injected, all here:
 
 - ``VirtualEngine.run_phase(plan, target, shards, on_commit=None)``: the one place an engine runs
@@ -41,8 +41,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from benchmarks.virtual_engine import (CAP, MODEL, ROOT, Backlog, Steady, Truth, config_seed, hardware_spec, limits,
-                                       Feed, Simulated, scheduler_config, simulate_fed, steady_of)
+from benchmarks.virtual_engine import (CAP, HARDWARE, MODEL, ROOT, Backlog, Steady, Truth, config_seed, hardware_spec,
+                                       limits, Feed, Simulated, scheduler_config, simulate_fed, steady_of)
 from engines.sim_scheduler import SchedulerConfig
 from engines.base import KnobError, Request
 from engines.perfmodel import ModelSpec
@@ -407,9 +407,10 @@ class Setup:
 
 
 def job_setup(records: int, shard_size: int, overrides: list[str], space: str = SPACE,
-              work: Path | None = None) -> Setup:
-    """``troughput-batch``'s config and plan for a virtual job of ``records`` requests (the engine is vLLM on an
-    H100 serving Llama-3.1-8B; the input file is a one-line stand-in: the backlog is the virtual engine's)."""
+              work: Path | None = None, hardware: str = HARDWARE) -> Setup:
+    """``troughput-batch``'s config and plan for a virtual job of ``records`` requests (the engine is vLLM on
+    ``hardware``, ``conf/hardware/<name>.yaml``, serving Llama-3.1-8B; the input file is a one-line stand-in: the
+    backlog is the virtual engine's)."""
     from omegaconf import OmegaConf
 
     from harness.batch.cli import build_plan
@@ -421,7 +422,7 @@ def job_setup(records: int, shard_size: int, overrides: list[str], space: str = 
     stand_in = work / "stand-in.jsonl"
     stand_in.write_text(json.dumps({"custom_id": "v0", "method": "POST", "url": "/v1/completions",
                                     "body": {"model": MODEL, "prompt": [1, 2], "max_tokens": 2}}) + "\n")
-    cfg = compose(f"batch.input={stand_in}", f"batch.output_dir={work / 'out'}", "engine=vllm", "hardware=h100",
+    cfg = compose(f"batch.input={stand_in}", f"batch.output_dir={work / 'out'}", "engine=vllm", f"hardware={hardware}",
                   f"model={MODEL}", f"model.path={metadata_folder()}", f"tune={space}", "batch.sampling=benchmark",
                   f"batch.shard_size={shard_size}", f"run.results_dir={work / 'results'}", *overrides,
                   config_name="batch")

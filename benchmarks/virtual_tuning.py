@@ -1,6 +1,6 @@
 """In-job tuning on a virtual clock (``benchmarks/in_job_tuning.py --virtual``): the real tuner, runs from the
-virtual engine (``benchmarks.virtual_engine``: one H100, Llama-3.1-8B, a backlog of lengths;
-``benchmarks.virtual_job``).
+virtual engine (``benchmarks.virtual_engine``: one H100, or the GPU ``--hardware`` names, Llama-3.1-8B, a backlog of
+lengths; ``benchmarks.virtual_job``).
 
     .venv/bin/python -m benchmarks.in_job_tuning --virtual --out results/virtual \\
         --sizes 50000,200000,1000000 --restarts 60,30,120 --seeds 5   # in-job against default and grid-best
@@ -67,8 +67,8 @@ import numpy as np
 
 from engines.base import KnobError
 
-from benchmarks.virtual_engine import CAP, ROOT, WORKLOAD, Backlog, Truth, config_seed, scheduler_config, simulate, \
-    steady_of
+from benchmarks.virtual_engine import CAP, HARDWARE, HARDWARES, ROOT, WORKLOAD, Backlog, Truth, config_seed, \
+    scheduler_config, simulate, steady_of
 from benchmarks.virtual_job import SPACE, JobResult, MainCache, Setup, VirtualEngine, job_setup, knobs_key, \
     run_virtual_job
 
@@ -77,9 +77,11 @@ BAR = 0.95   # in-job ÷ default at or under this: the job is past break-even
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
-    """What a job's result depends on besides its size, seed and restart cost (a stored job with others is rerun)."""
-    return {k: getattr(args, k) for k in ("workload", "space", "trials", "max_share", "min_run", "shard_size",
-                                          "run_sigma", "step_sigma", "cap", "overrides")}
+    """What a job's result depends on besides its size, seed and restart cost (a stored job with others is rerun;
+    the hardware is named only where it is not the H100, so that the H100's stored jobs still match)."""
+    keys = ("workload", "space", "trials", "max_share", "min_run", "shard_size", "run_sigma", "step_sigma", "cap",
+            "overrides")
+    return {k: getattr(args, k) for k in keys} | ({"hardware": args.hardware} if args.hardware != HARDWARE else {})
 
 
 def tuner_overrides(args: argparse.Namespace) -> list[str]:
@@ -111,6 +113,8 @@ def run_grid(setup: Setup, backlog: Backlog, truth: Truth, args: argparse.Namesp
     path = out / "grid.json"
     key = {"workload": args.workload, "space": args.space, "points": args.grid_points, "requests": args.grid_requests,
            "size": args.grid_size, "step_sigma": args.step_sigma}
+    if args.hardware != HARDWARE:
+        key["hardware"] = args.hardware
     if path.exists():
         stored = json.loads(path.read_text())
         if stored.get("settings") == key:
@@ -126,7 +130,7 @@ def run_grid(setup: Setup, backlog: Backlog, truth: Truth, args: argparse.Namesp
         schedules.setdefault(knobs_key(shared), []).append(cell)
     for i, (key_s, group) in enumerate(schedules.items()):
         try:
-            config, _ = scheduler_config(group[0]["knobs"], truth_model(), truth_spec())
+            config, _ = scheduler_config(group[0]["knobs"], truth_model(), truth_spec(args.hardware))
         except (MemoryError, KnobError) as e:   # a cell vLLM would refuse to start: no time
             for cell in group:
                 cell["failed"] = f"{type(e).__name__}: {e}"
@@ -159,12 +163,13 @@ def truth_model() -> Any:
     return _SPEC["model"]
 
 
-def truth_spec() -> dict[str, Any]:
+def truth_spec(hardware: str = HARDWARE) -> dict[str, Any]:
+    """The virtual GPU's spec (``conf/hardware/<hardware>.yaml``), loaded once."""
     from benchmarks.virtual_engine import hardware_spec
 
-    if "spec" not in _SPEC:
-        _SPEC["spec"] = hardware_spec()
-    return _SPEC["spec"]
+    if ("spec", hardware) not in _SPEC:
+        _SPEC["spec", hardware] = hardware_spec(hardware)
+    return _SPEC["spec", hardware]
 
 
 # ---- jobs ------------------------------------------------------------------------------------------------------
@@ -211,10 +216,10 @@ def load_jobs(path: Path) -> list[dict[str, Any]]:
 
 
 def run_jobs(args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    truth = Truth.h100_llama(truth_model(), truth_spec())
+    truth = Truth.llama(truth_model(), truth_spec(args.hardware))
     cache = MainCache()
     largest = Backlog.draw(max(args.sizes + [args.grid_size]), args.workload)
-    setup = job_setup(args.grid_size, args.shard_size, tuner_overrides(args), args.space, out / "setup")
+    setup = job_setup(args.grid_size, args.shard_size, tuner_overrides(args), args.space, out / "setup", args.hardware)
     grid = run_grid(setup, largest, truth, args, out)
     leaders = grid["cells"][:args.leaders]
     jobs_path = out / "jobs.jsonl"
@@ -222,13 +227,14 @@ def run_jobs(args: argparse.Namespace, out: Path) -> dict[str, Any]:
     restarts = args.restarts if args.per_restart else args.restarts[:1]
     for size in args.sizes:
         backlog = Backlog(largest.prompt[:size], largest.output[:size])
-        setup = job_setup(size, args.shard_size, tuner_overrides(args), args.space, out / "setup")
+        setup = job_setup(size, args.shard_size, tuner_overrides(args), args.space, out / "setup", args.hardware)
         for seed in args.seeds:
             for restart in restarts:
                 if (size, seed, restart) in done:
                     continue
                 engine = VirtualEngine(backlog, args.shard_size, truth, restart, args.run_sigma, args.step_sigma, seed,
-                                       cache=cache, cap=args.cap, model=truth_model(), spec=truth_spec())
+                                       cache=cache, cap=args.cap, model=truth_model(),
+                                       spec=truth_spec(args.hardware))
                 result = run_virtual_job(setup, engine, seed)
                 record = job_record(size, seed, restart, result, engine, args)
                 with open(jobs_path, "a") as f:
@@ -251,7 +257,7 @@ def summarize(args: argparse.Namespace, out: Path, setup: Setup, largest: Backlo
     for size in args.sizes:
         engine = VirtualEngine(Backlog(largest.prompt[:size], largest.output[:size]), args.shard_size, truth, 0.0,
                                args.run_sigma, args.step_sigma, 0, cache=cache, cap=args.cap, model=truth_model(),
-                               spec=truth_spec())
+                               spec=truth_spec(args.hardware))
         at_size = {knobs_key(c["knobs"]): engine.fixed_job(c["knobs"]) for c in leaders}
         best = min(at_size, key=at_size.get)
         fixed[size] = {"default": engine.fixed_job(setup.plan.knobs), "grid": at_size[best]}
@@ -323,9 +329,9 @@ def print_table(summary: dict[str, Any]) -> None:
 
 def run_counts(args: argparse.Namespace, out: Path, mode: str, count: int) -> dict[str, Any]:
     """``count`` jobs in ``mode`` (``aa``, ``slower``): how many finished on a config other than the defaults."""
-    truth = Truth.h100_llama(truth_model(), truth_spec())
+    truth = Truth.llama(truth_model(), truth_spec(args.hardware))
     backlog = Backlog.draw(args.count_size, args.workload)
-    setup = job_setup(args.count_size, args.shard_size, tuner_overrides(args), args.space, out / "setup")
+    setup = job_setup(args.count_size, args.shard_size, tuner_overrides(args), args.space, out / "setup", args.hardware)
     path = out / "counts.jsonl"
     tag = {**settings(args), "mode": mode, "size": args.count_size, "replay": args.count_replay,
            "slowdown": args.slowdown if mode == "slower" else None, "restart_s": args.restarts[0]}
@@ -339,7 +345,7 @@ def run_counts(args: argparse.Namespace, out: Path, mode: str, count: int) -> di
         slowdown = float(np.random.default_rng([seed, 5]).uniform(lo, hi)) if mode == "slower" else 0.0
         engine = VirtualEngine(backlog, args.shard_size, truth, args.restarts[0], args.run_sigma, args.step_sigma,
                                seed, mode=mode, slowdown=slowdown, replayable=args.count_replay, cache=cache,
-                               cap=args.cap, model=truth_model(), spec=truth_spec())
+                               cap=args.cap, model=truth_model(), spec=truth_spec(args.hardware))
         result = run_virtual_job(setup, engine, seed)
         cols = result.columns
         done[seed] = {"tag": tag, "seed": seed, "slowdown": slowdown, "non_default": bool(result.chosen),
@@ -415,6 +421,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--per-restart", action="store_true", help="one job per restart cost (for a tuner that reads them)")
     p.add_argument("--run-sigma", type=float, default=0.02, help="per-run log-normal noise (sigma of its log)")
     p.add_argument("--step-sigma", type=float, default=0.05, help="per-step log-normal jitter, mean 1")
+    p.add_argument("--hardware", default=HARDWARE, choices=HARDWARES, help="the virtual GPU (conf/hardware/<name>.yaml):"
+                   " its spec prices the true steps and sets vLLM's defaults; the tuner's job is composed with it")
     p.add_argument("--workload", default=WORKLOAD, help="conf/workload/<name>.yaml: its input and output lengths")
     p.add_argument("--space", default=SPACE, help="conf/tune/<space>.yaml")
     p.add_argument("--trials", type=int, default=6)

@@ -242,3 +242,22 @@ def truth_spec():
     from benchmarks.virtual_engine import hardware_spec
 
     return hardware_spec()
+
+
+def test_another_gpu_prices_its_true_steps_with_its_own_figures_and_gets_its_vllm_defaults(tmp_path) -> None:
+    from benchmarks.virtual_engine import hardware_spec
+    from benchmarks.virtual_tuning import parse, settings
+    from engines.stepmodel import StepShape
+
+    h100, a100 = Truth.llama(truth_model()), Truth.llama(truth_model(), hardware_spec("a100_80gb"))
+    assert (a100.flops, a100.bandwidth) == (312e12, 2.039e12) and h100 == Truth.h100_llama(truth_model())
+    assert replace(a100, flops=h100.flops, bandwidth=h100.bandwidth) == h100, "the same form: only the figures differ"
+    for shape in (StepShape(seqs=256, decode=256, tokens=256, kv_tokens=256 * 2000),
+                  StepShape(seqs=8, decode=0, prefill=8192, tokens=8192, pairs=8192 * 1024)):
+        assert a100.seconds(shape) > h100.seconds(shape)
+    config, _ = scheduler_config({"max_model_len": 8192}, truth_model(), hardware_spec("a100_80gb"))
+    assert (config.max_seqs, config.max_tokens_per_step) == (256, 8192), "vLLM's defaults on an A100"
+    setup = job_setup(4000, 20, SMALL, work=tmp_path, hardware="a100_80gb")
+    assert setup.base["hardware"]["spec"]["name"] == "a100_80gb"
+    assert "hardware" not in settings(parse(["--out", str(tmp_path)])), "the H100's stored jobs still match"
+    assert settings(parse(["--out", str(tmp_path), "--hardware", "l40s"]))["hardware"] == "l40s"
