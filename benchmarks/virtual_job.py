@@ -241,7 +241,8 @@ class VirtualEngine:
         def in_sim(position: int, at: float, step_tokens: float, step_s: float, left: int,
                    full: tuple[float, float, int]) -> bool:
             busy, last[0] = at - last[0], at   # engine-busy seconds since the previous commit, on this shard
-            return commit(position, at, step_tokens, step_s, left, busy, full)
+            # ``left``: of the ``p`` shards simulated; an aggregated run's shards past its start are left too
+            return commit(position, at, step_tokens, step_s, left + len(order) - p, busy, full)
 
         recorder = StepRecorder(clock=lambda: 0.0) if self.replayable and kind != "main" else None
         aggregated = len(index) > self.cap
@@ -296,11 +297,13 @@ class VirtualEngine:
         # ``handed``: what the simulated start handed over; after it, one more shard at each commit
         share = (end - t0) / tokens[-1]
         for j, n in enumerate(rest):
-            left = max(0, len(order) - handed - j)
-            if commit(n, float(at[j]), float(step_tokens[j]), float(step_s[j]), left, out[n] * share, fulls[j]):
+            # ``rest`` is in index order; the first ``handed + j`` positions were handed over by now, and the one
+            # committing too (a start that committed all it handed over hands this one over as it commits)
+            now = max(handed + j, n + 1)
+            if commit(n, float(at[j]), float(step_tokens[j]), float(step_s[j]), len(order) - now, out[n] * share,
+                      fulls[j]):
                 # stopped: the shards handed over finish (one more was handed at each commit before this one)
-                # ``rest`` is in index order; the first ``handed + j`` positions were handed over by now
-                in_flight = [k for k in range(j + 1, len(rest)) if rest[k] < handed + j]
+                in_flight = [k for k in range(j + 1, len(rest)) if rest[k] < now]
                 for k in in_flight:
                     commit(rest[k], float(at[k]), float(step_tokens[k]), float(step_s[k]), 0, out[rest[k]] * share,
                            fulls[k], tell=False)

@@ -202,6 +202,22 @@ def test_run_phase_tells_on_commit_in_commit_order_and_a_stop_leaves_the_rest(se
     assert max(state.metas[i]["done_at_s"] for i in state.metas) == pytest.approx(cut.generation_s)
 
 
+def test_an_aggregated_run_counts_the_shards_past_its_simulated_start_as_left(setup, truth, tmp_path) -> None:
+    """A run past ``cap`` simulates its start step by step; ``left`` there counts the shards past that start too (it
+    counted the start's own only, so an engine defaults' trial, stopped on its blocks once ``left`` fell under a
+    run's size, was cut to its simulated start: 35 of its 114 shards at 10^6 requests)."""
+    seen: list[int] = []
+    engine = _engine(4000, truth, seed=2, cap=1000)
+    plan = replace(setup.plan, phase={"phase": "trial", "run": "trial 0", "config": {}})
+    shards = 150   # 3,000 requests: aggregated
+    engine.run_phase(plan, VirtualState(tmp_path), set(range(shards)),
+                     on_commit=lambda so_far: seen.append(so_far.left) or False)
+    start = engine.prefix_shards(plan)
+    assert start < shards and len(seen) == shards and seen[-1] == 0
+    assert all(a >= b for a, b in zip(seen, seen[1:])), "left never grows"
+    assert seen[0] >= shards - start, "at the first commit the shards past the simulated start are all left"
+
+
 class _SlowInMain(VirtualEngine):
     """Every config but the defaults 30% faster in its trial and 30% slower in the main phase."""
 
