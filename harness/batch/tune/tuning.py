@@ -104,6 +104,8 @@ class InJobTuning:
         self.study: optuna.Study | None = None
         self.in_main: list[tuple[RestInMain, RunRecord]] = []   # each main run's prediction from its own steps
         self._limits: list[dict[str, Any]] = []   # what the last run's engines said at their start
+        self.ahead_t0: float | None = None   # when the first run's workers were started ahead (``start_ahead``)
+        self.ahead_s = 0.0   # from then to the first run's start: its workers' start, beside the study's set-up
         if not accepts_hook(run_phase):
             raise TroughputError("in-job tuning needs a run_phase that takes on_commit: the confirmation reads the "
                                  "blocks of each run as its shards commit")
@@ -143,6 +145,7 @@ class InJobTuning:
         t0 = time.monotonic()
         if self.start_ahead is not None and not (self.root / "study.db").exists():   # a new study: trial 0 is first
             self.start_ahead(self.plan_for({}, {"phase": "trial", "run": "the engine defaults' trial", "config": {}}))
+            self.ahead_t0 = t0
         study = self.study = self._study()
         self._trials(study)
         candidate, why = self._candidate(study)
@@ -350,6 +353,8 @@ class InJobTuning:
         reporter = blocks.then if isinstance(blocks.then, Reporter) else None
         log.info("%s: %s on %d shards", label, values or "engine defaults", len(shards))
         t0 = time.monotonic()
+        if self.ahead_t0 is not None and not self.outcome.runs:   # its workers' start began that much earlier
+            self.ahead_s = t0 - self.ahead_t0
         before = self.state.committed()
         if rest is not None:   # it asks the blocks (and the looks) first, at the same commits
             rest.then = blocks
@@ -470,7 +475,9 @@ class InJobTuning:
         if len(self.outcome.runs) == len(records):
             phase_s = max(phase_s, tuning_s)
         job_s = sum(r.wall_s for r in records) + phase_s - sum(r.wall_s for r in tuning)
-        first_s = max(0.0, records[0].wall_s - records[0].generation_s) if records else 0.0
+        # the job's first start: from its first workers' spawn (started ahead: the study set up meanwhile) to the
+        # first run's engines up
+        first_s = max(0.0, records[0].wall_s - records[0].generation_s) + self.ahead_s if records else 0.0
         states = [t.state for t in self.study.get_trials(deepcopy=False)] if self.study is not None else []
         pruned, ran = states.count(PRUNED), states.count(PRUNED) + states.count(optuna.trial.TrialState.COMPLETE)
         switched = bool(candidate) and not chosen and any(r.kind == "main" and r.values for r in main)
