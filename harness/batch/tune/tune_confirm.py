@@ -48,7 +48,11 @@ candidate within ``±min_effect`` of the defaults (not worth a config that was n
 at the last look switches the main phase to the defaults (one engine start); the candidate's committed shards
 stay. So does a candidate with no decision once ``WITHIN`` of the main phase's shards have committed (its engines
 were never full long enough for the blocks the looks need: an engine that reports no steps, or shards too few to
-keep it fed): the bound on how long a candidate runs unconfirmed. The bound counts the main phase's shards
+keep it fed): the bound on how long a candidate runs unconfirmed. Where no look was made by then, one comparison
+decides instead (``Confirmation._at_the_bound``): the candidate is kept if its rate over all its steps is above the
+defaults' fastest block by ``min_effect`` (a candidate many times faster than the defaults, on an engine too fast
+for its feed, is not switched away; this comparison is conservative but not the rule's, so α does not bound it).
+The bound counts the main phase's shards
 committed before a kill; the blocks of a candidate's run cut before its first look are not kept (only a look
 keeps the blocks it saw), so a rerun may reach the bound with too few blocks and switch a winner away. Where
 trial 0 gave fewer than ``MIN_RUNS`` blocks there is no defaults' side to look against, and the main phase runs
@@ -163,6 +167,16 @@ class InMainRule:
                     f"{text}: too close to call" + ("; the last look: not a clear winner" if last else ""))
 
 
+def run_rate(so_far: SoFar) -> float | None:
+    """A run's output tok/s so far over all its engines' steps (its committed shards' engine-busy seconds where the
+    engines report no steps), × its engines: what its engines made, fed or not."""
+    if so_far.step_s > 0 and so_far.step_tokens > 0:
+        return so_far.step_tokens / so_far.step_s * so_far.engines
+    if so_far.engine_s > 0 and so_far.output_tokens > 0:
+        return so_far.output_tokens / so_far.engine_s * so_far.engines
+    return None
+
+
 class LookLog:
     """``tune/confirm.jsonl``: the looks made, oldest first (appended and fsynced as each is made)."""
 
@@ -215,11 +229,7 @@ class Confirmation:
         done = self.before + so_far.shards
         if self.within is not None and done >= self.within and \
                 len(self.candidate) - MIN_RUNS + 1 <= len(self.made):   # no look due at this commit
-            look = Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, None, None, None, SWITCH,
-                        f"no decision after {done} of the main phase's shards (the bound: {WITHIN:.0%} of them, "
-                        f"{self.within}): the candidate gave {len(self.candidate)} block(s) and the looks made "
-                        f"{len(self.made)} without deciding (the rule's first look needs {MIN_RUNS}); the looks "
-                        "it had left are not made")
+            look = self._at_the_bound(so_far, done)
         elif len(self.candidate) < MIN_RUNS or len(self.candidate) - MIN_RUNS + 1 <= len(self.made):
             return False
         else:
@@ -227,6 +237,28 @@ class Confirmation:
         self.log.append(look)
         self.made.append(look)
         return look.action == SWITCH
+
+    def _at_the_bound(self, so_far: SoFar, done: int) -> Look:
+        """The bound reached undecided. Where no look was made (fewer blocks than the first look needs: an engine
+        too fast for its feed, or one that reports no steps), the candidate is kept if its run's rate over all its
+        steps (ramp, starved steps and drain included: no more than its fed rate) is above the defaults' fastest
+        block by the minimum effect (a lower bound of the candidate against the highest of the defaults: a
+        conservative comparison, but not the rule's, so its error rate is not bounded by α); else, and where looks
+        were made without deciding, the rest runs on the defaults."""
+        text = (f"no decision after {done} of the main phase's shards (the bound: {WITHIN:.0%} of them, "
+                f"{self.within}): the candidate gave {len(self.candidate)} block(s) and the looks made "
+                f"{len(self.made)} without deciding (the rule's first look needs {MIN_RUNS}); the looks it had left "
+                "are not made")
+        rate, fastest = run_rate(so_far), max(self.defaults, default=0.0)
+        ratio = rate / fastest if rate and fastest and not self.made else None
+        if ratio is None:
+            return Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, None, None, None, SWITCH, text)
+        keep = ratio >= 1 + self.rule.min_effect
+        return Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, ratio, None, None,
+                    KEEP if keep else SWITCH,
+                    f"{text}; its rate over all its steps so far, {rate:,.0f} tok/s, is {ratio:.3f}x the defaults' "
+                    f"fastest block: {'kept, above' if keep else 'not above'} it by the {self.rule.min_effect:.0%} "
+                    "minimum effect")
 
     def columns(self) -> dict[str, Any]:
         """The row's ``tune.confirm.*``."""

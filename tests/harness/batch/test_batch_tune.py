@@ -74,13 +74,18 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     defaults = runs[0]
     assert defaults["values"] == {} and len(defaults["blocks"]) >= 3
     assert row["tune.confirm.defaults_blocks"] == defaults["blocks"]
-    assert 3 <= len(row["tune.confirm.candidate_blocks"]) and row["tune.confirm.looks"] >= 1
     looks = [json.loads(line) for line in (tmp_path / "out" / "tune" / "confirm.jsonl").read_text().splitlines()]
-    assert len(looks) == row["tune.confirm.looks"] and looks[-1]["action"] == "keep the candidate"
+    assert len(looks) == row["tune.confirm.looks"] >= 1 and looks[-1]["action"] == "keep the candidate"
     assert [look["look"] for look in looks] == list(range(1, len(looks) + 1)), "one look per block from the 3rd"
-    # 64 or 12 sequences at once against the job's 2: many times the rate, a clear winner at the first look
+    # 64 or 12 sequences at once against the job's 2: many times the rate, a clear winner at the first look; or,
+    # where the driver could not keep so fast an engine full (a loaded host), no block by the bound and its steps'
+    # rate many times the defaults' fastest block: kept either way, never switched to the defaults
     assert row["tune.chosen"]["engine.knobs.max_num_seqs"] in (12, 64) and not row["tune.switched"]
-    assert looks[-1]["verdict"] == "clear winner" and looks[-1]["ratio"] > 2
+    assert looks[-1]["ratio"] > 2
+    if looks[-1]["verdict"] == "clear winner":
+        assert len(row["tune.confirm.candidate_blocks"]) >= 3
+    else:
+        assert looks[-1]["verdict"] == "insufficient data" and "kept, above it" in looks[-1]["reason"]
     metas = _metas(tmp_path / "out")
     assert len(metas) == 144 and {m["phase"] for m in metas.values()} == {"trial", "main"}
     main = [m for m in metas.values() if m["phase"] == "main"]
@@ -274,10 +279,7 @@ def test_kill_9_in_the_tuning_phase_resumes_it_without_losing_a_committed_shard(
     states = [t.state for t in study.trials]
     assert states.count(optuna.trial.TrialState.COMPLETE) == 3, "the budget of 3 trials is met after the kill"
     [row] = read_rows(tmp_path / "results", "batch")   # the killed invocation wrote no row
-    mains = [r for r in row["tune.runs"] if r["kind"] == "main"]
-    # one main run, or two where the looks switched to the defaults (on a loaded host a candidate's blocks may not
-    # read as a clear winner): the looks' verdict is not what this test is about
-    assert row["tune.trials"] == 3 and (len(mains) == 1 or [m["values"] for m in mains[1:]] == [{}])
+    assert row["tune.trials"] == 3 and [r["kind"] for r in row["tune.runs"]].count("main") == 1
     assert json.loads(json.dumps(row["tune.runs"]))[0]["label"].startswith("trial 0")
     logs = list((tmp_path / "results" / "logs").glob("*.worker*.log"))
     started = sum(not r["engines_kept"] for r in row["tune.runs"])

@@ -180,7 +180,16 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches(tmp
     assert confirmation.blocks(so_far(5, 15, 0.0, 0.0, 0)) is True
     [look] = LookLog(tmp_path).read()
     assert look.action == SWITCH and "no decision after 5 of the main phase's shards (the bound: 50%" in look.reason
-    assert "gave 0 block(s)" in look.reason
+    assert "gave 0 block(s)" in look.reason and "0.199x the defaults' fastest block: not above" in look.reason
+    # no look made, but its engines' steps ran 30x the defaults' fastest block (an engine too fast for its feed
+    # gives no block): kept, not switched to a config that slow
+    fast = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "f"), within=2)
+    (tmp_path / "f").mkdir()
+    assert fast.blocks(SoFar(shards=1, left=9, engines=2, output_tokens=100, engine_s=1.0, step_tokens=3000.0,
+                             step_s=2.0)) is False
+    assert fast.blocks(SoFar(shards=2, left=8, engines=2, output_tokens=200, engine_s=2.0, step_tokens=6000.0,
+                             step_s=4.0)) is False
+    assert fast.action == KEEP and "kept, above it by the 2% minimum effect" in fast.made[-1].reason
     # after a kill: the shards the main phase committed before count towards the bound
     resumed = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "r"), within=5, before=3)
     (tmp_path / "r").mkdir()
