@@ -129,8 +129,11 @@ def _tuned(plan: Plan, state: JobState, index: Any, tuning: Any, progress: bool)
         label = phase.phase.get("run", "run")
         if ahead and ahead.pop() is pool and pool.started_as(phase):
             log.info("%s: the workers started ahead for it", label)
-            return run_shards(phase, target, index, shards.__contains__, pool, progress, keep_open=True,
-                              on_commit=on_commit)
+            pool.plan = phase
+            run = run_shards(phase, target, index, shards.__contains__, pool, progress, keep_open=True,
+                             on_commit=on_commit)
+            run.started_ahead = True
+            return run
         if pool is None:
             why = "the first run"
         else:

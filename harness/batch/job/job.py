@@ -65,6 +65,7 @@ class ShardsRun:
     #                                  (``engines.faults.announce``): the row's ``engine_info.fault_hook``
     serial: bool = False           # an engine ran a shard at a time (no ``feeder()``): at most a shard at once
     engines_kept: bool = False     # it went on with the previous run's engines (no start: no ``startup_s``)
+    started_ahead: bool = False    # its workers were started before it was asked for (an in-job tuning's first run)
 
     def add(self, meta: dict[str, Any]) -> None:
         """Count one shard this invocation committed (its ``meta.json``)."""

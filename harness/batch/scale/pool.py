@@ -20,7 +20,8 @@ own layout (``_job``: a 1-replica run on 2 slots gets all the pool's cores), not
 Each engine start carries the run's number (``generation``), which ``started`` echoes, so a word
 from an engine started for an earlier run is not taken for this run's. A run whose config the
 engines up now already run (``runs_as``; an in-job tuning's main phase after a run of the chosen
-config) can go on with them (``keep``): no restart.
+config) can go on with them (``keep``): no restart; so can a run whose workers were started for its config
+before it was asked for (``started_as``: an in-job tuning's first run, its engines up or still starting).
 """
 
 from __future__ import annotations

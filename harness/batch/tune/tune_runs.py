@@ -49,6 +49,7 @@ class RunRecord:
     blocks: list[float] = field(default_factory=list)  # its fed-engine rate between commits (``tune_confirm``)
     engines_kept: bool = False     # it went on with the last run's engines, no start (the main phase, same config)
     pruned_at: int | None = None   # a trial the pruner stopped: its shards committed when it was (``tune_prune``)
+    ahead_s: float = 0.0           # its workers were started that long before it (the first run's, ``start_ahead``)
 
     @property
     def fill(self) -> float | None:

@@ -90,7 +90,7 @@ class InJobTuning:
 
     def __init__(self, plan: Plan, state: JobState, index: Index, plan_for: Callable[..., Plan],
                  run_phase: PhaseRunner, base: dict[str, Any], start_ahead: Callable[[Plan], None] | None = None):
-        # start_ahead(plan): start the first run's engines now, so that they start while the study is set up
+        # start_ahead(plan): start the first run's workers now, so that they start while the study is set up
         self.plan, self.state, self.index = plan, state, index
         self.tune = plan.tune
         self.plan_for, self.run_phase, self.base, self.start_ahead = plan_for, run_phase, base, start_ahead
@@ -105,7 +105,6 @@ class InJobTuning:
         self.in_main: list[tuple[RestInMain, RunRecord]] = []   # each main run's prediction from its own steps
         self._limits: list[dict[str, Any]] = []   # what the last run's engines said at their start
         self.ahead_t0: float | None = None   # when the first run's workers were started ahead (``start_ahead``)
-        self.ahead_s = 0.0   # from then to the first run's start: its workers' start, beside the study's set-up
         if not accepts_hook(run_phase):
             raise TroughputError("in-job tuning needs a run_phase that takes on_commit: the confirmation reads the "
                                  "blocks of each run as its shards commit")
@@ -144,7 +143,7 @@ class InJobTuning:
     def run(self) -> Outcome:
         t0 = time.monotonic()
         if self.start_ahead is not None and not (self.root / "study.db").exists():   # a new study: trial 0 is first
-            self.start_ahead(self.plan_for({}, {"phase": "trial", "run": "the engine defaults' trial", "config": {}}))
+            self.start_ahead(self.plan_for({}, {"phase": "trial", "run": f"trial 0 ({DEFAULTS_SEED})", "config": {}}))
             self.ahead_t0 = t0
         study = self.study = self._study()
         self._trials(study)
@@ -353,8 +352,6 @@ class InJobTuning:
         reporter = blocks.then if isinstance(blocks.then, Reporter) else None
         log.info("%s: %s on %d shards", label, values or "engine defaults", len(shards))
         t0 = time.monotonic()
-        if self.ahead_t0 is not None and not self.outcome.runs:   # its workers' start began that much earlier
-            self.ahead_s = t0 - self.ahead_t0
         before = self.state.committed()
         if rest is not None:   # it asks the blocks (and the looks) first, at the same commits
             rest.then = blocks
@@ -363,10 +360,12 @@ class InJobTuning:
             run.engine_limits = list(self._limits)
         self._limits = list(run.engine_limits)
         wall = time.monotonic() - t0
+        ahead_s = t0 - self.ahead_t0 if run.started_ahead and self.ahead_t0 is not None else 0.0
         committed = sorted(self.state.committed() - before)
         record = RunRecord(kind=kind, label=label, values=values, shards=committed, requests=run.requests_ok,
                            output_tokens=run.output_tokens, generation_s=run.generation_s, startup_s=run.startup_s,
                            wall_s=wall, trial=trial, engines_kept=run.engines_kept, blocks=list(blocks.values),
+                           ahead_s=ahead_s,
                            concurrency=concurrency(run.engine_limits, run.lengths,
                                                    self.plan.shard_size if run.serial else None))
         if reporter is not None and reporter.pruned:
@@ -477,7 +476,7 @@ class InJobTuning:
         job_s = sum(r.wall_s for r in records) + phase_s - sum(r.wall_s for r in tuning)
         # the job's first start: from its first workers' spawn (started ahead: the study set up meanwhile) to the
         # first run's engines up
-        first_s = max(0.0, records[0].wall_s - records[0].generation_s) + self.ahead_s if records else 0.0
+        first_s = max(0.0, records[0].wall_s - records[0].generation_s) + records[0].ahead_s if records else 0.0
         states = [t.state for t in self.study.get_trials(deepcopy=False)] if self.study is not None else []
         pruned, ran = states.count(PRUNED), states.count(PRUNED) + states.count(optuna.trial.TrialState.COMPLETE)
         switched = bool(candidate) and not chosen and any(r.kind == "main" and r.values for r in main)

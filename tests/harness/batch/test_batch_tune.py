@@ -124,7 +124,8 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     logs = list((tmp_path / "results" / "logs").glob("*.worker*.log"))
     assert len(logs) == 1, "one worker for the whole job: each run restarts the engine in it (batch.tune.restart)"
     assert "trial 0 (engine defaults): the workers started ahead for it" in proc.stdout, "started before the study"
-    assert row["tune.first_start_s"] > runs[0]["wall_s"] - runs[0]["generation_s"], "its start began before its run"
+    assert runs[0]["ahead_s"] > 0 and all(r["ahead_s"] == 0 for r in runs[1:]), "only the first run's started ahead"
+    assert row["tune.first_start_s"] == pytest.approx(runs[0]["wall_s"] - runs[0]["generation_s"] + runs[0]["ahead_s"])
 
 
 def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults(tmp_path: Path) -> None:
