@@ -76,12 +76,16 @@ log = logging.getLogger("troughput.virtual")
 BAR = 0.95   # in-job ÷ default at or under this: the job is past break-even
 
 
+DRIVER = 2   # the driver's version: 2 since an aggregated run's ``SoFar.left`` counts its shards past its start
+
+
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """What a job's result depends on besides its size, seed and restart cost (a stored job with others is rerun;
-    the hardware is named only where it is not the H100, so that the H100's stored jobs still match)."""
+    the hardware is named only where it is not the H100). ``driver``: a job stored by an older driver is rerun."""
     keys = ("workload", "space", "trials", "max_share", "min_run", "shard_size", "run_sigma", "step_sigma", "cap",
             "overrides")
-    return {k: getattr(args, k) for k in keys} | ({"hardware": args.hardware} if args.hardware != HARDWARE else {})
+    return ({k: getattr(args, k) for k in keys} | ({"hardware": args.hardware} if args.hardware != HARDWARE else {})
+            | {"driver": DRIVER})
 
 
 def tuner_overrides(args: argparse.Namespace) -> list[str]:
