@@ -262,7 +262,7 @@ def truth_spec():
 
 def test_another_gpu_prices_its_true_steps_with_its_own_figures_and_gets_its_vllm_defaults(tmp_path) -> None:
     from benchmarks.virtual_engine import hardware_spec
-    from benchmarks.virtual_tuning import parse, settings
+    from benchmarks.virtual_tuning import DRIVER, parse, settings
     from engines.stepmodel import StepShape
 
     h100, a100 = Truth.llama(truth_model()), Truth.llama(truth_model(), hardware_spec("a100_80gb"))
@@ -275,5 +275,6 @@ def test_another_gpu_prices_its_true_steps_with_its_own_figures_and_gets_its_vll
     assert (config.max_seqs, config.max_tokens_per_step) == (256, 8192), "vLLM's defaults on an A100"
     setup = job_setup(4000, 20, SMALL, work=tmp_path, hardware="a100_80gb")
     assert setup.base["hardware"]["spec"]["name"] == "a100_80gb"
-    assert "hardware" not in settings(parse(["--out", str(tmp_path)])), "the H100's stored jobs still match"
+    assert "hardware" not in settings(parse(["--out", str(tmp_path)])), "the H100 is the default: not named"
+    assert settings(parse(["--out", str(tmp_path)]))["driver"] == DRIVER, "an older driver's stored jobs are rerun"
     assert settings(parse(["--out", str(tmp_path), "--hardware", "l40s"]))["hardware"] == "l40s"

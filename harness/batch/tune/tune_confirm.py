@@ -49,9 +49,11 @@ at the last look switches the main phase to the defaults (one engine start); the
 stay. So does a candidate with no decision once ``WITHIN`` of the main phase's shards have committed (its engines
 were never full long enough for the blocks the looks need: an engine that reports no steps, or shards too few to
 keep it fed): the bound on how long a candidate runs unconfirmed. Where no look was made by then, one comparison
-decides instead (``Confirmation._at_the_bound``): the candidate is kept if its rate over all its steps is above the
-defaults' fastest block by ``min_effect`` (a candidate many times faster than the defaults, on an engine too fast
-for its feed, is not switched away; this comparison is conservative but not the rule's, so α does not bound it).
+decides instead (``Confirmation._at_the_bound``): the candidate is kept if its rate so far is above the defaults'
+blocks' geometric mean by ``min_effect`` and the run allowance at one-sided α (about 1.10× at the defaults), so
+that a candidate many times faster than the defaults, on an engine too fast for its feed, is not switched away; a
+point comparison, not the rule, so α does not bound its false winners, and how often it keeps an equal candidate is
+not measured (the A/A runs, in which every config gives blocks, never reach this path).
 The bound counts the main phase's shards
 committed before a kill; the blocks of a candidate's run cut before its first look are not kept (only a look
 keeps the blocks it saw), so a rerun may reach the bound with too few blocks and switch a winner away. Where
@@ -167,6 +169,10 @@ class InMainRule:
                     f"{text}: too close to call" + ("; the last look: not a clear winner" if last else ""))
 
 
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(statistics.fmean(math.log(v) for v in values)) if values and min(values) > 0 else None
+
+
 def run_rate(so_far: SoFar) -> float | None:
     """A run's output tok/s so far over all its engines' steps (its committed shards' engine-busy seconds where the
     engines report no steps), × its engines: what its engines made, fed or not."""
@@ -240,25 +246,33 @@ class Confirmation:
 
     def _at_the_bound(self, so_far: SoFar, done: int) -> Look:
         """The bound reached undecided. Where no look was made (fewer blocks than the first look needs: an engine
-        too fast for its feed, or one that reports no steps), the candidate is kept if its run's rate over all its
-        steps (ramp, starved steps and drain included: no more than its fed rate) is above the defaults' fastest
-        block by the minimum effect (a lower bound of the candidate against the highest of the defaults: a
-        conservative comparison, but not the rule's, so its error rate is not bounded by α); else, and where looks
-        were made without deciding, the rest runs on the defaults."""
+        too fast for its feed), the candidate is kept if its rate so far (over all its steps, and over its blocks
+        where it gave any: the lower) is above the defaults' blocks' geometric mean by the minimum effect and by
+        the run allowance at the one-sided level α (``keep_above``): a point comparison with the rule's allowance,
+        not the rule, so α does not bound its false winners; else, and where looks were made without deciding,
+        the rest runs on the defaults."""
         text = (f"no decision after {done} of the main phase's shards (the bound: {WITHIN:.0%} of them, "
                 f"{self.within}): the candidate gave {len(self.candidate)} block(s) and the looks made "
                 f"{len(self.made)} without deciding (the rule's first look needs {MIN_RUNS}); the looks it had left "
                 "are not made")
-        rate, fastest = run_rate(so_far), max(self.defaults, default=0.0)
-        ratio = rate / fastest if rate and fastest and not self.made else None
+        rates = [r for r in (run_rate(so_far), _geomean(self.candidate)) if r]
+        mean = _geomean(self.defaults)
+        ratio = min(rates) / mean if rates and mean and not self.made else None
         if ratio is None:
             return Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, None, None, None, SWITCH, text)
-        keep = ratio >= 1 + self.rule.min_effect
+        bar = self.keep_above()
+        keep = ratio >= bar
         return Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, ratio, None, None,
                     KEEP if keep else SWITCH,
-                    f"{text}; its rate over all its steps so far, {rate:,.0f} tok/s, is {ratio:.3f}x the defaults' "
-                    f"fastest block: {'kept, above' if keep else 'not above'} it by the {self.rule.min_effect:.0%} "
-                    "minimum effect")
+                    f"{text}; its rate so far, {min(rates):,.0f} tok/s, is {ratio:.3f}x the defaults' blocks' mean: "
+                    f"{'kept, at or above' if keep else 'not at or above'} {bar:.3f}x (the {self.rule.min_effect:.0%} "
+                    f"minimum effect and the run allowance at one-sided α)")
+
+    def keep_above(self) -> float:
+        """The ratio a candidate with no look must reach at the bound: (1 + min_effect) × exp(z₁₋α √2 run_spread)
+        (one-sided, α the rule's)."""
+        z = NormalDist().inv_cdf(1 - self.rule.alpha)
+        return (1 + self.rule.min_effect) * math.exp(z * math.sqrt(2) * self.rule.run_spread)
 
     def columns(self) -> dict[str, Any]:
         """The row's ``tune.confirm.*``."""

@@ -168,10 +168,12 @@ def test_a_rerun_after_a_switch_runs_the_rest_on_the_defaults_with_no_look_to_st
     assert runs == [("main", {}, None)]
 
 
-def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches(tmp_path):
-    """An engine that never runs full long enough for the blocks (no steps reported, or too few shards to keep it
-    fed) gives the looks nothing: the candidate is not kept unconfirmed for the rest of the job; at the bound (the
-    main phase's shards × WITHIN) it switches, and the look says why. Looks due before it are made as usual."""
+def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unless_far_faster(tmp_path):
+    """An engine that never runs full long enough for the blocks (too few shards to keep it fed) gives the looks
+    nothing: the candidate is not kept unconfirmed for the rest of the job; at the bound (the main phase's shards ×
+    WITHIN) it switches, and the look says why, unless its rate so far clears the defaults' blocks by the minimum
+    effect and the run allowance. Looks made without deciding, or no rate at all: it switches. Looks due before
+    the bound are made as usual."""
     rule = InMainRule(3, 0.02, 0.0)
     confirmation = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path), within=5)
     for shards in range(1, 5):   # commits without a full step: no block, no look
@@ -180,16 +182,39 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches(tmp
     assert confirmation.blocks(so_far(5, 15, 0.0, 0.0, 0)) is True
     [look] = LookLog(tmp_path).read()
     assert look.action == SWITCH and "no decision after 5 of the main phase's shards (the bound: 50%" in look.reason
-    assert "gave 0 block(s)" in look.reason and "0.199x the defaults' fastest block: not above" in look.reason
+    assert "gave 0 block(s)" in look.reason
+    assert "0.200x the defaults' blocks' mean: not at or above 1.020x" in look.reason
+    allowed = InMainRule(3, 0.02, 0.03)   # the default allowance: the bar is 1.02 × exp(1.645 √2 × 0.03)
     # no look made, but its engines' steps ran 30x the defaults' fastest block (an engine too fast for its feed
     # gives no block): kept, not switched to a config that slow
-    fast = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "f"), within=2)
+    fast = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "f"), within=2)
     (tmp_path / "f").mkdir()
     assert fast.blocks(SoFar(shards=1, left=9, engines=2, output_tokens=100, engine_s=1.0, step_tokens=3000.0,
                              step_s=2.0)) is False
     assert fast.blocks(SoFar(shards=2, left=8, engines=2, output_tokens=200, engine_s=2.0, step_tokens=6000.0,
                              step_s=4.0)) is False
-    assert fast.action == KEEP and "kept, above it by the 2% minimum effect" in fast.made[-1].reason
+    assert fast.action == KEEP and "kept, at or above 1.094x" in fast.made[-1].reason
+    # 8% faster: under the allowance's bar, switched
+    close = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "c"), within=1)
+    (tmp_path / "c").mkdir()
+    assert close.blocks(SoFar(shards=1, left=9, engines=2, output_tokens=100, engine_s=1.0, step_tokens=108.0,
+                              step_s=2.0)) is True and close.made[-1].ratio == pytest.approx(1.08, rel=1e-3)
+    # no steps and no engine seconds: no rate, switched
+    blind = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "b"), within=1)
+    (tmp_path / "b").mkdir()
+    assert blind.blocks(SoFar(shards=1, left=9, engines=2, output_tokens=0, engine_s=0.0, step_tokens=0.0,
+                              step_s=0.0)) is True and blind.made[-1].ratio is None
+    # a look made without deciding, then the bound: switched, however fast its steps
+    looked = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "l"), within=4)
+    (tmp_path / "l").mkdir()
+    tokens = 0.0
+    for shards, rate in enumerate([100, 104, 92], 1):   # 3 blocks: one look, too close to call
+        tokens += rate * 5
+        looked.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
+    assert len(looked.made) == 1 and looked.action is None
+    assert looked.blocks(SoFar(shards=4, left=6, engines=2, output_tokens=400, engine_s=4.0, step_tokens=9e6,
+                               step_s=10.0, full_steps=3 * 2 * BLOCK_STEPS)) is True
+    assert looked.action == SWITCH and looked.made[-1].ratio is None
     # after a kill: the shards the main phase committed before count towards the bound
     resumed = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "r"), within=5, before=3)
     (tmp_path / "r").mkdir()
