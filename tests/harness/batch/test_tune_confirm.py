@@ -185,7 +185,7 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
     assert "gave 0 block(s)" in look.reason
     assert "0.200x the defaults' blocks' mean: not at or above 1.020x" in look.reason
     allowed = InMainRule(3, 0.02, 0.03)   # the default allowance: the bar is 1.02 × exp(1.645 √2 × 0.03)
-    # no look made, but its engines' steps ran 30x the defaults' fastest block (an engine too fast for its feed
+    # no look made, but its engines' steps ran 30x the defaults' blocks' mean (an engine too fast for its feed
     # gives no block): kept, not switched to a config that slow
     fast = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "f"), within=2)
     (tmp_path / "f").mkdir()
