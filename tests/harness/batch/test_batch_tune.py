@@ -271,7 +271,7 @@ def test_kill_9_in_the_tuning_phase_resumes_it_without_losing_a_committed_shard(
     assert 4 <= len(before) < 36, "killed in the tuning phase"
     again = batch_app(tmp_path, *args)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "started ahead" not in again.stdout, "a resumed study's first run is not the defaults' trial: no workers ahead"
+    assert "started ahead" not in again.stdout, "a resumed study starts no workers ahead"
     ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
     assert ids == [f"r{i}" for i in range(288)]
     after = _metas(tmp_path / "out")
