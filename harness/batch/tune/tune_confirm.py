@@ -47,16 +47,18 @@ false winner or loser; the A/A simulation reports the rate with drift and run no
 candidate within ``±min_effect`` of the defaults (not worth a config that was not tried before), or no decision
 at the last look switches the main phase to the defaults (one engine start); the candidate's committed shards
 stay. So does a candidate with no decision once ``WITHIN`` of the main phase's shards have committed (its engines
-were never full long enough for the blocks the looks need: an engine that reports no steps, or shards too few to
-keep it fed): the bound on how long a candidate runs unconfirmed. Where no look was made by then, one comparison
-decides instead (``Confirmation._at_the_bound``): the candidate is kept if its rate so far is above the defaults'
-blocks' geometric mean by ``min_effect`` and the run allowance at one-sided α (about 1.10× at the defaults), so
+were never full long enough for the blocks the looks need: shards too few to keep it fed, or an engine too fast
+for its feed): the bound on how long a candidate runs unconfirmed. Where no look was made by then, one comparison
+decides instead (``Confirmation._at_the_bound``): the candidate is kept if its rate so far (the lower of its rate
+over all its steps and its blocks' geometric mean) is above the defaults' blocks' geometric mean by ``min_effect``
+and the run allowance at the first look's level (about 1.12× at the defaults, what the first look asks of blocks
+with no spread), so
 that a candidate many times faster than the defaults, on an engine too fast for its feed, is not switched away; a
 point comparison, not the rule, so α does not bound its false winners, and how often it keeps an equal candidate is
-not measured (the A/A runs, in which every config gives blocks, never reach this path).
-The bound counts the main phase's shards
-committed before a kill; the blocks of a candidate's run cut before its first look are not kept (only a look
-keeps the blocks it saw), so a rerun may reach the bound with too few blocks and switch a winner away. Where
+not measured (the A/A runs, in which every config gives blocks, never reach this path). The bound counts the main
+phase's shards committed before a kill; the blocks of a candidate's run cut before its first look are not kept
+(only a look keeps the blocks it saw), so a rerun may reach the bound with too few blocks and switch a winner away
+(unless its rate alone clears the bar above). Where
 trial 0 gave fewer than ``MIN_RUNS`` blocks there is no defaults' side to look against, and the main phase runs
 the defaults from its start (``harness.batch.tune.tuning``). Every look is appended to ``tune/confirm.jsonl`` as
 it is made, so a killed job resumes with the looks it has made (their α spent) and the blocks they saw.
@@ -248,7 +250,7 @@ class Confirmation:
         """The bound reached undecided. Where no look was made (fewer blocks than the first look needs: an engine
         too fast for its feed), the candidate is kept if its rate so far (over all its steps, and over its blocks
         where it gave any: the lower) is above the defaults' blocks' geometric mean by the minimum effect and by
-        the run allowance at the one-sided level α (``keep_above``): a point comparison with the rule's allowance,
+        the run allowance at the first look's level (``keep_above``): a point comparison with the rule's allowance,
         not the rule, so α does not bound its false winners; else, and where looks were made without deciding,
         the rest runs on the defaults."""
         text = (f"no decision after {done} of the main phase's shards (the bound: {WITHIN:.0%} of them, "
@@ -266,12 +268,12 @@ class Confirmation:
                     KEEP if keep else SWITCH,
                     f"{text}; its rate so far, {min(rates):,.0f} tok/s, is {ratio:.3f}x the defaults' blocks' mean: "
                     f"{'kept, at or above' if keep else 'not at or above'} {bar:.3f}x (the {self.rule.min_effect:.0%} "
-                    f"minimum effect and the run allowance at one-sided α)")
+                    f"minimum effect and the run allowance at the first look's level)")
 
     def keep_above(self) -> float:
-        """The ratio a candidate with no look must reach at the bound: (1 + min_effect) × exp(z₁₋α √2 run_spread)
-        (one-sided, α the rule's)."""
-        z = NormalDist().inv_cdf(1 - self.rule.alpha)
+        """The ratio a candidate with no look must reach at the bound: (1 + min_effect) × exp(z √2 run_spread), z at
+        the first look's level (two-sided, as the rule's): what the first look would ask of blocks with no spread."""
+        z = NormalDist().inv_cdf(1 - self.rule.levels[0] / 2)
         return (1 + self.rule.min_effect) * math.exp(z * math.sqrt(2) * self.rule.run_spread)
 
     def columns(self) -> dict[str, Any]:

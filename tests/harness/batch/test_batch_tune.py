@@ -78,7 +78,7 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     assert len(looks) == row["tune.confirm.looks"] >= 1 and looks[-1]["action"] == "keep the candidate"
     assert [look["look"] for look in looks] == list(range(1, len(looks) + 1)), "one look per block from the 3rd"
     # 64 or 12 sequences at once against the job's 2: many times the rate, a clear winner at the first look; or,
-    # where the driver could not keep so fast an engine full (a loaded host), no block by the bound and its steps'
+    # where the driver could not keep so fast an engine full (a loaded host), fewer than 3 blocks by the bound and its
     # rate many times the defaults' blocks' mean: kept either way, never switched to the defaults
     assert row["tune.chosen"]["engine.knobs.max_num_seqs"] in (12, 64) and not row["tune.switched"]
     assert looks[-1]["ratio"] > 2

@@ -184,7 +184,7 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
     assert look.action == SWITCH and "no decision after 5 of the main phase's shards (the bound: 50%" in look.reason
     assert "gave 0 block(s)" in look.reason
     assert "0.200x the defaults' blocks' mean: not at or above 1.020x" in look.reason
-    allowed = InMainRule(3, 0.02, 0.03)   # the default allowance: the bar is 1.02 × exp(1.645 √2 × 0.03)
+    allowed = InMainRule(3, 0.02, 0.03)   # the defaults: the bar is 1.02 × exp(z(1 - 0.0226 / 2) √2 × 0.03)
     # no look made, but its engines' steps ran 30x the defaults' blocks' mean (an engine too fast for its feed
     # gives no block): kept, not switched to a config that slow
     fast = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "f"), within=2)
@@ -193,7 +193,19 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
                              step_s=2.0)) is False
     assert fast.blocks(SoFar(shards=2, left=8, engines=2, output_tokens=200, engine_s=2.0, step_tokens=6000.0,
                              step_s=4.0)) is False
-    assert fast.action == KEEP and "kept, at or above 1.094x" in fast.made[-1].reason
+    assert fast.action == KEEP and "kept, at or above 1.124x" in fast.made[-1].reason
+    # two blocks at 105 and its steps at 3,000: the lower, 1.05x, is what counts: switched
+    two = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "t"), within=3)
+    (tmp_path / "t").mkdir()
+    for shards in (1, 2):
+        two.blocks(SoFar(shards=shards, left=9, engines=2, output_tokens=100 * shards, engine_s=1.0 * shards,
+                         step_tokens=3000.0 * shards, step_s=2.0 * shards, full_tokens=105 / 2 * 10.0 * shards,
+                         full_s=10.0 * shards, full_steps=2 * BLOCK_STEPS * shards))
+    assert two.candidate == pytest.approx([105, 105]) and two.action is None
+    assert two.blocks(SoFar(shards=3, left=9, engines=2, output_tokens=300, engine_s=3.0, step_tokens=9000.0,
+                            step_s=6.0, full_tokens=105 / 2 * 10.0 * 2, full_s=20.0,
+                            full_steps=2 * BLOCK_STEPS * 2)) is True
+    assert two.made[-1].ratio == pytest.approx(1.05, rel=1e-3)
     # 8% faster: under the allowance's bar, switched
     close = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "c"), within=1)
     (tmp_path / "c").mkdir()
