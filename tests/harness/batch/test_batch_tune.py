@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import time
 from pathlib import Path
 
@@ -155,8 +156,10 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
     assert row["tune.confirm.action"] == "switch to the engine defaults"
     assert "clear loser" in row["tune.confirm.reason"] or "the last look: not a clear winner" in \
         row["tune.confirm.reason"], row["tune.confirm.reason"]
-    assert row["tune.confirm.candidate_blocks"] and \
-        min(row["tune.confirm.candidate_blocks"]) < 0.5 * min(row["tune.confirm.defaults_blocks"])
+    # medians: on a loaded host the defaults' blocks spread widely (593 to 896 tok/s in one fresh-clone run, whose
+    # slowed candidate's 319 was not under half their lowest)
+    assert row["tune.confirm.candidate_blocks"] and statistics.median(row["tune.confirm.candidate_blocks"]) < \
+        0.5 * statistics.median(row["tune.confirm.defaults_blocks"])
     metas = _metas(tmp_path / "out")
     on_candidate = [m for m in metas.values() if m["phase"] == "main" and m["config"]]
     assert 3 <= len(on_candidate) < 96 and len(metas) == 144, "the candidate's shards kept, the rest on the defaults"
