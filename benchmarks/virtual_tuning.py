@@ -84,8 +84,13 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
     the hardware is named only where it is not the H100). ``driver``: a job stored by an older driver is rerun."""
     keys = ("workload", "space", "trials", "max_share", "min_run", "shard_size", "run_sigma", "step_sigma", "cap",
             "overrides")
-    return ({k: getattr(args, k) for k in keys} | ({"hardware": args.hardware} if args.hardware != HARDWARE else {})
-            | {"driver": DRIVER})
+    return {k: getattr(args, k) for k in keys} | named_hardware(args) | {"driver": DRIVER}
+
+
+def named_hardware(args: argparse.Namespace) -> dict[str, str]:
+    """The GPU, for the keys stored results are matched on: named only where it is not the H100 (whose results were
+    stored before ``--hardware``)."""
+    return {"hardware": args.hardware} if args.hardware != HARDWARE else {}
 
 
 def tuner_overrides(args: argparse.Namespace) -> list[str]:
@@ -116,9 +121,7 @@ def run_grid(setup: Setup, backlog: Backlog, truth: Truth, args: argparse.Namesp
     match)."""
     path = out / "grid.json"
     key = {"workload": args.workload, "space": args.space, "points": args.grid_points, "requests": args.grid_requests,
-           "size": args.grid_size, "step_sigma": args.step_sigma}
-    if args.hardware != HARDWARE:
-        key["hardware"] = args.hardware
+           "size": args.grid_size, "step_sigma": args.step_sigma} | named_hardware(args)
     if path.exists():
         stored = json.loads(path.read_text())
         if stored.get("settings") == key:

@@ -76,7 +76,9 @@ from pathlib import Path
 from typing import Any
 
 from harness.batch.job.job import SoFar
+from harness.batch.tune.tune_prune import run_rate
 from harness.report.sequential import spent
+from harness.report.stats import geometric_mean
 from harness.report.verdict import ALPHA, CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, MIN_RUNS, t_quantile
 
 KEEP, SWITCH = "keep the candidate", "switch to the engine defaults"
@@ -171,20 +173,6 @@ class InMainRule:
                     f"{text}: too close to call" + ("; the last look: not a clear winner" if last else ""))
 
 
-def _geomean(values: list[float]) -> float | None:
-    return math.exp(statistics.fmean(math.log(v) for v in values)) if values and min(values) > 0 else None
-
-
-def run_rate(so_far: SoFar) -> float | None:
-    """A run's output tok/s so far over all its engines' steps (its committed shards' engine-busy seconds where the
-    engines report no steps), × its engines: what its engines made, fed or not."""
-    if so_far.step_s > 0 and so_far.step_tokens > 0:
-        return so_far.step_tokens / so_far.step_s * so_far.engines
-    if so_far.engine_s > 0 and so_far.output_tokens > 0:
-        return so_far.output_tokens / so_far.engine_s * so_far.engines
-    return None
-
-
 class LookLog:
     """``tune/confirm.jsonl``: the looks made, oldest first (appended and fsynced as each is made)."""
 
@@ -257,8 +245,8 @@ class Confirmation:
                 f"{self.within}): the candidate gave {len(self.candidate)} block(s) and the looks made "
                 f"{len(self.made)} without deciding (the rule's first look needs {MIN_RUNS}); the looks it had left "
                 "are not made")
-        rates = [r for r in (run_rate(so_far), _geomean(self.candidate)) if r]
-        mean = _geomean(self.defaults)
+        rates = [r for r in (run_rate(so_far), geometric_mean(self.candidate) if self.candidate else None) if r]
+        mean = geometric_mean(self.defaults) if self.defaults else None
         ratio = min(rates) / mean if rates and mean and not self.made else None
         if ratio is None:
             return Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, None, None, None, SWITCH, text)

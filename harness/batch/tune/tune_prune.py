@@ -114,6 +114,13 @@ def fed_rate(so_far: SoFar) -> float | None:
     module's notes); without steps, its committed shards' output tokens ÷ their engine-busy seconds × engines."""
     if so_far.full_s > 0 and so_far.full_tokens > 0:
         return so_far.full_tokens / so_far.full_s * so_far.engines
+    return run_rate(so_far)
+
+
+def run_rate(so_far: SoFar) -> float | None:
+    """A run's output tok/s so far over all its engines' steps (its committed shards' engine-busy seconds where the
+    engines report no steps), × its engines: what its engines made, fed or not (the confirmation's bound reads it,
+    ``tune_confirm.Confirmation._at_the_bound``)."""
     if so_far.step_s > 0 and so_far.step_tokens > 0:
         return so_far.step_tokens / so_far.step_s * so_far.engines
     if so_far.engine_s > 0 and so_far.output_tokens > 0:
