@@ -95,7 +95,7 @@ def make_sampler(cfg: DictConfig) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "grid":
         return StudyGridSampler(grid_values(cfg), seed=seed)
-    raise TroughputError(f"unknown sampler {name!r}; use tpe, random or grid")
+    raise TroughputError(f"tune.sampler={name!r}: use tpe, random or grid")
 
 
 def grid_values(cfg: DictConfig) -> dict[str, list[Any]]:

@@ -60,6 +60,12 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
         raise TroughputError(f"batch.tune.run_spread={spread!r}: must be a number in [0, 1) (the log-rate spread "
                              "of two runs of one config, beyond what their blocks show)")
     check_settings(tune)
+    from harness.tune.study import make_sampler   # its refusals (an unknown sampler or startup) come first too
+
+    try:
+        make_sampler(sampler_config({**tune, "space": {"params": {}}}, ""))
+    except TroughputError as e:
+        raise TroughputError(f"batch.{e}") from e   # the message names tune.sampler or tune.startup
     full = with_default_space(cfg)
     space = OmegaConf.to_container(full.tune.space, resolve=True)
     SearchSpace(space)  # checks the space's shape

@@ -242,7 +242,8 @@ def test_a_job_too_small_for_the_trials_is_refused_before_any_engine_starts(tmp_
 def test_bad_confirmation_settings_are_refused_before_any_engine_starts(tmp_path: Path) -> None:
     path, args = _job(tmp_path, 200)
     for bad in ("batch.tune.confirm_looks=0", "batch.tune.confirm_looks=lots", "batch.tune.run_spread=-1",
-                "batch.tune.run_spread=nan", "batch.tune.block_steps=0"):
+                "batch.tune.run_spread=nan", "batch.tune.block_steps=0", "batch.tune.sampler=nope",
+                "batch.tune.startup=nope"):
         proc = batch_app(tmp_path, *args, "batch.tune.trials=3", bad, "+engine.knobs.fail_in=start")
         assert proc.returncode == 2 and bad.split("=")[0] in proc.stderr, (bad, proc.stderr[-2000:])
     assert not (tmp_path / "out" / "shards").exists() or not list((tmp_path / "out" / "shards").iterdir())
