@@ -111,3 +111,16 @@ def test_the_cpu_space_seeds_pin_what_they_assume(tmp_path):
     assert params[2] == {**params[1], "engine.replicas": 2}, "the batch recipe on every core"
     assert params[1]["engine.replicas"] == params[3]["engine.replicas"] == 1, "no seed leaves replicas to chance"
     assert params[1]["engine.knobs.kv_cache_memory_bytes"] == 1 << 30, "the batch recipe: the most KV allowed"
+
+
+@pytest.mark.parametrize("option", ["vllm_h100", "sim_h100", "sim_h100_backlog", "trtllm_h100", "sglang_h100",
+                                    "ray_gpu"])
+def test_the_gpu_heuristic_seed_runs_on_the_kv_share_it_sizes_for(option):
+    """TensorRT-LLM's heuristic sizes the resident requests for 0.95 of the memory the weights leave: its seed
+    pins the space's KV share at its top (else the sampler draws one, and a draw under it preempts)."""
+    import yaml
+
+    text = yaml.safe_load((ROOT / "conf" / "tune" / f"{option}.yaml").read_text())
+    share = next(path for path in text["space"]["params"]
+                 if path.endswith(("kv_memory_fraction", "gpu_memory_utilization")))
+    assert text["heuristic"]["params"] == {share: text["space"]["params"][share]["high"]}
