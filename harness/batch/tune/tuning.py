@@ -309,8 +309,9 @@ class InJobTuning:
         before = sum(1 for i in self.state.committed() if self.state.meta(i).get("phase") == "main")
         confirmation = Confirmation(self.rule, own[-1].blocks if own else [], LookLog(self.root), self.block_steps,
                                     within=max(1, math.ceil(WITHIN * (left + before))), before=before)
-        log.info("confirmation in the main phase: %s; the defaults' blocks: %s", self.rule.describe(),
-                 ", ".join(f"{b:,.0f}" for b in confirmation.defaults) or "none")
+        log.info("confirmation in the main phase: %s; the defaults' blocks (%d merged a sample): %s",
+                 self.rule.describe(), confirmation.merged, ", ".join(f"{b:,.0f}" for b in confirmation.defaults)
+                 or "none")
         return confirmation
 
     def _main(self, candidate: dict[str, Any], confirmation: Confirmation | None, left: list[int]) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from harness.batch.tune.tune_confirm import merge
 from harness.batch.tune.tune_predict import trace_paths
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
@@ -74,7 +75,9 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     # the defaults' side: trial 0's blocks (its own start, not repeated); the candidate's: the main phase's
     defaults = runs[0]
     assert defaults["values"] == {} and len(defaults["blocks"]) >= 3
-    assert row["tune.confirm.defaults_blocks"] == defaults["blocks"]
+    # each sample of both sides: as many of its blocks as trial 0 gave beyond the 5 the last look compares
+    assert row["tune.confirm.blocks_merged"] == max(1, len(defaults["blocks"]) // 5)
+    assert row["tune.confirm.defaults_blocks"] == merge(defaults["blocks"], row["tune.confirm.blocks_merged"])
     looks = [json.loads(line) for line in (tmp_path / "out" / "tune" / "confirm.jsonl").read_text().splitlines()]
     assert len(looks) == row["tune.confirm.looks"] >= 1 and looks[-1]["action"] == "keep the candidate"
     assert [look["look"] for look in looks] == list(range(1, len(looks) + 1)), "one look per block from the 3rd"
@@ -188,7 +191,8 @@ def test_the_defaults_trial_takes_shards_until_it_has_given_the_confirmation_its
     # at about 10 shards, and the engine's queue (4 requests, within a shard) finishes after it, short of the 16
     assert 8 < len(defaults["shards"]) < 16, len(defaults["shards"])
     assert [len(r["shards"]) for r in later] == [8, 8] and [r["kind"] for r in later] == ["trial", "trial"]
-    assert row["tune.confirm.defaults_blocks"] == defaults["blocks"] and row["tune.confirm.looks"] >= 1
+    assert row["tune.confirm.defaults_blocks"] == merge(defaults["blocks"], row["tune.confirm.blocks_merged"])
+    assert row["tune.confirm.looks"] >= 1
     assert len(_metas(tmp_path / "out")) == 144
 
 

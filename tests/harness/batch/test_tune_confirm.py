@@ -104,7 +104,7 @@ def test_the_candidate_s_blocks_meet_the_defaults_blocks_at_the_same_places_in_t
     rule = InMainRule(3, 0.02, 0.03)
     assert rule.look(run[:3], run[3:]).action == KEEP, "against a run's later blocks: the bias the matching removes"
     assert rule.look(run[:3], run).action != KEEP, "the rule matches them itself"
-    confirmation = Confirmation(rule, run, LookLog(tmp_path))
+    confirmation = Confirmation(rule, run[:5], LookLog(tmp_path))   # the blocks the last look compares: none merged
     tokens = 0.0
     for shards, rate in enumerate(run[:3], 1):   # two engines: a block is the rate per engine × 2
         tokens += rate / 2 * 10
@@ -113,6 +113,27 @@ def test_the_candidate_s_blocks_meet_the_defaults_blocks_at_the_same_places_in_t
     look = confirmation.made[-1]
     assert look.look == 1 and look.action != KEEP and look.ratio == pytest.approx(1.0)
     assert "3 vs 3 blocks" in look.reason and "same places" in rule.describe()
+
+
+def test_a_defaults_trial_of_more_blocks_than_the_looks_compare_is_merged_and_the_candidate_s_blocks_alike(tmp_path):
+    """A trial 0 of 3 × 5 blocks (three looks compare up to 5 a side): each sample, both sides, is 3 consecutive
+    blocks (their geometric mean), at the same places in the two runs; the first look comes after 9 of the
+    candidate's blocks, and its noisy single blocks average out."""
+    defaults = [100.0, 81.0, 121.0] * 5
+    rule = InMainRule(3, 0.02, 0.03)
+    confirmation = Confirmation(rule, defaults, LookLog(tmp_path))
+    assert confirmation.merged == 3 and confirmation.defaults == pytest.approx([(100 * 81 * 121) ** (1 / 3)] * 5)
+    tokens, candidate = 0.0, [125.0, 100.0, 150.0] * 3 + [125.0]   # 1.26x the defaults, each block as noisy
+    for shards, rate in enumerate(candidate, 1):
+        tokens += rate / 2 * 10
+        confirmation.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
+        assert len(confirmation.made) == (shards >= 9)
+    assert confirmation.candidate == pytest.approx([(125 * 100 * 150) ** (1 / 3)] * 3)
+    look = confirmation.made[0]
+    assert look.look == 1 and look.action == KEEP and "3 vs 3 blocks" in look.reason
+    assert confirmation.columns()["tune.confirm.blocks_merged"] == 3
+    unmerged = InMainRule(3, 0.02, 0.03).look(candidate[:3], defaults[:3])
+    assert unmerged.action is None, "the same blocks unmerged: too close to call"
 
 
 def test_a_a_false_winners_stay_under_5_percent_with_run_noise_and_drift_within_the_allowance():
