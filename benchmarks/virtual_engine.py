@@ -111,8 +111,6 @@ class Truth:
                    matmul_params=model.matmul_params, kv_token_bytes=model.kv_bytes_per_token(),
                    attention_flops_per_pair=model.attention_flops_per_pair)
 
-    h100_llama = llama   # the H100's: ``spec`` left out
-
     def seconds(self, s: StepShape, caching: bool = True) -> float:
         p = self.knee_p
         tokens = s.tokens

@@ -25,7 +25,7 @@ def setup(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def truth():
-    return Truth.h100_llama()
+    return Truth.llama()
 
 
 def _engine(size: int, truth: Truth, seed: int = 0, restart: float = 60.0, **kw) -> VirtualEngine:
@@ -266,7 +266,8 @@ def test_another_gpu_prices_its_true_steps_with_its_own_figures_and_gets_its_vll
     from engines.stepmodel import StepShape
 
     h100, a100 = Truth.llama(truth_model()), Truth.llama(truth_model(), hardware_spec("a100_80gb"))
-    assert (a100.flops, a100.bandwidth) == (312e12, 2.039e12) and h100 == Truth.h100_llama(truth_model())
+    assert (a100.flops, a100.bandwidth) == (312e12, 2.039e12)
+    assert h100 == Truth.llama(truth_model(), hardware_spec("h100")), "the H100's when no spec is given"
     assert replace(a100, flops=h100.flops, bandwidth=h100.bandwidth) == h100, "the same form: only the figures differ"
     for shape in (StepShape(seqs=256, decode=256, tokens=256, kv_tokens=256 * 2000),
                   StepShape(seqs=8, decode=0, prefill=8192, tokens=8192, pairs=8192 * 1024)):
