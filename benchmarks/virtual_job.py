@@ -149,6 +149,7 @@ class VirtualEngine:
         self.runs: list[VirtualRun] = []
         self.last: str | None = None   # the config the engines up now run
         self.simulated = 0             # requests simulated step by step (the rest aggregated)
+        self.trial_shards = 0          # the largest finished trial run's shards (``prefix_shards``)
         self.in_flight = 2             # batch.in_flight of the steady runs (the plans' default)
 
     def now(self) -> float:
@@ -312,9 +313,12 @@ class VirtualEngine:
 
     def prefix_shards(self, plan: Plan) -> int:
         """The shards an aggregated run's start hands over in its step-by-step simulation: what the engine holds
-        at most (``Feed.most``), plus the blocks the looks read (``MIN_RUNS`` − 1 + ``confirm_looks``), plus four."""
+        at most (``Feed.most``), plus the blocks the looks read, plus four. A block closes at a commit, so the looks
+        read no more blocks than trial 0 gave (merged where it gave more than ``MIN_RUNS`` − 1 + ``confirm_looks``:
+        ``tune_confirm.merge``), nor than its shards: the largest finished trial run's shards, or that count where
+        none has finished."""
         looks = int((plan.tune or {}).get("confirm_looks") or 6)
-        return self.feed(plan).most * max(int(plan.replicas), 1) + MIN_RUNS - 1 + looks + 4
+        return self.feed(plan).most * max(int(plan.replicas), 1) + max(MIN_RUNS - 1 + looks, self.trial_shards) + 4
 
     def steady(self, knobs: dict[str, Any], config: SchedulerConfig, caching: bool) -> Steady:
         """The config's first ``cap`` requests of the job, simulated once with no run noise (cached by knobs)."""
@@ -341,6 +345,8 @@ class VirtualEngine:
         return self.steady(knobs, config, caching).seconds_for(int(self.backlog.output.sum()))
 
     def _log(self, kind: str, plan: Plan, run: ShardsRun, start: float, status: str) -> None:
+        if kind == "trial":
+            self.trial_shards = max(self.trial_shards, run.shards_run)
         self.clock += start + run.generation_s
         self.runs.append(VirtualRun(kind, str(plan.phase.get("run", kind)), dict(plan.phase.get("config") or {}),
                                     run.requests_ok, run.output_tokens, run.generation_s, start, status))

@@ -60,15 +60,10 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
         raise TroughputError(f"batch.tune.run_spread={spread!r}: must be a number in [0, 1) (the log-rate spread "
                              "of two runs of one config, beyond what their blocks show)")
     check_settings(tune)
-    from harness.tune.study import make_sampler   # its refusals (an unknown sampler or startup) come first too
-
-    try:
-        make_sampler(sampler_config({**tune, "space": {"params": {}}}, ""))
-    except TroughputError as e:
-        raise TroughputError(f"batch.{e}") from e   # the message names tune.sampler or tune.startup
     full = with_default_space(cfg)
     space = OmegaConf.to_container(full.tune.space, resolve=True)
     SearchSpace(space)  # checks the space's shape
+    check_sampler(tune, space)
     changing = output_changing(space["params"])
     if changing:
         raise TroughputError(f"the search space holds {', '.join(changing)}, which change outputs by design: in-job "
@@ -77,6 +72,20 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
                              "batch.engine_file=, or drop them from the space")
     return {**tune, "space": space, "seeds": _plain(full.tune.get("seeds")),
             "heuristic": _plain(full.tune.get("heuristic")), "space_name": _space_name(full)}
+
+
+def check_sampler(tune: dict[str, Any], space: dict[str, Any]) -> None:
+    """The in-job study's sampler built once now (``batch.tune.sampler``, ``startup``, ``n_startup_trials``,
+    ``seed``...), so that a bad setting is refused before any worker starts, not when the study is set up."""
+    from harness.tune.study import make_sampler
+
+    try:
+        make_sampler(sampler_config({**tune, "space": space}, ""))
+    except (TroughputError, ValueError, TypeError) as e:
+        text = str(e)   # make_sampler's own refusals name tune.sampler or tune.startup
+        raise TroughputError(f"batch.{text}" if text.startswith("tune.") else
+                             f"one of {', '.join('batch.tune.' + k for k in SAMPLER_KEYS)}: {type(e).__name__}: "
+                             f"{text}") from e
 
 
 def output_changing(paths: Any) -> list[str]:

@@ -140,13 +140,14 @@ class InMainRule:
 
     def describe(self) -> str:
         return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {MIN_RUNS + self.looks - 1} against "
-                f"the engine defaults' trial blocks at the same places in its run, Pocock levels adding to "
+                f"the engine defaults' trial blocks at the same places in its run (each sample as many consecutive "
+                f"blocks merged as trial 0 gave over the last look's count), Pocock levels adding to "
                 f"α = {self.alpha:g} (union bound), a run-to-run allowance of {self.run_spread:.1%} a side, minimum "
                 f"effect {self.min_effect:.0%}")
 
-    def look(self, candidate: list[float], defaults: list[float]) -> Look:
+    def look(self, candidate: list[float], defaults: list[float], merged: int = 1) -> Look:
         """Look ``len(candidate) - MIN_RUNS + 1``: the verdict on the blocks so far against the defaults' first as many
-        (like for like: see the module's notes), and what to do."""
+        (like for like: see the module's notes), and what to do. ``merged``: blocks a sample (named in the reason)."""
         j = len(candidate) - MIN_RUNS + 1
         if j < 1 or j > self.looks:
             raise ValueError(f"look {j} is outside 1..{self.looks}")
@@ -166,7 +167,7 @@ class InMainRule:
         ratio, low, high = (math.exp(max(-700.0, min(700.0, x))) for x in (diff, diff - half, diff + half))
         margin = math.log1p(self.min_effect)
         text = (f"candidate ÷ defaults {ratio:.3f}x [{low:.3f}, {high:.3f}] at look {j} of {self.looks} "
-                f"(level {level:.4f}; {len(lc)} vs {len(ld)} blocks)")
+                f"(level {level:.4f}; {len(lc)} vs {len(ld)} {samples(merged)})")
         if diff - half > 0 and diff >= margin:
             return Look(j, level, list(candidate), CLEAR, ratio, low, high, KEEP,
                         f"{text}: a clear winner by the {self.min_effect:.0%} minimum effect")
@@ -238,7 +239,7 @@ class Confirmation:
         elif len(self.candidate) < MIN_RUNS or len(self.candidate) - MIN_RUNS + 1 <= len(self.made):
             return False
         else:
-            look = self.rule.look(self.candidate, self.defaults)
+            look = self.rule.look(self.candidate, self.defaults, self.merged)
         self.log.append(look)
         self.made.append(look)
         return look.action == SWITCH
@@ -251,9 +252,9 @@ class Confirmation:
         not the rule, so α does not bound its false winners; else, and where looks were made without deciding,
         the rest runs on the defaults."""
         text = (f"no decision after {done} of the main phase's shards (the bound: {WITHIN:.0%} of them, "
-                f"{self.within}): the candidate gave {len(self.candidate)} block(s) and the looks made "
-                f"{len(self.made)} without deciding (the rule's first look needs {MIN_RUNS}); the looks it had left "
-                "are not made")
+                f"{self.within}): the candidate gave {len(self.candidate)} {samples(self.merged, '(s)')} and the "
+                f"looks made {len(self.made)} without deciding (the rule's first look needs {MIN_RUNS}); the looks it "
+                "had left are not made")
         rates = [r for r in (run_rate(so_far), geometric_mean(self.candidate) if self.candidate else None) if r]
         mean = geometric_mean(self.defaults) if self.defaults else None
         ratio = min(rates) / mean if rates and mean and not self.made else None
@@ -281,6 +282,11 @@ class Confirmation:
                 "tune.confirm.defaults_blocks": self.defaults, "tune.confirm.candidate_blocks": self.candidate,
                 "tune.confirm.action": last.action if last else None,
                 "tune.confirm.reason": last.reason if last else "no look made (the main phase ended first)"}
+
+
+def samples(merged: int, plural: str = "s") -> str:
+    """What a look's samples are: ``blocks``, or ``samples of n blocks`` where ``merged`` (n) is over 1."""
+    return f"block{plural}" if merged == 1 else f"sample{plural} of {merged} blocks"
 
 
 def merge(blocks: list[float], n: int) -> list[float]:

@@ -247,10 +247,21 @@ def test_bad_confirmation_settings_are_refused_before_any_engine_starts(tmp_path
     path, args = _job(tmp_path, 200)
     for bad in ("batch.tune.confirm_looks=0", "batch.tune.confirm_looks=lots", "batch.tune.run_spread=-1",
                 "batch.tune.run_spread=nan", "batch.tune.block_steps=0", "batch.tune.sampler=nope",
-                "batch.tune.startup=nope"):
+                "batch.tune.startup=nope", "batch.tune.n_startup_trials=lots"):
         proc = batch_app(tmp_path, *args, "batch.tune.trials=3", bad, "+engine.knobs.fail_in=start")
         assert proc.returncode == 2 and bad.split("=")[0] in proc.stderr, (bad, proc.stderr[-2000:])
     assert not (tmp_path / "out" / "shards").exists() or not list((tmp_path / "out" / "shards").iterdir())
+
+
+def test_every_sampler_in_job_tuning_takes_passes_the_check_made_when_the_job_is_planned() -> None:
+    from harness.batch.tune.tune_config import check_sampler
+    from harness.core.errors import TroughputError
+
+    space = {"params": {"engine.knobs.max_num_seqs": {"type": "int", "low": 1, "high": 8}}}
+    for sampler in ("tpe", "random", "grid"):   # grid reads the space's params: the real space is checked
+        check_sampler({"sampler": sampler, "seed": 0, "grid_points": 2, "trials": 3}, space)
+    with pytest.raises(TroughputError, match="batch.tune.sampler='nope'"):
+        check_sampler({"sampler": "nope", "trials": 3}, space)
 
 
 def test_an_output_changing_knob_is_refused_in_job_and_sent_to_troughput_tune(tmp_path: Path) -> None:

@@ -115,25 +115,53 @@ def test_the_candidate_s_blocks_meet_the_defaults_blocks_at_the_same_places_in_t
     assert "3 vs 3 blocks" in look.reason and "same places" in rule.describe()
 
 
+def _feed(confirmation: Confirmation, rates: list[float], first: int = 1) -> None:
+    """Commits of one full block each (2 engines), at ``rates``."""
+    tokens = 0.0
+    for shards, rate in enumerate(rates, first):
+        tokens += rate / 2 * 10
+        confirmation.blocks(so_far(shards, 10, tokens, (shards - first + 1) * 10.0,
+                                   (shards - first + 1) * 2 * BLOCK_STEPS))
+
+
 def test_a_defaults_trial_of_more_blocks_than_the_looks_compare_is_merged_and_the_candidate_s_blocks_alike(tmp_path):
-    """A trial 0 of 3 × 5 blocks (three looks compare up to 5 a side): each sample, both sides, is 3 consecutive
-    blocks (their geometric mean), at the same places in the two runs; the first look comes after 9 of the
-    candidate's blocks, and its noisy single blocks average out."""
-    defaults = [100.0, 81.0, 121.0] * 5
+    """A trial 0 of 3 × 5 + 1 blocks (three looks compare up to 5 a side): each sample, both sides, is 3 consecutive
+    blocks (their geometric mean) from the run's start, the incomplete last group left out; the first look comes
+    after 9 of the candidate's blocks, and its noisy single blocks average out."""
+    defaults = [100.0, 81.0, 121.0] * 5 + [50.0]
     rule = InMainRule(3, 0.02, 0.03)
     confirmation = Confirmation(rule, defaults, LookLog(tmp_path))
     assert confirmation.merged == 3 and confirmation.defaults == pytest.approx([(100 * 81 * 121) ** (1 / 3)] * 5)
-    tokens, candidate = 0.0, [125.0, 100.0, 150.0] * 3 + [125.0]   # 1.26x the defaults, each block as noisy
-    for shards, rate in enumerate(candidate, 1):
-        tokens += rate / 2 * 10
-        confirmation.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
-        assert len(confirmation.made) == (shards >= 9)
-    assert confirmation.candidate == pytest.approx([(125 * 100 * 150) ** (1 / 3)] * 3)
-    look = confirmation.made[0]
-    assert look.look == 1 and look.action == KEEP and "3 vs 3 blocks" in look.reason
+    # groups of 3 from the start have the product 125³; any other grouping mixes them (e.g. 125, 125, 250)
+    candidate = [125.0, 125.0, 125.0, 250.0, 62.5, 125.0, 62.5, 250.0, 125.0, 400.0]
+    _feed(confirmation, candidate)
+    assert confirmation.candidate == pytest.approx([125.0] * 3), "the groups start at the run's start"
+    [look] = confirmation.made
+    assert look.look == 1 and look.action == KEEP and "3 vs 3 samples of 3 blocks" in look.reason
     assert confirmation.columns()["tune.confirm.blocks_merged"] == 3
-    unmerged = InMainRule(3, 0.02, 0.03).look(candidate[:3], defaults[:3])
-    assert unmerged.action is None, "the same blocks unmerged: too close to call"
+    assert rule.look(candidate[:3], defaults[:3]).action is None, "the same blocks unmerged: too close to call"
+
+
+def test_merged_samples_survive_a_kill_and_the_bound_reads_them(tmp_path):
+    """A kill after look 1: the rerun's blocks are merged from its own start, after the samples the look saw. At
+    the bound with no look made, the candidate's merged samples and the defaults' are the rates compared."""
+    rule = InMainRule(3, 0.02, 0.03)
+    defaults = [100.0, 90.0, 110.0] * 5
+    first = Confirmation(rule, defaults, LookLog(tmp_path))
+    _feed(first, [104.0, 94.0, 114.0] * 3)   # 4% faster: too close to call
+    assert len(first.made) == 1 and first.action is None
+    again = Confirmation(rule, defaults, LookLog(tmp_path))
+    _feed(again, [150.0, 50.0])   # one incomplete group: no sample yet, no look
+    assert again.candidate == first.candidate and len(again.made) == 1
+    _feed(again, [150.0, 50.0, 104.0], first=3)   # the rerun's first group: 150, 50, 104 is its first sample
+    assert again.candidate == pytest.approx(first.candidate + [(150 * 50 * 104) ** (1 / 3)])
+    assert [m.look for m in again.made] == [1, 2]
+    bound = Confirmation(rule, defaults, LookLog(tmp_path / "b"), within=4)
+    (tmp_path / "b").mkdir()
+    _feed(bound, [200.0] * 4)   # 4 blocks: one sample of 3, under the 3 samples the first look needs
+    steps = (4 * 200 / 2 * 10 + 50) / (40 + 5) * 2   # ``so_far``'s rate over all steps: lower than the blocks'
+    assert bound.action == KEEP and bound.made[-1].ratio == pytest.approx(steps / (100 * 90 * 110) ** (1 / 3))
+    assert "1 sample(s) of 3 blocks" in bound.made[-1].reason
 
 
 def test_a_a_false_winners_stay_under_5_percent_with_run_noise_and_drift_within_the_allowance():
