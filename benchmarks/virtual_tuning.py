@@ -76,7 +76,8 @@ log = logging.getLogger("troughput.virtual")
 BAR = 0.95   # in-job ÷ default at or under this: the job is past break-even
 
 
-DRIVER = 2   # the driver's version: 2 since an aggregated run's ``SoFar.left`` counts its shards past its start
+DRIVER = 3   # the driver's version: 2 since an aggregated run's ``SoFar.left`` counts its shards past its start; 3 since
+#            a main run simulates its start for as many shards as its largest trial (``VirtualEngine.prefix_shards``)
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
