@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from harness.batch.tune.tune_confirm import KEEP, InMainRule
+from harness.batch.tune.tune_confirm import KEEP, InMainRule, merge
 
 
 def simulate(rule: InMainRule, run_sigma: float, block_sigma: float, drift: float, jobs: int,
@@ -43,15 +43,19 @@ def simulate(rule: InMainRule, run_sigma: float, block_sigma: float, drift: floa
 
 
 def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift: float, jobs: int,
-                  rates: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0), seed: int = 0, trial_blocks: int = 4) -> float:
+                  rates: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0), seed: int = 0, trial_blocks: int = 4,
+                  merged: int | None = None) -> float:
     """Share of ``jobs`` that finish on a config other than the engine defaults, the whole tuning path: ``rates`` are
     the configs' true rates (the defaults first, trial 0); each trial's value is its run's mean block (its run's
     offset and its blocks' noise: trial 0's low run both loses the ranking and lowers the defaults' side, the
     selection the rule must survive); the best trial, where not the defaults, starts the main phase, whose blocks
     (a new run's offset, ``drift``) meet trial 0's at the looks; a switch back or the defaults' own win finishes on
-    the defaults."""
+    the defaults. Where a trial gives more blocks than the last look compares (``trial_blocks`` over 2 + looks),
+    both sides' samples are merged as the confirmation merges them (``tune_confirm.merge``; ``merged=1``: the rule
+    before it merged, on the first blocks of each side)."""
     rng = np.random.default_rng(seed)
     other = 0
+    merged = merged or max(1, trial_blocks // (2 + rule.looks))
     for _ in range(jobs):
         runs = [np.exp(math.log(r) + rng.normal(0, run_sigma) + rng.normal(0, block_sigma, trial_blocks)) * 1000
                 for r in rates]
@@ -59,9 +63,10 @@ def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift:
         if best == 0:
             continue
         offset = math.log(rates[best]) + rng.normal(0, run_sigma) + drift
-        blocks = np.exp(offset + rng.normal(0, block_sigma, 2 + rule.looks)) * 1000
+        blocks = merge(list(np.exp(offset + rng.normal(0, block_sigma, merged * (2 + rule.looks))) * 1000), merged)
+        defaults = merge(list(runs[0]), merged)
         for n in range(3, 3 + rule.looks):
-            action = rule.look(list(blocks[:n]), list(runs[0])).action
+            action = rule.look(blocks[:n], defaults).action
             if action is not None:
                 other += action == KEEP
                 break
@@ -77,6 +82,13 @@ JOB_CASES = [   # (label, run, block, drift, rates: the defaults first)
     ("best candidate 5% slower, runs 5%", 0.05, 0.03, 0.0, (1.0, 0.95, 0.9, 0.8)),
     ("a candidate 15% faster, runs 3%", 0.03, 0.03, 0.0, (1.0, 1.15, 0.9, 0.8)),
     ("a candidate 2.3x (the real CPU job's), runs 5%", 0.05, 0.03, 0.0, (1.0, 2.3, 1.2, 0.9)),
+    # GPU scale: trials of 80 blocks of 10% noise (the virtual H100's at 10^6 requests), merged 16 a sample
+    ("A/A, 80 blocks a trial (merged), runs 2%, blocks 10%", 0.02, 0.10, 0.0, (1.0, 1.0, 1.0, 1.0), 80),
+    ("A/A, 80 blocks a trial (merged), runs 3%, blocks 10%", 0.03, 0.10, 0.0, (1.0, 1.0, 1.0, 1.0), 80),
+    ("A/A, 80 blocks a trial (merged), runs 5%, blocks 10%", 0.05, 0.10, 0.0, (1.0, 1.0, 1.0, 1.0), 80),
+    ("best candidate 5% slower, 80 blocks (merged), runs 3%", 0.03, 0.10, 0.0, (1.0, 0.95, 0.9, 0.8), 80),
+    ("a candidate 9% faster, 80 blocks (merged), runs 2%", 0.02, 0.10, 0.0, (1.0, 1.09, 0.9, 0.8), 80),
+    ("a candidate 9% faster, 80 blocks, not merged, runs 2%", 0.02, 0.10, 0.0, (1.0, 1.09, 0.9, 0.8), 80, 1),
 ]
 
 CASES = [   # (label, run, block, drift, gain)
@@ -110,8 +122,8 @@ def main() -> None:
               f"{simulate(bare, run, block, drift, args.jobs, gain):.2%} |")
     print(f"\n# whole jobs: trials ranked, the best confirmed in the main phase; {args.jobs} jobs a case\n"
           "| case | finished on another config than the defaults |\n|---|---|")
-    for label, run, block, drift, rates in JOB_CASES:
-        print(f"| {label} | {simulate_jobs(rule, run, block, drift, args.jobs, rates):.2%} |")
+    for label, run, block, drift, rates, *blocks in JOB_CASES:   # blocks: trial_blocks[, merged]
+        print(f"| {label} | {simulate_jobs(rule, run, block, drift, args.jobs, rates, 0, *blocks):.2%} |")
     print(f"# {time.perf_counter() - t0:.1f} s")
 
 

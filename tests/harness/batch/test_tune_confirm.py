@@ -184,6 +184,12 @@ def test_whole_jobs_a_a_and_a_slower_best_candidate_finish_on_the_defaults_in_95
     assert simulate_jobs(rule, 0.03, 0.03, 0.0, 1000) <= 0.05
     assert simulate_jobs(rule, 0.03, 0.03, 0.0, 1000, rates=(1.0, 0.95, 0.9, 0.8), seed=1) <= 0.05
     assert simulate_jobs(rule, 0.05, 0.03, 0.0, 300, rates=(1.0, 2.3, 1.2, 0.9), seed=2) >= 0.95
+    # GPU scale: trials of 80 blocks 10% noisy, merged 16 a sample: the same bars, and more power than unmerged
+    assert simulate_jobs(rule, 0.03, 0.10, 0.0, 1000, seed=3, trial_blocks=80) <= 0.05
+    assert simulate_jobs(rule, 0.03, 0.10, 0.0, 1000, rates=(1.0, 0.95, 0.9, 0.8), seed=4, trial_blocks=80) <= 0.05
+    faster = (1.0, 1.15, 0.9, 0.8)
+    assert simulate_jobs(rule, 0.02, 0.10, 0.0, 400, faster, 5, 80) > simulate_jobs(rule, 0.02, 0.10, 0.0, 400,
+                                                                                   faster, 5, 80, merged=1) + 0.2
 
 
 
