@@ -332,7 +332,8 @@ class InJobTuning:
         return {}
 
     def _rest_in_main(self, values: dict[str, Any], shards: set[int]) -> RestInMain:
-        """The main run's rest predicted at the confirmation's first look, its own steps so far in the fit."""
+        """The main run's rest predicted once it has run ``MIN_RUNS`` blocks' full steps (the confirmation's first
+        look where no blocks are merged), its own steps so far in the fit."""
         requests = sum(shard_records(self.index, self.plan.shard_size, i) for i in shards)
         return RestInMain(lambda extra: self._predict_rest(values, requests, extra), MIN_RUNS * self.block_steps)
 
