@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 import numpy as np
 
 from harness.batch.tune.tune_confirm import KEEP, InMainRule, merge
+from harness.report.verdict import MIN_RUNS
 
 
 def simulate(rule: InMainRule, run_sigma: float, block_sigma: float, drift: float, jobs: int,
@@ -50,12 +51,12 @@ def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift:
     offset and its blocks' noise: trial 0's low run both loses the ranking and lowers the defaults' side, the
     selection the rule must survive); the best trial, where not the defaults, starts the main phase, whose blocks
     (a new run's offset, ``drift``) meet trial 0's at the looks; a switch back or the defaults' own win finishes on
-    the defaults. Where a trial gives more blocks than the last look compares (``trial_blocks`` over 2 + looks),
-    both sides' samples are merged as the confirmation merges them (``tune_confirm.merge``; ``merged=1``: the rule
-    before it merged, on the first blocks of each side)."""
+    the defaults. Where a trial gives more blocks than the last look compares (``trial_blocks`` over
+    ``MIN_RUNS`` − 1 + looks), both sides' samples are merged as the confirmation merges them
+    (``tune_confirm.merge``; ``merged=1``: the rule before it merged, on the first blocks of each side)."""
     rng = np.random.default_rng(seed)
     other = 0
-    merged = merged or max(1, trial_blocks // (2 + rule.looks))
+    merged = merged or max(1, trial_blocks // (MIN_RUNS - 1 + rule.looks))
     for _ in range(jobs):
         runs = [np.exp(math.log(r) + rng.normal(0, run_sigma) + rng.normal(0, block_sigma, trial_blocks)) * 1000
                 for r in rates]
@@ -63,7 +64,8 @@ def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift:
         if best == 0:
             continue
         offset = math.log(rates[best]) + rng.normal(0, run_sigma) + drift
-        blocks = merge(list(np.exp(offset + rng.normal(0, block_sigma, merged * (2 + rule.looks))) * 1000), merged)
+        blocks = merge(list(np.exp(offset + rng.normal(0, block_sigma, merged * (MIN_RUNS - 1 + rule.looks))) * 1000),
+                       merged)
         defaults = merge(list(runs[0]), merged)
         for n in range(3, 3 + rule.looks):
             action = rule.look(blocks[:n], defaults).action

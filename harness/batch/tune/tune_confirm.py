@@ -291,4 +291,6 @@ def samples(merged: int, plural: str = "s") -> str:
 
 def merge(blocks: list[float], n: int) -> list[float]:
     """Each ``n`` consecutive blocks as one (their geometric mean), a run's last incomplete group left out."""
+    if n == 1:
+        return list(blocks)
     return [geometric_mean(blocks[i:i + n]) for i in range(0, len(blocks) - n + 1, n)]
