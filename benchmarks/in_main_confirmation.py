@@ -56,7 +56,7 @@ def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift:
     (``tune_confirm.merge``; ``merged=1``: the rule before it merged, on the first blocks of each side)."""
     rng = np.random.default_rng(seed)
     other = 0
-    merged = merged or max(1, trial_blocks // (MIN_RUNS - 1 + rule.looks))
+    merged = merged or rule.per_sample(trial_blocks)
     for _ in range(jobs):
         runs = [np.exp(math.log(r) + rng.normal(0, run_sigma) + rng.normal(0, block_sigma, trial_blocks)) * 1000
                 for r in rates]

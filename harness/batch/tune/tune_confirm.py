@@ -145,6 +145,11 @@ class InMainRule:
                 f"α = {self.alpha:g} (union bound), a run-to-run allowance of {self.run_spread:.1%} a side, minimum "
                 f"effect {self.min_effect:.0%}")
 
+    def per_sample(self, blocks: int) -> int:
+        """Blocks merged into each sample where the defaults' trial gave ``blocks``: those over the last look's count
+        (``MIN_RUNS + looks - 1``) spread over its samples, rounded down; at least 1."""
+        return max(1, blocks // (MIN_RUNS + self.looks - 1))
+
     def look(self, candidate: list[float], defaults: list[float], merged: int = 1) -> Look:
         """Look ``len(candidate) - MIN_RUNS + 1``: the verdict on the blocks so far against the defaults' first as many
         (like for like: see the module's notes), and what to do. ``merged``: blocks a sample (named in the reason)."""
@@ -214,7 +219,7 @@ class Confirmation:
         # in earlier invocations (a kill)
         self.rule, self.log, self.within, self.before = rule, log, within, before
         # a trial 0 of more blocks than the last look compares: each sample, both sides, ``merged`` blocks
-        self.merged = max(1, len(defaults) // (MIN_RUNS + rule.looks - 1))
+        self.merged = rule.per_sample(len(defaults))
         self.defaults = merge(defaults, self.merged)
         self.made = log.read()
         self.earlier = self.made[-1].candidate if self.made else []   # blocks of a run a kill cut

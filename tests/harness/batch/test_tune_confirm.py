@@ -105,10 +105,7 @@ def test_the_candidate_s_blocks_meet_the_defaults_blocks_at_the_same_places_in_t
     assert rule.look(run[:3], run[3:]).action == KEEP, "against a run's later blocks: the bias the matching removes"
     assert rule.look(run[:3], run).action != KEEP, "the rule matches them itself"
     confirmation = Confirmation(rule, run[:5], LookLog(tmp_path))   # the blocks the last look compares: none merged
-    tokens = 0.0
-    for shards, rate in enumerate(run[:3], 1):   # two engines: a block is the rate per engine × 2
-        tokens += rate / 2 * 10
-        confirmation.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
+    _feed(confirmation, run[:3])
     assert confirmation.candidate == pytest.approx(run[:3])
     look = confirmation.made[-1]
     assert look.look == 1 and look.action != KEEP and look.ratio == pytest.approx(1.0)
@@ -116,7 +113,7 @@ def test_the_candidate_s_blocks_meet_the_defaults_blocks_at_the_same_places_in_t
 
 
 def _feed(confirmation: Confirmation, rates: list[float], first: int = 1) -> None:
-    """Commits of one full block each (2 engines), at ``rates``."""
+    """Commits of one full block each, at ``rates`` (two engines: a block is the rate per engine × 2)."""
     tokens = 0.0
     for shards, rate in enumerate(rates, first):
         tokens += rate / 2 * 10
