@@ -33,14 +33,18 @@ its last look: the confirmation grows with the job, and a sample's spread shrink
 
 Every block's shards are real output, whichever side it is on.
 
-**The looks.** After the candidate's ``MIN_RUNS`` th block, and after each block to the ``looks`` th
-(``batch.tune.confirm_looks``), the rule compares the two sides' log rates. Look ``j`` is made at level
-``α_j``, the increment of Pocock's spending function at ``j / looks``: the levels add up to α, so by the union
-bound the chance of naming a false winner over all the looks is at most α whatever the correlation between
-looks (no simulation needed for the bound; ``tests/harness/batch/test_tune_confirm.py`` and
-``benchmarks/virtual_tuning.py --aa`` measure it). Pocock's, not O'Brien-Fleming's, because the run allowance
-below dominates the variance: a later look, with more blocks, is hardly more informative than an early one, so
-spending α evenly decides sooner at the same power.
+**The looks.** After the candidate's ``MIN_RUNS`` th sample, and after each sample to the ``looks`` th
+(``batch.tune.confirm_looks``), the rule compares the two sides' log rates: Welch's bound on their difference, one
+side at a time at level α (``t`` at ``1 − α``). **Only the last look keeps the candidate**, and only where its lower
+bound is above 1 and its ratio above the minimum effect; the looks before it only switch (a clear loser: the upper
+bound below 1; or a tie within ``±min_effect``). Keeping earlier would not make the job faster (the main phase runs
+on the candidate either way until a switch), and it would spend α at each look. So a false winner can be made at
+one look only, at level α, one-sided because keeping an equal or slower candidate is the only error that makes a
+job slower than its defaults; the earlier looks' switches can only lower that rate (a non-binding futility rule).
+Before this (up to f2bdb30) every look could keep, at two-sided Pocock levels adding to α: with 3 looks a look's
+bound stood at z 2.29 rather than 1.64, which at a 3% run allowance asked about 1.11x of a candidate rather than
+1.08x and switched back virtual H100 candidates truly 5-9% faster (``docs/benchmarks.md``).
+``tests/harness/batch/test_tune_confirm.py`` and ``benchmarks/in_main_confirmation.py`` measure the false winners.
 
 **Drift and the runs themselves.** Blocks of one run share that run's engine and the host's state during it,
 so their spread understates how far two runs of one config differ; and trial 0 ran before the main phase, so
@@ -49,25 +53,25 @@ a host that drifts between them moves one side only. Both are covered by one all
 side's variance (``2 run_spread²`` to the difference). A drift or run-to-run difference beyond it can make a
 false winner or loser; the A/A simulation reports the rate with drift and run noise.
 
-**What follows.** A clear winner by ``min_effect`` keeps the candidate; the looks stop. A clear loser, a
-candidate within ``±min_effect`` of the defaults (not worth a config that was not tried before), or no decision
-at the last look switches the main phase to the defaults (one engine start); the candidate's committed shards
-stay. So does a candidate with no decision once ``WITHIN`` of the main phase's shards have committed (its engines
+**What follows.** A clear winner by ``min_effect`` at the last look keeps the candidate; the looks stop. A clear
+loser, a candidate within ``±min_effect`` of the defaults (not worth a config that was not tried before), at any
+look, or no clear winner at the last look switches the main phase to the defaults (one engine start); the
+candidate's committed shards stay. So does a candidate with no decision once ``WITHIN`` of the main phase's shards have committed (its engines
 were never full long enough for the blocks the looks need: shards too few to keep it fed, or an engine too fast
-for its feed): the bound on how long a candidate runs unconfirmed. Where no look was made by then, one comparison
-decides instead (``Confirmation._at_the_bound``): the candidate is kept if its rate so far (the lower of its rate
-over all its steps and its blocks' geometric mean) is above the defaults' blocks' geometric mean by ``min_effect``
-and the run allowance at the first look's level (about 1.12× at the defaults, what the first look asks of blocks
-with no spread), so
-that a candidate many times faster than the defaults, on an engine too fast for its feed, is not switched away; a
-point comparison, not the rule, so α does not bound its false winners, and how often it keeps an equal candidate is
-not measured (the A/A runs, in which every config gives blocks, never reach this path). The bound counts the main
-phase's shards committed before a kill; the blocks of a candidate's run cut before its first look are not kept
-(only a look keeps the blocks it saw), so a rerun may reach the bound with too few blocks and switch a winner away
-(unless its rate alone clears the bar above). Where
+for its feed): the bound on how long a candidate runs unconfirmed. Where looks were made by then, the bound makes
+the look it is at the last (``Confirmation._at_the_bound``): the candidate's samples so far, kept only as a clear
+winner, so the one keep stays at level α. Where no look was made, one comparison decides instead: the candidate is
+kept if its rate so far (the lower of its rate over all its steps and its blocks' geometric mean) is above the
+defaults' blocks' geometric mean by ``min_effect`` and the run allowance at level α (about 1.09× at the defaults,
+what the last look asks of blocks with no spread), so that a candidate many times faster than the defaults, on an
+engine too fast for its feed, is not switched away; a point comparison, not the rule, so α does not bound its false
+winners, and how often it keeps an equal candidate is not measured (the A/A runs, in which every config gives
+blocks, never reach this path). The bound counts the main phase's shards committed before a kill; the blocks of a
+candidate's run cut before its first look are not kept (only a look keeps the blocks it saw), so a rerun may reach
+the bound with too few blocks and switch a winner away (unless its rate alone clears the bar above). Where
 trial 0 gave fewer than ``MIN_RUNS`` blocks there is no defaults' side to look against, and the main phase runs
 the defaults from its start (``harness.batch.tune.tuning``). Every look is appended to ``tune/confirm.jsonl`` as
-it is made, so a killed job resumes with the looks it has made (their α spent) and the blocks they saw.
+it is made, so a killed job resumes with the looks it has made and the samples they saw (merged as they were).
 """
 
 from __future__ import annotations
@@ -77,13 +81,12 @@ import math
 import os
 import statistics
 from statistics import NormalDist
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from harness.batch.job.job import SoFar
 from harness.batch.tune.tune_prune import run_rate
-from harness.report.sequential import spent
 from harness.report.stats import geometric_mean
 from harness.report.verdict import ALPHA, CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, MIN_RUNS, t_quantile
 
@@ -126,63 +129,69 @@ class Look:
     high: float | None
     action: str | None        # KEEP, SWITCH, or None (look again)
     reason: str
+    merged: int = 1           # blocks a sample (a log written before samples were merged has none: 1)
 
 
 class InMainRule:
-    """The looks' rule: ``looks`` looks from the candidate's ``MIN_RUNS`` th block on, levels spending α."""
+    """The looks' rule: ``looks`` looks from the candidate's ``MIN_RUNS`` th sample on; only the last may keep the
+    candidate, one-sided at α (see the module's notes)."""
 
     def __init__(self, looks: int, min_effect: float, run_spread: float, alpha: float = ALPHA):
         if looks < 1:
             raise ValueError("at least one look")
         self.looks, self.min_effect, self.run_spread, self.alpha = looks, min_effect, run_spread, alpha
-        self.levels = [spent((j + 1) / looks, alpha, "pocock") - spent(j / looks, alpha, "pocock")
-                       for j in range(looks)]
 
     def describe(self) -> str:
         return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {MIN_RUNS + self.looks - 1} against "
                 f"the engine defaults' trial blocks at the same places in its run (each sample as many consecutive "
-                f"blocks merged as trial 0 gave over the last look's count), Pocock levels adding to "
-                f"α = {self.alpha:g} (union bound), a run-to-run allowance of {self.run_spread:.1%} a side, minimum "
-                f"effect {self.min_effect:.0%}")
+                f"blocks merged as trial 0 gave over the last look's count), Welch bounds one-sided at "
+                f"α = {self.alpha:g}: only the last look keeps (the earlier ones only switch), a run-to-run allowance "
+                f"of {self.run_spread:.1%} a side, minimum effect {self.min_effect:.0%}")
 
     def per_sample(self, blocks: int) -> int:
         """Blocks merged into each sample where the defaults' trial gave ``blocks``: those over the last look's count
         (``MIN_RUNS + looks - 1``) spread over its samples, rounded down; at least 1."""
         return max(1, blocks // (MIN_RUNS + self.looks - 1))
 
-    def look(self, candidate: list[float], defaults: list[float], merged: int = 1) -> Look:
-        """Look ``len(candidate) - MIN_RUNS + 1``: the verdict on the blocks so far against the defaults' first as many
-        (like for like: see the module's notes), and what to do. ``merged``: blocks a sample (named in the reason)."""
+    def look(self, candidate: list[float], defaults: list[float], merged: int = 1, last: bool = False) -> Look:
+        """Look ``len(candidate) - MIN_RUNS + 1``: the verdict on the samples so far against the defaults' first as
+        many (like for like: see the module's notes), and what to do; ``last``: the last look whatever its number
+        (the bound's). ``merged``: blocks a sample (named in the reason)."""
         j = len(candidate) - MIN_RUNS + 1
         if j < 1 or j > self.looks:
             raise ValueError(f"look {j} is outside 1..{self.looks}")
-        level, last = self.levels[j - 1], j == self.looks
+        last = last or j == self.looks
         if len(defaults) < MIN_RUNS:
-            return Look(j, level, list(candidate), INSUFFICIENT, None, None, None, SWITCH,
-                        f"the defaults' trial gave {len(defaults)} block(s), under the {MIN_RUNS} the rule needs")
+            return Look(j, self.alpha, list(candidate), INSUFFICIENT, None, None, None, SWITCH,
+                        f"the defaults' trial gave {len(defaults)} block(s), under the {MIN_RUNS} the rule needs",
+                        merged)
         lc, ld = [math.log(x) for x in candidate], [math.log(x) for x in defaults[:len(candidate)]]
         diff = statistics.fmean(lc) - statistics.fmean(ld)
         vc, vd = statistics.variance(lc) / len(lc), statistics.variance(ld) / len(ld)
         variance = vc + vd + 2 * self.run_spread ** 2   # the allowance is known, not estimated: no degrees of freedom
         estimated = vc ** 2 / (len(lc) - 1) + vd ** 2 / (len(ld) - 1)
         df = variance ** 2 / estimated if estimated > 0 else math.inf   # Welch-Satterthwaite
-        half = (t_quantile(1 - level / 2, df) if math.isfinite(df) and df < 1e6
-                else NormalDist().inv_cdf(1 - level / 2)) * math.sqrt(variance)
+        half = (t_quantile(1 - self.alpha, df) if math.isfinite(df) and df < 1e6
+                else NormalDist().inv_cdf(1 - self.alpha)) * math.sqrt(variance)
         # a tiny level with few blocks a side makes a huge t quantile: keep exp in range
         ratio, low, high = (math.exp(max(-700.0, min(700.0, x))) for x in (diff, diff - half, diff + half))
         margin = math.log1p(self.min_effect)
-        text = (f"candidate ÷ defaults {ratio:.3f}x [{low:.3f}, {high:.3f}] at look {j} of {self.looks} "
-                f"(level {level:.4f}; {len(lc)} vs {len(ld)} {samples(merged)})")
-        if diff - half > 0 and diff >= margin:
-            return Look(j, level, list(candidate), CLEAR, ratio, low, high, KEEP,
-                        f"{text}: a clear winner by the {self.min_effect:.0%} minimum effect")
+        text = (f"candidate ÷ defaults {ratio:.3f}x [{low:.3f}, {high:.3f}] (bounds one-sided at {self.alpha:g}) at "
+                f"look {j} of {self.looks} ({len(lc)} vs {len(ld)} {samples(merged)})")
+        ahead = diff - half > 0 and diff >= margin
+
+        def made(verdict: str, action: str | None, why: str) -> Look:
+            return Look(j, self.alpha, list(candidate), verdict, ratio, low, high, action, f"{text}: {why}", merged)
+
         if diff + half < 0:
-            return Look(j, level, list(candidate), CLEAR, ratio, low, high, SWITCH, f"{text}: a clear loser")
+            return made(CLEAR, SWITCH, "a clear loser")
         if abs(diff) + half <= margin:
-            return Look(j, level, list(candidate), EQUIVALENT, ratio, low, high, SWITCH,
-                        f"{text}: within ±{self.min_effect:.0%} of the defaults, not worth an untried config")
-        return Look(j, level, list(candidate), CLOSE, ratio, low, high, SWITCH if last else None,
-                    f"{text}: too close to call" + ("; the last look: not a clear winner" if last else ""))
+            return made(EQUIVALENT, SWITCH, f"within ±{self.min_effect:.0%} of the defaults, not worth an untried config")
+        if last:
+            return (made(CLEAR, KEEP, f"a clear winner by the {self.min_effect:.0%} minimum effect at the last look")
+                    if ahead else made(CLOSE, SWITCH, "not a clear winner at the last look"))
+        return made(CLEAR if ahead else CLOSE, None, ("ahead so far; " if ahead else "too close to call so far; ")
+                    + "only the last look keeps")
 
 
 class LookLog:
@@ -218,10 +227,11 @@ class Confirmation:
         # within: the main phase's shards (``WITHIN`` of them) by which it must decide; before: those it committed
         # in earlier invocations (a kill)
         self.rule, self.log, self.within, self.before = rule, log, within, before
-        # a trial 0 of more blocks than the last look compares: each sample, both sides, ``merged`` blocks
-        self.merged = rule.per_sample(len(defaults))
-        self.defaults = merge(defaults, self.merged)
         self.made = log.read()
+        # a trial 0 of more blocks than the last look compares: each sample, both sides, ``merged`` blocks (as the
+        # looks made before a kill merged them)
+        self.merged = self.made[-1].merged if self.made else rule.per_sample(len(defaults))
+        self.defaults = merge(defaults, self.merged)
         self.earlier = self.made[-1].candidate if self.made else []   # blocks of a run a kill cut
         self.blocks = Blocks(self._after_commit, steps)
 
@@ -250,33 +260,34 @@ class Confirmation:
         return look.action == SWITCH
 
     def _at_the_bound(self, so_far: SoFar, done: int) -> Look:
-        """The bound reached undecided. Where no look was made (fewer blocks than the first look needs: an engine
-        too fast for its feed), the candidate is kept if its rate so far (over all its steps, and over its blocks
-        where it gave any: the lower) is above the defaults' blocks' geometric mean by the minimum effect and by
-        the run allowance at the first look's level (``keep_above``): a point comparison with the rule's allowance,
-        not the rule, so α does not bound its false winners; else, and where looks were made without deciding,
-        the rest runs on the defaults."""
+        """The bound reached undecided. Where looks were made, the rule looks again at the samples so far as its
+        last look (a clear winner is kept; else the rest runs on the defaults). Where none was made (fewer samples
+        than the first look needs: an engine too fast for its feed), the candidate is kept if its rate so far (over
+        all its steps, and over its blocks where it gave any: the lower) is above the defaults' blocks' geometric
+        mean by the minimum effect and by the run allowance at level α (``keep_above``): a point comparison with the
+        rule's allowance, not the rule, so α does not bound its false winners."""
         text = (f"no decision after {done} of the main phase's shards (the bound: {WITHIN:.0%} of them, "
                 f"{self.within}): the candidate gave {len(self.candidate)} {samples(self.merged, '(s)')} and the "
-                f"looks made {len(self.made)} without deciding (the rule's first look needs {MIN_RUNS}); the looks it "
-                "had left are not made")
+                f"looks made {len(self.made)} without deciding (the rule's first look needs {MIN_RUNS})")
+        if self.made and self.defaults:
+            look = self.rule.look(self.candidate, self.defaults, self.merged, last=True)
+            return replace(look, look=len(self.made) + 1, reason=f"{text}; the bound's look is the last: {look.reason}")
         rates = [r for r in (run_rate(so_far), geometric_mean(self.candidate) if self.candidate else None) if r]
         mean = geometric_mean(self.defaults) if self.defaults else None
-        ratio = min(rates) / mean if rates and mean and not self.made else None
+        ratio = min(rates) / mean if rates and mean else None
         if ratio is None:
-            return Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, None, None, None, SWITCH, text)
+            return Look(1, 0.0, list(self.candidate), INSUFFICIENT, None, None, None, SWITCH, text, self.merged)
         bar = self.keep_above()
         keep = ratio >= bar
-        return Look(len(self.made) + 1, 0.0, list(self.candidate), INSUFFICIENT, ratio, None, None,
-                    KEEP if keep else SWITCH,
+        return Look(1, 0.0, list(self.candidate), INSUFFICIENT, ratio, None, None, KEEP if keep else SWITCH,
                     f"{text}; its rate so far, {min(rates):,.0f} tok/s, is {ratio:.3f}x the defaults' blocks' mean: "
                     f"{'kept, at or above' if keep else 'not at or above'} {bar:.3f}x (the {self.rule.min_effect:.0%} "
-                    f"minimum effect and the run allowance at the first look's level)")
+                    f"minimum effect and the run allowance at level α)", self.merged)
 
     def keep_above(self) -> float:
         """The ratio a candidate with no look must reach at the bound: (1 + min_effect) × exp(z √2 run_spread), z at
-        the first look's level (two-sided, as the rule's): what the first look would ask of blocks with no spread."""
-        z = NormalDist().inv_cdf(1 - self.rule.levels[0] / 2)
+        one-sided α (the rule's): what the last look would ask of blocks with no spread."""
+        z = NormalDist().inv_cdf(1 - self.rule.alpha)
         return (1 + self.rule.min_effect) * math.exp(z * math.sqrt(2) * self.rule.run_spread)
 
     def columns(self) -> dict[str, Any]:

@@ -11,9 +11,10 @@ with them):
    likeliest winner last, so the main phase goes on with its engines). A trial's shards are committed as the
    job's output; its value is its full-engine rate (``tune_predict``), else its plain rate.
 2. **main**: every shard left, starting on the best trial's config (the candidate), confirmed as it runs
-   (``tune_confirm``): its blocks against trial 0's, at looks whose levels spend α. A clear winner keeps it;
-   a loser, a tie, or no decision by the last look or within ``tune_confirm.WITHIN`` of the main phase's shards
-   switches the rest to the engine defaults (one engine start), the candidate's committed shards kept. Where no
+   (``tune_confirm``): its blocks against trial 0's, at looks that may switch; only the last (or the one
+   at ``tune_confirm.WITHIN`` of the main phase's shards) keeps a clear winner, one-sided at α. A loser or a
+   tie at any look, or no clear winner at the last, switches the rest to the engine defaults (one engine
+   start), the candidate's committed shards kept. Where no
    trial beat the defaults, or trial 0 gave too few blocks to confirm against, the main phase runs the defaults.
    The rest of the job is predicted as the tuning ends and again at the main phase's first look, with its own
    steps so far (``tune_predict``).

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import asdict
+
 import pytest
 
 from benchmarks.in_main_confirmation import simulate
 from harness.batch.job.job import SoFar
 from harness.batch.tune.tune_confirm import BLOCK_STEPS, KEEP, SWITCH, Blocks, Confirmation, InMainRule, LookLog
-from harness.report.verdict import ALPHA
+from harness.report.verdict import CLEAR
 
 
 def so_far(shards: int, left: int, tokens: float, seconds: float, steps: int = 0) -> SoFar:
@@ -47,26 +51,34 @@ def test_a_job_s_full_steps_are_those_with_requests_waiting_or_while_shards_are_
     assert tally.full == [pytest.approx(78), pytest.approx(1.2), 4]
 
 
-def test_the_looks_levels_add_up_to_alpha():
-    rule = InMainRule(6, 0.02, 0.03)
-    assert sum(rule.levels) == pytest.approx(ALPHA) and all(level > 0 for level in rule.levels)
-    assert "adding to α = 0.05" in rule.describe() and "Pocock" in rule.describe()
-
-
-def test_a_clear_winner_is_kept_a_loser_a_tie_and_the_last_undecided_look_switch():
+def test_only_the_last_look_keeps_and_the_earlier_ones_only_switch():
     rule = InMainRule(3, 0.02, 0.0)
-    defaults = [100, 101, 99, 100]
-    assert rule.look([150, 151, 149], defaults).action == KEEP
-    assert rule.look([50, 51, 49], defaults).action == SWITCH
+    defaults = [100, 101, 99, 100, 100.5]
+    early = rule.look([150, 151, 149], defaults)
+    assert early.verdict == CLEAR and early.action is None and "only the last look keeps" in early.reason
+    assert rule.look([150, 151, 149, 150, 150.5], defaults).action == KEEP
+    assert rule.look([150, 151, 149], defaults, last=True).action == KEEP, "the bound's look: the last"
+    assert rule.look([50, 51, 49], defaults).action == SWITCH, "a clear loser at the first look"
     tie = rule.look([100, 100.2, 99.8], [100, 100.1, 99.9, 100])
     assert tie.verdict == "equivalent" and tie.action == SWITCH
     noisy = [104, 92, 110]
     assert rule.look(noisy, defaults).action is None, "too close to call at look 1: look again"
     last = rule.look([104, 92, 110, 95, 107], defaults)
-    assert last.look == 3 and last.action == SWITCH and "the last look" in last.reason
+    assert last.look == 3 and last.action == SWITCH and "not a clear winner at the last look" in last.reason
     assert rule.look([150, 151, 149], [100, 101]).action == SWITCH, "fewer than 3 blocks of the defaults"
     with pytest.raises(ValueError):
         rule.look([150, 151], defaults)
+    assert "one-sided at α = 0.05: only the last look keeps" in rule.describe()
+
+
+def test_the_keep_is_one_sided_at_alpha():
+    """No spread in the blocks, a 3% allowance a side: the bound is z(0.95) √2 × 3% below the ratio, so 1.08x is a
+    clear winner and 1.07x is not (at two-sided levels adding to α over 3 looks, as before, 1.10x was not)."""
+    rule = InMainRule(1, 0.02, 0.03)
+    defaults = [100.0] * 3
+    assert rule.look([108.0] * 3, defaults).action == KEEP
+    assert rule.look([107.0] * 3, defaults).action == SWITCH
+    assert rule.look([108.0] * 3, defaults).low == pytest.approx(1.08 / math.exp(1.6449 * 0.03 * 2 ** 0.5), rel=1e-4)
 
 
 def test_the_run_allowance_widens_the_interval():
@@ -102,8 +114,9 @@ def test_the_candidate_s_blocks_meet_the_defaults_blocks_at_the_same_places_in_t
     with the trial's first three, and see one config."""
     run = [140.0, 132.0, 125.0] + [100.0 + (i % 3 - 1) * 0.5 for i in range(30)]
     rule = InMainRule(3, 0.02, 0.03)
-    assert rule.look(run[:3], run[3:]).action == KEEP, "against a run's later blocks: the bias the matching removes"
-    assert rule.look(run[:3], run).action != KEEP, "the rule matches them itself"
+    assert rule.look(run[:3], run[3:], last=True).action == KEEP, "against a run's later blocks: the bias the " \
+        "matching removes"
+    assert rule.look(run[:3], run, last=True).action != KEEP, "the rule matches them itself"
     confirmation = Confirmation(rule, run[:5], LookLog(tmp_path))   # the blocks the last look compares: none merged
     _feed(confirmation, run[:3])
     assert confirmation.candidate == pytest.approx(run[:3])
@@ -134,9 +147,10 @@ def test_a_defaults_trial_of_more_blocks_than_the_looks_compare_is_merged_and_th
     _feed(confirmation, candidate)
     assert confirmation.candidate == pytest.approx([125.0] * 3), "the groups start at the run's start"
     [look] = confirmation.made
-    assert look.look == 1 and look.action == KEEP and "3 vs 3 samples of 3 blocks" in look.reason
-    assert confirmation.columns()["tune.confirm.blocks_merged"] == 3
-    assert rule.look(candidate[:3], defaults[:3]).action is None, "the same blocks unmerged: too close to call"
+    assert look.look == 1 and look.verdict == CLEAR and "3 vs 3 samples of 3 blocks" in look.reason
+    assert look.merged == 3 and confirmation.columns()["tune.confirm.blocks_merged"] == 3
+    assert rule.look(candidate[:3], defaults[:3], last=True).action == SWITCH, "the same blocks unmerged: too " \
+        "close to call"
 
 
 def test_merged_samples_survive_a_kill_and_the_bound_reads_them(tmp_path):
@@ -153,6 +167,13 @@ def test_merged_samples_survive_a_kill_and_the_bound_reads_them(tmp_path):
     _feed(again, [150.0, 50.0, 104.0], first=3)   # the rerun's first group: 150, 50, 104 is its first sample
     assert again.candidate == pytest.approx(first.candidate + [(150 * 50 * 104) ** (1 / 3)])
     assert [m.look for m in again.made] == [1, 2]
+    longer = Confirmation(rule, defaults * 2, LookLog(tmp_path))   # would merge 6 a sample: the looks' 3 stand
+    assert longer.merged == 3 and longer.candidate == again.candidate
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "confirm.jsonl").write_text(json.dumps({k: v for k, v in asdict(first.made[0]).items() if k != "merged"})
+                                       + "\n")   # a look logged before samples were merged
+    assert Confirmation(rule, defaults, LookLog(old)).merged == 1
     bound = Confirmation(rule, defaults, LookLog(tmp_path / "b"), within=4)
     (tmp_path / "b").mkdir()
     _feed(bound, [200.0] * 4)   # 4 blocks: one sample of 3, under the 3 samples the first look needs
@@ -236,7 +257,7 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
     assert look.action == SWITCH and "no decision after 5 of the main phase's shards (the bound: 50%" in look.reason
     assert "gave 0 block(s)" in look.reason
     assert "0.200x the defaults' blocks' mean: not at or above 1.020x" in look.reason
-    allowed = InMainRule(3, 0.02, 0.03)   # the defaults: the bar is 1.02 × exp(z(1 - 0.0226 / 2) √2 × 0.03)
+    allowed = InMainRule(3, 0.02, 0.03)   # the defaults: the bar is 1.02 × exp(z(0.95) √2 × 0.03)
     # no look made, but its engines' steps ran 30x the defaults' blocks' mean (an engine too fast for its feed
     # gives no block): kept, not switched to a config that slow
     fast = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "f"), within=2)
@@ -245,7 +266,7 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
                              step_s=2.0)) is False
     assert fast.blocks(SoFar(shards=2, left=8, engines=2, output_tokens=200, engine_s=2.0, step_tokens=6000.0,
                              step_s=4.0)) is False
-    assert fast.action == KEEP and "kept, at or above 1.124x" in fast.made[-1].reason
+    assert fast.action == KEEP and "kept, at or above 1.094x" in fast.made[-1].reason
     # two blocks at 105 and its steps at 3,000: the lower, 1.05x, is what counts: switched
     two = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "t"), within=3)
     (tmp_path / "t").mkdir()
@@ -258,7 +279,7 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
                             step_s=6.0, full_tokens=105 / 2 * 10.0 * 2, full_s=20.0,
                             full_steps=2 * BLOCK_STEPS * 2)) is True
     assert two.made[-1].ratio == pytest.approx(1.05, rel=1e-3)
-    # 8% faster: under the allowance's bar, switched
+    # 8% faster: under the allowance's bar (1.094x), switched
     close = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "c"), within=1)
     (tmp_path / "c").mkdir()
     assert close.blocks(SoFar(shards=1, left=9, engines=2, output_tokens=100, engine_s=1.0, step_tokens=108.0,
@@ -268,7 +289,7 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
     (tmp_path / "b").mkdir()
     assert blind.blocks(SoFar(shards=1, left=9, engines=2, output_tokens=0, engine_s=0.0, step_tokens=0.0,
                               step_s=0.0)) is True and blind.made[-1].ratio is None
-    # a look made without deciding, then the bound: switched, however fast its steps
+    # a look made without deciding, then the bound: the bound's look is the last, on the blocks (not the steps)
     looked = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "l"), within=4)
     (tmp_path / "l").mkdir()
     tokens = 0.0
@@ -278,17 +299,21 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
     assert len(looked.made) == 1 and looked.action is None
     assert looked.blocks(SoFar(shards=4, left=6, engines=2, output_tokens=400, engine_s=4.0, step_tokens=9e6,
                                step_s=10.0, full_steps=3 * 2 * BLOCK_STEPS)) is True
-    assert looked.action == SWITCH and looked.made[-1].ratio is None
+    assert looked.action == SWITCH and "the bound's look is the last" in looked.made[-1].reason
+    assert looked.made[-1].ratio == pytest.approx((100 * 104 * 92 / (100 * 100.5 * 99.5)) ** (1 / 3))
     # after a kill: the shards the main phase committed before count towards the bound
     resumed = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "r"), within=5, before=3)
     (tmp_path / "r").mkdir()
     assert resumed.blocks(so_far(1, 20, 0.0, 0.0, 0)) is False
     assert resumed.blocks(so_far(2, 20, 0.0, 0.0, 0)) is True and "after 5 of" in resumed.made[-1].reason
-    # a look due at the bound's commit is made by the rule first (here it keeps a clear winner)
+    # a look due at the bound's commit is made by the rule first (a clear winner at look 1: not kept there); at
+    # the next commit, with no look due, the bound's last look keeps it
     winner = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "w"), within=3)
     (tmp_path / "w").mkdir()
     tokens = 0.0
     for shards, rate in enumerate([150, 151, 149], 1):
         tokens += rate * 5
         winner.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
-    assert winner.action == KEEP and len(winner.made) == 1
+    assert winner.action is None and len(winner.made) == 1 and winner.made[0].verdict == CLEAR
+    assert winner.blocks(so_far(4, 10, tokens, 30.0, 3 * 2 * BLOCK_STEPS)) is False
+    assert winner.action == KEEP and len(winner.made) == 2 and "the bound's look is the last" in winner.made[-1].reason
