@@ -34,16 +34,19 @@ its last look: the confirmation grows with the job, and a sample's spread shrink
 Every block's shards are real output, whichever side it is on.
 
 **The looks.** After the candidate's ``MIN_RUNS`` th sample, and after each sample to the ``looks`` th
-(``batch.tune.confirm_looks``), the rule compares the two sides' log rates: Welch's bound on their difference, one
-side at a time at level α (``t`` at ``1 − α``). **Only the last look keeps the candidate**, and only where its lower
-bound is above 1 and its ratio above the minimum effect; the looks before it only switch (a clear loser: the upper
-bound below 1; or a tie within ``±min_effect``). Keeping earlier would not make the job faster (the main phase runs
-on the candidate either way until a switch), and it would spend α at each look. So a false winner can be made at
-one look only, at level α, one-sided because keeping an equal or slower candidate is the only error that makes a
-job slower than its defaults; the earlier looks' switches can only lower that rate (a non-binding futility rule).
-Before this (up to f2bdb30) every look could keep, at two-sided Pocock levels adding to α: with 3 looks a look's
-bound stood at z 2.29 rather than 1.64, which at a 3% run allowance asked about 1.11x of a candidate rather than
-1.08x and switched back virtual H100 candidates truly 5-9% faster (``docs/benchmarks.md``).
+(``batch.tune.confirm_looks``), the rule compares the two sides' log rates: Welch's bounds on their difference,
+each one-sided at ``level`` (``t`` at ``1 − level``). **Only the last look keeps the candidate**, and only where
+its lower bound is above 1 and its ratio above the minimum effect; the looks before it only switch (a clear loser:
+the upper bound below 1; or a tie within ``±min_effect``). Keeping earlier would not make the job faster (the main
+phase runs on the candidate either way until a switch), and it would spend α at each look. So a false winner can
+be made at one look only, one-sided because keeping an equal or slower candidate is the only error that makes a
+job slower than its defaults; the earlier looks' switches only lower that rate (a non-binding futility rule).
+``level`` is α less the reserve a sequential plan of more than one look keeps back (``sequential.RESERVE``: 0.04
+with the default 3 looks; 0.05 for one look): Welch's t and trial 0's selection (a low trial-0 run both loses the
+ranking and lowers the defaults' side) put whole jobs simulated at α = 0.05, with runs as far apart as the
+allowance, at 4.5-5.2%. Before this (up to f2bdb30) every look could keep, at two-sided Pocock levels adding to α:
+with 3 looks a look's bound stood at z 2.29 rather than 1.75, which at a 3% run allowance asked about 1.11x of a
+candidate rather than 1.08x and switched back virtual H100 candidates truly 5-9% faster (``docs/benchmarks.md``).
 ``tests/harness/batch/test_tune_confirm.py`` and ``benchmarks/in_main_confirmation.py`` measure the false winners.
 
 **Drift and the runs themselves.** Blocks of one run share that run's engine and the host's state during it,
@@ -60,9 +63,9 @@ candidate's committed shards stay. So does a candidate with no decision once ``W
 were never full long enough for the blocks the looks need: shards too few to keep it fed, or an engine too fast
 for its feed): the bound on how long a candidate runs unconfirmed. Where looks were made by then, the bound makes
 the look it is at the last (``Confirmation._at_the_bound``): the candidate's samples so far, kept only as a clear
-winner, so the one keep stays at level α. Where no look was made, one comparison decides instead: the candidate is
+winner, so the one keep stays at ``level``. Where no look was made, one comparison decides instead: the candidate is
 kept if its rate so far (the lower of its rate over all its steps and its blocks' geometric mean) is above the
-defaults' blocks' geometric mean by ``min_effect`` and the run allowance at level α (about 1.09× at the defaults,
+defaults' blocks' geometric mean by ``min_effect`` and the run allowance at ``level`` (about 1.10× at the defaults,
 what the last look asks of blocks with no spread), so that a candidate many times faster than the defaults, on an
 engine too fast for its feed, is not switched away; a point comparison, not the rule, so α does not bound its false
 winners, and how often it keeps an equal candidate is not measured (the A/A runs, in which every config gives
@@ -87,6 +90,7 @@ from typing import Any
 
 from harness.batch.job.job import SoFar
 from harness.batch.tune.tune_prune import run_rate
+from harness.report.sequential import RESERVE
 from harness.report.stats import geometric_mean
 from harness.report.verdict import ALPHA, CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, MIN_RUNS, t_quantile
 
@@ -121,7 +125,7 @@ class Look:
     """One look of the in-main confirmation."""
 
     look: int                 # 1-based
-    level: float              # α_j, this look's two-sided level
+    level: float              # the rule's one-sided level (``InMainRule.level``)
     candidate: list[float]    # the candidate's blocks so far
     verdict: str
     ratio: float | None
@@ -134,19 +138,22 @@ class Look:
 
 class InMainRule:
     """The looks' rule: ``looks`` looks from the candidate's ``MIN_RUNS`` th sample on; only the last may keep the
-    candidate, one-sided at α (see the module's notes)."""
+    candidate, one-sided at ``level`` (see the module's notes)."""
 
     def __init__(self, looks: int, min_effect: float, run_spread: float, alpha: float = ALPHA):
         if looks < 1:
             raise ValueError("at least one look")
         self.looks, self.min_effect, self.run_spread, self.alpha = looks, min_effect, run_spread, alpha
+        # the keep's one-sided level: α less the reserve a sequential plan of more than one look keeps back
+        self.level = alpha if looks == 1 else alpha * (1 - RESERVE)
 
     def describe(self) -> str:
         return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {MIN_RUNS + self.looks - 1} against "
                 f"the engine defaults' trial blocks at the same places in its run (each sample as many consecutive "
                 f"blocks merged as trial 0 gave over the last look's count), Welch bounds one-sided at "
-                f"α = {self.alpha:g}: only the last look keeps (the earlier ones only switch), a run-to-run allowance "
-                f"of {self.run_spread:.1%} a side, minimum effect {self.min_effect:.0%}")
+                f"{self.level:g} (α = {self.alpha:g}{' less the reserve' if self.looks > 1 else ''}): only the last "
+                f"look keeps (the earlier ones only switch), a run-to-run allowance of {self.run_spread:.1%} a side, "
+                f"minimum effect {self.min_effect:.0%}")
 
     def per_sample(self, blocks: int) -> int:
         """Blocks merged into each sample where the defaults' trial gave ``blocks``: those over the last look's count
@@ -162,7 +169,7 @@ class InMainRule:
             raise ValueError(f"look {j} is outside 1..{self.looks}")
         last = last or j == self.looks
         if len(defaults) < MIN_RUNS:
-            return Look(j, self.alpha, list(candidate), INSUFFICIENT, None, None, None, SWITCH,
+            return Look(j, self.level, list(candidate), INSUFFICIENT, None, None, None, SWITCH,
                         f"the defaults' trial gave {len(defaults)} block(s), under the {MIN_RUNS} the rule needs",
                         merged)
         lc, ld = [math.log(x) for x in candidate], [math.log(x) for x in defaults[:len(candidate)]]
@@ -171,17 +178,17 @@ class InMainRule:
         variance = vc + vd + 2 * self.run_spread ** 2   # the allowance is known, not estimated: no degrees of freedom
         estimated = vc ** 2 / (len(lc) - 1) + vd ** 2 / (len(ld) - 1)
         df = variance ** 2 / estimated if estimated > 0 else math.inf   # Welch-Satterthwaite
-        half = (t_quantile(1 - self.alpha, df) if math.isfinite(df) and df < 1e6
-                else NormalDist().inv_cdf(1 - self.alpha)) * math.sqrt(variance)
+        half = (t_quantile(1 - self.level, df) if math.isfinite(df) and df < 1e6
+                else NormalDist().inv_cdf(1 - self.level)) * math.sqrt(variance)
         # a tiny level with few blocks a side makes a huge t quantile: keep exp in range
         ratio, low, high = (math.exp(max(-700.0, min(700.0, x))) for x in (diff, diff - half, diff + half))
         margin = math.log1p(self.min_effect)
-        text = (f"candidate ÷ defaults {ratio:.3f}x [{low:.3f}, {high:.3f}] (bounds one-sided at {self.alpha:g}) at "
+        text = (f"candidate ÷ defaults {ratio:.3f}x [{low:.3f}, {high:.3f}] (bounds one-sided at {self.level:g}) at "
                 f"look {j} of {self.looks} ({len(lc)} vs {len(ld)} {samples(merged)})")
         ahead = diff - half > 0 and diff >= margin
 
         def made(verdict: str, action: str | None, why: str) -> Look:
-            return Look(j, self.alpha, list(candidate), verdict, ratio, low, high, action, f"{text}: {why}", merged)
+            return Look(j, self.level, list(candidate), verdict, ratio, low, high, action, f"{text}: {why}", merged)
 
         if diff + half < 0:
             return made(CLEAR, SWITCH, "a clear loser")
@@ -264,7 +271,7 @@ class Confirmation:
         last look (a clear winner is kept; else the rest runs on the defaults). Where none was made (fewer samples
         than the first look needs: an engine too fast for its feed), the candidate is kept if its rate so far (over
         all its steps, and over its blocks where it gave any: the lower) is above the defaults' blocks' geometric
-        mean by the minimum effect and by the run allowance at level α (``keep_above``): a point comparison with the
+        mean by the minimum effect and by the run allowance at the rule's level (``keep_above``): a point comparison with the
         rule's allowance, not the rule, so α does not bound its false winners."""
         text = (f"no decision after {done} of the main phase's shards (the bound: {WITHIN:.0%} of them, "
                 f"{self.within}): the candidate gave {len(self.candidate)} {samples(self.merged, '(s)')} and the "
@@ -282,12 +289,12 @@ class Confirmation:
         return Look(1, 0.0, list(self.candidate), INSUFFICIENT, ratio, None, None, KEEP if keep else SWITCH,
                     f"{text}; its rate so far, {min(rates):,.0f} tok/s, is {ratio:.3f}x the defaults' blocks' mean: "
                     f"{'kept, at or above' if keep else 'not at or above'} {bar:.3f}x (the {self.rule.min_effect:.0%} "
-                    f"minimum effect and the run allowance at level α)", self.merged)
+                    f"minimum effect and the run allowance at the rule's level)", self.merged)
 
     def keep_above(self) -> float:
         """The ratio a candidate with no look must reach at the bound: (1 + min_effect) × exp(z √2 run_spread), z at
-        one-sided α (the rule's): what the last look would ask of blocks with no spread."""
-        z = NormalDist().inv_cdf(1 - self.rule.alpha)
+        the rule's one-sided level: what the last look would ask of blocks with no spread."""
+        z = NormalDist().inv_cdf(1 - self.rule.level)
         return (1 + self.rule.min_effect) * math.exp(z * math.sqrt(2) * self.rule.run_spread)
 
     def columns(self) -> dict[str, Any]:

@@ -68,12 +68,14 @@ def test_only_the_last_look_keeps_and_the_earlier_ones_only_switch():
     assert rule.look([150, 151, 149], [100, 101]).action == SWITCH, "fewer than 3 blocks of the defaults"
     with pytest.raises(ValueError):
         rule.look([150, 151], defaults)
-    assert "one-sided at α = 0.05: only the last look keeps" in rule.describe()
+    assert rule.level == pytest.approx(0.04) and InMainRule(1, 0.02, 0.0).level == 0.05
+    assert "one-sided at 0.04 (α = 0.05 less the reserve): only the last look keeps" in rule.describe()
 
 
 def test_the_keep_is_one_sided_at_alpha():
-    """No spread in the blocks, a 3% allowance a side: the bound is z(0.95) √2 × 3% below the ratio, so 1.08x is a
-    clear winner and 1.07x is not (at two-sided levels adding to α over 3 looks, as before, 1.10x was not)."""
+    """One look (level α = 0.05), no spread in the blocks, a 3% allowance a side: the bound is z(0.95) √2 × 3% below
+    the ratio, so 1.08x is a clear winner and 1.07x is not (at two-sided levels adding to α over 3 looks, as before,
+    1.10x was not)."""
     rule = InMainRule(1, 0.02, 0.03)
     defaults = [100.0] * 3
     assert rule.look([108.0] * 3, defaults).action == KEEP
@@ -257,7 +259,7 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
     assert look.action == SWITCH and "no decision after 5 of the main phase's shards (the bound: 50%" in look.reason
     assert "gave 0 block(s)" in look.reason
     assert "0.200x the defaults' blocks' mean: not at or above 1.020x" in look.reason
-    allowed = InMainRule(3, 0.02, 0.03)   # the defaults: the bar is 1.02 × exp(z(0.95) √2 × 0.03)
+    allowed = InMainRule(3, 0.02, 0.03)   # the defaults: the bar is 1.02 × exp(z(0.96) √2 × 0.03)
     # no look made, but its engines' steps ran 30x the defaults' blocks' mean (an engine too fast for its feed
     # gives no block): kept, not switched to a config that slow
     fast = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "f"), within=2)
@@ -266,7 +268,7 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
                              step_s=2.0)) is False
     assert fast.blocks(SoFar(shards=2, left=8, engines=2, output_tokens=200, engine_s=2.0, step_tokens=6000.0,
                              step_s=4.0)) is False
-    assert fast.action == KEEP and "kept, at or above 1.094x" in fast.made[-1].reason
+    assert fast.action == KEEP and "kept, at or above 1.099x" in fast.made[-1].reason
     # two blocks at 105 and its steps at 3,000: the lower, 1.05x, is what counts: switched
     two = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "t"), within=3)
     (tmp_path / "t").mkdir()
@@ -279,7 +281,7 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
                             step_s=6.0, full_tokens=105 / 2 * 10.0 * 2, full_s=20.0,
                             full_steps=2 * BLOCK_STEPS * 2)) is True
     assert two.made[-1].ratio == pytest.approx(1.05, rel=1e-3)
-    # 8% faster: under the allowance's bar (1.094x), switched
+    # 8% faster: under the allowance's bar (1.099x), switched
     close = Confirmation(allowed, [100, 100.5, 99.5, 100], LookLog(tmp_path / "c"), within=1)
     (tmp_path / "c").mkdir()
     assert close.blocks(SoFar(shards=1, left=9, engines=2, output_tokens=100, engine_s=1.0, step_tokens=108.0,
