@@ -115,12 +115,26 @@ def test_the_cpu_space_seeds_pin_what_they_assume(tmp_path):
 
 @pytest.mark.parametrize("option", ["vllm_h100", "sim_h100", "sim_h100_backlog", "trtllm_h100", "sglang_h100",
                                     "ray_gpu"])
-def test_the_gpu_heuristic_seed_runs_on_the_kv_share_it_sizes_for(option):
-    """TensorRT-LLM's heuristic sizes the resident requests for 0.95 of the memory the weights leave: its seed
-    pins the space's KV share at its top (else the sampler draws one, and a draw under it preempts)."""
-    import yaml
+def test_the_gpu_heuristic_seed_runs_on_the_kv_share_it_sizes_for(option, tmp_path):
+    """TensorRT-LLM's heuristic sizes the resident requests for 0.95 of the memory the weights leave: its seed, as
+    the study gets it (``enqueue_seeds``), pins the space's KV share at its top (else the sampler draws one, and a
+    draw under it preempts)."""
+    import json
 
-    text = yaml.safe_load((ROOT / "conf" / "tune" / f"{option}.yaml").read_text())
-    share = next(path for path in text["space"]["params"]
-                 if path.endswith(("kv_memory_fraction", "gpu_memory_utilization")))
-    assert text["heuristic"]["params"] == {share: text["space"]["params"][share]["high"]}
+    import optuna
+    from omegaconf import OmegaConf
+
+    from harness.tune.seeds import enqueue_seeds
+    from harness.tune.space import SearchSpace
+
+    (tmp_path / "config.json").write_text(json.dumps({   # Llama-3.1-8B's shape
+        "num_attention_heads": 32, "hidden_size": 4096, "head_dim": 128, "num_key_value_heads": 8,
+        "num_hidden_layers": 32, "vocab_size": 128256, "intermediate_size": 14336}))
+    base = OmegaConf.to_container(compose(f"tune={option}", "hardware=h100", config_name="tuning"), resolve=True)
+    space = SearchSpace(base["tune"]["space"])
+    study = optuna.create_study(direction="maximize")
+    summary = {"requests": 10, "input_tokens_requested": 5000, "output_tokens_requested": 5000}
+    names = enqueue_seeds(study, base["tune"], space, base, summary, str(tmp_path))
+    [heuristic] = [t.system_attrs["fixed_params"] for name, t in zip(names, study.get_trials()) if "heuristic" in name]
+    [share] = [p for p in space.params if p.path.endswith(("kv_memory_fraction", "gpu_memory_utilization"))]
+    assert heuristic[share.path] == share.high and len(heuristic) == 2, heuristic
