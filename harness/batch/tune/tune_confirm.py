@@ -59,11 +59,12 @@ false winner or loser; the A/A simulation reports the rate with drift and run no
 **What follows.** A clear winner by ``min_effect`` at the last look keeps the candidate; the looks stop. A clear
 loser, a candidate within ``±min_effect`` of the defaults (not worth a config that was not tried before), at any
 look, or no clear winner at the last look switches the main phase to the defaults (one engine start); the
-candidate's committed shards stay. So does a candidate with no decision once ``WITHIN`` of the main phase's shards have committed (its engines
-were never full long enough for the blocks the looks need: shards too few to keep it fed, or an engine too fast
-for its feed): the bound on how long a candidate runs unconfirmed. Where looks were made by then, the bound makes
-the look it is at the last (``Confirmation._at_the_bound``): the candidate's samples so far, kept only as a clear
-winner, so the one keep stays at ``level``. Where no look was made, one comparison decides instead: the candidate is
+candidate's committed shards stay. The looks must decide once ``WITHIN`` of the main phase's shards have committed
+(where its engines were never full long enough for the samples the looks need: shards too few to keep it fed, or
+an engine too fast for its feed): the bound on how long a candidate runs unconfirmed. Where looks were made by
+then, the bound makes the look it is at the last (``Confirmation._at_the_bound``): the candidate's samples so far,
+kept only as a clear winner, so the one keep stays at ``level``. Where no look was made, one comparison decides
+instead: the candidate is
 kept if its rate so far (the lower of its rate over all its steps and its blocks' geometric mean) is above the
 defaults' blocks' geometric mean by ``min_effect`` and the run allowance at ``level`` (about 1.10× at the defaults,
 what the last look asks of blocks with no spread), so that a candidate many times faster than the defaults, on an
@@ -193,7 +194,8 @@ class InMainRule:
         if diff + half < 0:
             return made(CLEAR, SWITCH, "a clear loser")
         if abs(diff) + half <= margin:
-            return made(EQUIVALENT, SWITCH, f"within ±{self.min_effect:.0%} of the defaults, not worth an untried config")
+            return made(EQUIVALENT, SWITCH,
+                        f"within ±{self.min_effect:.0%} of the defaults, not worth an untried config")
         if last:
             return (made(CLEAR, KEEP, f"a clear winner by the {self.min_effect:.0%} minimum effect at the last look")
                     if ahead else made(CLOSE, SWITCH, "not a clear winner at the last look"))
@@ -271,8 +273,8 @@ class Confirmation:
         last look (a clear winner is kept; else the rest runs on the defaults). Where none was made (fewer samples
         than the first look needs: an engine too fast for its feed), the candidate is kept if its rate so far (over
         all its steps, and over its blocks where it gave any: the lower) is above the defaults' blocks' geometric
-        mean by the minimum effect and by the run allowance at the rule's level (``keep_above``): a point comparison with the
-        rule's allowance, not the rule, so α does not bound its false winners."""
+        mean by the minimum effect and by the run allowance at the rule's level (``keep_above``): a point comparison
+        with the rule's allowance, not the rule, so α does not bound its false winners."""
         text = (f"no decision after {done} of the main phase's shards (the bound: {WITHIN:.0%} of them, "
                 f"{self.within}): the candidate gave {len(self.candidate)} {samples(self.merged, '(s)')} and the "
                 f"looks made {len(self.made)} without deciding (the rule's first look needs {MIN_RUNS})")
