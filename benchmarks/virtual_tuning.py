@@ -27,10 +27,10 @@ each job size (the ``steady`` of ``--cap`` requests) and the best of them is the
 **The tuner's path** (``harness.batch.tune.tuning``): trials (trial 0: the engine defaults), then the main
 phase on the best trial's config (the candidate), confirmed as its shards commit (``tune_confirm``: its blocks
 against trial 0's, at looks that may switch, only the last keeping); a loser, a tie or no clear winner by the
-last look stops the candidate (its shards in flight finish) and the rest runs on the defaults, one more engine start. The virtual engine
-tells each run's ``on_commit`` as its shards finish (``VirtualEngine.run_phase``: one engine fed shard by shard
-as the pool feeds it), so the blocks, the looks and the stop are the tuner's own. A job's record keeps its
-engine starts, whether the main phase switched back, the looks made and their action.
+last look stops the candidate (its shards in flight finish) and the rest runs on the defaults, one more engine
+start. The virtual engine tells each run's ``on_commit`` as its shards finish (``VirtualEngine.run_phase``: one
+engine fed shard by shard as the pool feeds it), so the blocks, the looks and the stop are the tuner's own. A
+job's record keeps its engine starts, whether the main phase switched back, the looks made and their action.
 
 **A/A** (``--aa N``) and **a slower candidate** (``--slower N``): ``N`` jobs of ``--count-size`` requests in
 which every config runs as the engine defaults, as fast, or every config but the defaults ``--slowdown``

@@ -70,7 +70,7 @@ defaults' blocks' geometric mean by ``min_effect`` and the run allowance at ``le
 what the last look asks of blocks with no spread), so that a candidate many times faster than the defaults, on an
 engine too fast for its feed, is not switched away; a point comparison, not the rule, so α does not bound its false
 winners, and how often it keeps an equal candidate is not measured (the A/A runs, in which every config gives
-blocks, never reach this path). The bound counts the main phase's shards committed before a kill; the blocks of a
+blocks, never reach this path); with the one-sided level (a578592) its bar fell from 1.124× to 1.099×. The bound counts the main phase's shards committed before a kill; the blocks of a
 candidate's run cut before its first look are not kept (only a look keeps the blocks it saw), so a rerun may reach
 the bound with too few blocks and switch a winner away (unless its rate alone clears the bar above). Where
 trial 0 gave fewer than ``MIN_RUNS`` blocks there is no defaults' side to look against, and the main phase runs
@@ -91,11 +91,14 @@ from typing import Any
 
 from harness.batch.job.job import SoFar
 from harness.batch.tune.tune_prune import run_rate
-from harness.report.sequential import RESERVE
 from harness.report.stats import geometric_mean
 from harness.report.verdict import ALPHA, CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, MIN_RUNS, t_quantile
 
 KEEP, SWITCH = "keep the candidate", "switch to the engine defaults"
+AHEAD = "ahead, not kept before the last look"   # a look's verdict where the candidate leads before the last look
+# the share of α the keep holds back: whole jobs simulated at the full α, with runs as far apart as the allowance,
+# kept an equal candidate in 4.5-5.2% (3 looks) and 5.05-5.6% (one look: helper-38) of jobs; at 0.8 α, 3.5-4.15%
+KEEP_RESERVE = 0.2
 WITHIN = 0.5    # the share of the main phase's shards by which the looks must have decided
 
 
@@ -126,7 +129,8 @@ class Look:
     """One look of the in-main confirmation."""
 
     look: int                 # 1-based
-    level: float              # the rule's one-sided level (``InMainRule.level``)
+    level: float              # the keep's one-sided level (``InMainRule.level``; before a578592 the look's two-sided
+                              # Pocock level; 0.0: the bound's comparison with no look made)
     candidate: list[float]    # the candidate's blocks so far
     verdict: str
     ratio: float | None
@@ -134,7 +138,7 @@ class Look:
     high: float | None
     action: str | None        # KEEP, SWITCH, or None (look again)
     reason: str
-    merged: int = 1           # blocks a sample (a log written before samples were merged has none: 1)
+    merged: int | None = None   # blocks a sample (None: a log written before a578592, which did not record it)
 
 
 class InMainRule:
@@ -145,14 +149,13 @@ class InMainRule:
         if looks < 1:
             raise ValueError("at least one look")
         self.looks, self.min_effect, self.run_spread, self.alpha = looks, min_effect, run_spread, alpha
-        # the keep's one-sided level: α less the reserve a sequential plan of more than one look keeps back
-        self.level = alpha if looks == 1 else alpha * (1 - RESERVE)
+        self.level = alpha * (1 - KEEP_RESERVE)   # the keep's one-sided level
 
     def describe(self) -> str:
         return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {MIN_RUNS + self.looks - 1} against "
                 f"the engine defaults' trial blocks at the same places in its run (each sample as many consecutive "
                 f"blocks merged as trial 0 gave over the last look's count), Welch bounds one-sided at "
-                f"{self.level:g} (α = {self.alpha:g}{' less the reserve' if self.looks > 1 else ''}): only the last "
+                f"{self.level:g} (α = {self.alpha:g} less a reserve of {KEEP_RESERVE:.0%}): only the last "
                 f"look keeps (the earlier ones only switch), a run-to-run allowance of {self.run_spread:.1%} a side, "
                 f"minimum effect {self.min_effect:.0%}")
 
@@ -161,13 +164,16 @@ class InMainRule:
         (``MIN_RUNS + looks - 1``) spread over its samples, rounded down; at least 1."""
         return max(1, blocks // (MIN_RUNS + self.looks - 1))
 
-    def look(self, candidate: list[float], defaults: list[float], merged: int = 1, last: bool = False) -> Look:
-        """Look ``len(candidate) - MIN_RUNS + 1``: the verdict on the samples so far against the defaults' first as
-        many (like for like: see the module's notes), and what to do; ``last``: the last look whatever its number
-        (the bound's). ``merged``: blocks a sample (named in the reason)."""
+    def look(self, candidate: list[float], defaults: list[float], merged: int = 1, last: bool = False,
+             number: int | None = None) -> Look:
+        """Look ``len(candidate) - MIN_RUNS + 1`` (or ``number``: the bound's look, on samples already looked at):
+        the verdict on the samples so far against the defaults' first as many (like for like: see the module's
+        notes), and what to do; ``last``: the last look whatever its number (the bound's). ``merged``: blocks a
+        sample (named in the reason)."""
         j = len(candidate) - MIN_RUNS + 1
         if j < 1 or j > self.looks:
             raise ValueError(f"look {j} is outside 1..{self.looks}")
+        j = number or j
         last = last or j == self.looks
         if len(defaults) < MIN_RUNS:
             return Look(j, self.level, list(candidate), INSUFFICIENT, None, None, None, SWITCH,
@@ -199,7 +205,7 @@ class InMainRule:
         if last:
             return (made(CLEAR, KEEP, f"a clear winner by the {self.min_effect:.0%} minimum effect at the last look")
                     if ahead else made(CLOSE, SWITCH, "not a clear winner at the last look"))
-        return made(CLEAR if ahead else CLOSE, None, ("ahead so far; " if ahead else "too close to call so far; ")
+        return made(AHEAD if ahead else CLOSE, None, ("ahead so far; " if ahead else "too close to call so far; ")
                     + "only the last look keeps")
 
 
@@ -239,7 +245,7 @@ class Confirmation:
         self.made = log.read()
         # a trial 0 of more blocks than the last look compares: each sample, both sides, ``merged`` blocks (as the
         # looks made before a kill merged them)
-        self.merged = self.made[-1].merged if self.made else rule.per_sample(len(defaults))
+        self.merged = (self.made[-1].merged if self.made else None) or rule.per_sample(len(defaults))
         self.defaults = merge(defaults, self.merged)
         self.earlier = self.made[-1].candidate if self.made else []   # blocks of a run a kill cut
         self.blocks = Blocks(self._after_commit, steps)
@@ -257,13 +263,14 @@ class Confirmation:
         if self.action is not None:
             return self.action == SWITCH
         done = self.before + so_far.shards
-        if self.within is not None and done >= self.within and \
-                len(self.candidate) - MIN_RUNS + 1 <= len(self.made):   # no look due at this commit
+        bound = self.within is not None and done >= self.within
+        due = len(self.candidate) >= MIN_RUNS and len(self.candidate) - MIN_RUNS + 1 > len(self.made)
+        if due:   # at the bound, the look due is the last
+            look = self.rule.look(self.candidate, self.defaults, self.merged, last=bound)
+        elif bound:
             look = self._at_the_bound(so_far, done)
-        elif len(self.candidate) < MIN_RUNS or len(self.candidate) - MIN_RUNS + 1 <= len(self.made):
-            return False
         else:
-            look = self.rule.look(self.candidate, self.defaults, self.merged)
+            return False
         self.log.append(look)
         self.made.append(look)
         return look.action == SWITCH
@@ -279,8 +286,8 @@ class Confirmation:
                 f"{self.within}): the candidate gave {len(self.candidate)} {samples(self.merged, '(s)')} and the "
                 f"looks made {len(self.made)} without deciding (the rule's first look needs {MIN_RUNS})")
         if self.made and self.defaults:
-            look = self.rule.look(self.candidate, self.defaults, self.merged, last=True)
-            return replace(look, look=len(self.made) + 1, reason=f"{text}; the bound's look is the last: {look.reason}")
+            look = self.rule.look(self.candidate, self.defaults, self.merged, last=True, number=len(self.made) + 1)
+            return replace(look, reason=f"{text}; the bound's look is the last: {look.reason}")
         rates = [r for r in (run_rate(so_far), geometric_mean(self.candidate) if self.candidate else None) if r]
         mean = geometric_mean(self.defaults) if self.defaults else None
         ratio = min(rates) / mean if rates and mean else None

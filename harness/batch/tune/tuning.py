@@ -12,7 +12,7 @@ with them):
    job's output; its value is its full-engine rate (``tune_predict``), else its plain rate.
 2. **main**: every shard left, starting on the best trial's config (the candidate), confirmed as it runs
    (``tune_confirm``): its blocks against trial 0's, at looks that may switch; only the last (or the one
-   at ``tune_confirm.WITHIN`` of the main phase's shards) keeps a clear winner, one-sided at α. A loser or a
+   at ``tune_confirm.WITHIN`` of the main phase's shards) keeps a clear winner, one-sided at 0.04. A loser or a
    tie at any look, or no clear winner at the last, switches the rest to the engine defaults (one engine
    start), the candidate's committed shards kept. Where no
    trial beat the defaults, or trial 0 gave too few blocks to confirm against, the main phase runs the defaults.

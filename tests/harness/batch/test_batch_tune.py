@@ -81,7 +81,7 @@ def test_trial_shards_are_output_and_the_rest_runs_with_the_candidate_confirmed_
     looks = [json.loads(line) for line in (tmp_path / "out" / "tune" / "confirm.jsonl").read_text().splitlines()]
     assert len(looks) == row["tune.confirm.looks"] >= 1 and looks[-1]["action"] == "keep the candidate"
     assert [look["look"] for look in looks] == list(range(1, len(looks) + 1)), "one look per block from the 3rd"
-    # 64 or 12 sequences at once against the job's 2: many times the rate, a clear winner at the first look; or,
+    # 64 or 12 sequences at once against the job's 2: many times the rate, a clear winner at the last look; or,
     # where the driver could not keep so fast an engine full (a loaded host), fewer than 3 blocks by the bound and its
     # rate many times the defaults' blocks' mean: kept either way, never switched to the defaults
     assert row["tune.chosen"]["engine.knobs.max_num_seqs"] in (12, 64) and not row["tune.switched"]
@@ -157,7 +157,7 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
     # a clear loser, or (on a loaded host, where its first block, before the slowdown, is far from the rest) not a
     # clear winner by the last look: either way the looks switch, and never keep it
     assert row["tune.confirm.action"] == "switch to the engine defaults"
-    assert "clear loser" in row["tune.confirm.reason"] or "the last look: not a clear winner" in \
+    assert "clear loser" in row["tune.confirm.reason"] or "not a clear winner at the last look" in \
         row["tune.confirm.reason"], row["tune.confirm.reason"]
     # medians: on a loaded host the defaults' blocks spread widely (593 to 896 tok/s in one fresh-clone run, whose
     # slowed candidate's 319 was not under half their lowest)

@@ -10,8 +10,7 @@ import pytest
 
 from benchmarks.in_main_confirmation import simulate
 from harness.batch.job.job import SoFar
-from harness.batch.tune.tune_confirm import BLOCK_STEPS, KEEP, SWITCH, Blocks, Confirmation, InMainRule, LookLog
-from harness.report.verdict import CLEAR
+from harness.batch.tune.tune_confirm import AHEAD, BLOCK_STEPS, KEEP, SWITCH, Blocks, Confirmation, InMainRule, LookLog
 
 
 def so_far(shards: int, left: int, tokens: float, seconds: float, steps: int = 0) -> SoFar:
@@ -55,7 +54,7 @@ def test_only_the_last_look_keeps_and_the_earlier_ones_only_switch():
     rule = InMainRule(3, 0.02, 0.0)
     defaults = [100, 101, 99, 100, 100.5]
     early = rule.look([150, 151, 149], defaults)
-    assert early.verdict == CLEAR and early.action is None and "only the last look keeps" in early.reason
+    assert early.verdict == AHEAD and early.action is None and "only the last look keeps" in early.reason
     assert rule.look([150, 151, 149, 150, 150.5], defaults).action == KEEP
     assert rule.look([150, 151, 149], defaults, last=True).action == KEEP, "the bound's look: the last"
     assert rule.look([50, 51, 49], defaults).action == SWITCH, "a clear loser at the first look"
@@ -68,19 +67,19 @@ def test_only_the_last_look_keeps_and_the_earlier_ones_only_switch():
     assert rule.look([150, 151, 149], [100, 101]).action == SWITCH, "fewer than 3 blocks of the defaults"
     with pytest.raises(ValueError):
         rule.look([150, 151], defaults)
-    assert rule.level == pytest.approx(0.04) and InMainRule(1, 0.02, 0.0).level == 0.05
-    assert "one-sided at 0.04 (α = 0.05 less the reserve): only the last look keeps" in rule.describe()
+    assert rule.level == pytest.approx(0.04) and InMainRule(1, 0.02, 0.0).level == pytest.approx(0.04)
+    assert "one-sided at 0.04 (α = 0.05 less a reserve of 20%): only the last look keeps" in rule.describe()
 
 
 def test_the_keep_is_one_sided_at_alpha():
-    """One look (level α = 0.05), no spread in the blocks, a 3% allowance a side: the bound is z(0.95) √2 × 3% below
+    """One look (level 0.04), no spread in the blocks, a 3% allowance a side: the bound is z(0.96) √2 × 3% below
     the ratio, so 1.08x is a clear winner and 1.07x is not (at two-sided levels adding to α over 3 looks, as before,
     1.10x was not)."""
     rule = InMainRule(1, 0.02, 0.03)
     defaults = [100.0] * 3
     assert rule.look([108.0] * 3, defaults).action == KEEP
     assert rule.look([107.0] * 3, defaults).action == SWITCH
-    assert rule.look([108.0] * 3, defaults).low == pytest.approx(1.08 / math.exp(1.6449 * 0.03 * 2 ** 0.5), rel=1e-4)
+    assert rule.look([108.0] * 3, defaults).low == pytest.approx(1.08 / math.exp(1.7507 * 0.03 * 2 ** 0.5), rel=1e-4)
 
 
 def test_the_run_allowance_widens_the_interval():
@@ -149,7 +148,7 @@ def test_a_defaults_trial_of_more_blocks_than_the_looks_compare_is_merged_and_th
     _feed(confirmation, candidate)
     assert confirmation.candidate == pytest.approx([125.0] * 3), "the groups start at the run's start"
     [look] = confirmation.made
-    assert look.look == 1 and look.verdict == CLEAR and "3 vs 3 samples of 3 blocks" in look.reason
+    assert look.look == 1 and look.verdict == AHEAD and "3 vs 3 samples of 3 blocks" in look.reason
     assert look.merged == 3 and confirmation.columns()["tune.confirm.blocks_merged"] == 3
     assert rule.look(candidate[:3], defaults[:3], last=True).action == SWITCH, "the same blocks unmerged: too " \
         "close to call"
@@ -174,8 +173,8 @@ def test_merged_samples_survive_a_kill_and_the_bound_reads_them(tmp_path):
     old = tmp_path / "old"
     old.mkdir()
     (old / "confirm.jsonl").write_text(json.dumps({k: v for k, v in asdict(first.made[0]).items() if k != "merged"})
-                                       + "\n")   # a look logged before samples were merged
-    assert Confirmation(rule, defaults, LookLog(old)).merged == 1
+                                       + "\n")   # a look logged before its samples' size was (261f805..f2bdb30)
+    assert Confirmation(rule, defaults, LookLog(old)).merged == 3, "as those versions merged: trial 0's blocks ÷ 5"
     bound = Confirmation(rule, defaults, LookLog(tmp_path / "b"), within=4)
     (tmp_path / "b").mkdir()
     _feed(bound, [200.0] * 4)   # 4 blocks: one sample of 3, under the 3 samples the first look needs
@@ -202,6 +201,7 @@ def test_whole_jobs_a_a_and_a_slower_best_candidate_finish_on_the_defaults_in_95
 
     rule = InMainRule(3, 0.02, 0.03)
     assert simulate_jobs(rule, 0.03, 0.03, 0.0, 1000) <= 0.05
+    assert simulate_jobs(InMainRule(1, 0.02, 0.03), 0.03, 0.03, 0.0, 1000, seed=6) <= 0.05, "one look: the same level"
     assert simulate_jobs(rule, 0.03, 0.03, 0.0, 1000, rates=(1.0, 0.95, 0.9, 0.8), seed=1) <= 0.05
     assert simulate_jobs(rule, 0.05, 0.03, 0.0, 300, rates=(1.0, 2.3, 1.2, 0.9), seed=2) >= 0.95
     # GPU scale: trials of 80 blocks 10% noisy, merged 16 a sample: the same bars, and more power than unmerged
@@ -308,14 +308,17 @@ def test_a_candidate_with_no_decision_within_half_of_the_main_phase_switches_unl
     (tmp_path / "r").mkdir()
     assert resumed.blocks(so_far(1, 20, 0.0, 0.0, 0)) is False
     assert resumed.blocks(so_far(2, 20, 0.0, 0.0, 0)) is True and "after 5 of" in resumed.made[-1].reason
-    # a look due at the bound's commit is made by the rule first (a clear winner at look 1: not kept there); at
-    # the next commit, with no look due, the bound's last look keeps it
+    # a look due at the bound's commit is the last: a clear winner is kept there
     winner = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "w"), within=3)
     (tmp_path / "w").mkdir()
-    tokens = 0.0
-    for shards, rate in enumerate([150, 151, 149], 1):
-        tokens += rate * 5
-        winner.blocks(so_far(shards, 10, tokens, shards * 10.0, shards * 2 * BLOCK_STEPS))
-    assert winner.action is None and len(winner.made) == 1 and winner.made[0].verdict == CLEAR
-    assert winner.blocks(so_far(4, 10, tokens, 30.0, 3 * 2 * BLOCK_STEPS)) is False
-    assert winner.action == KEEP and len(winner.made) == 2 and "the bound's look is the last" in winner.made[-1].reason
+    _feed(winner, [150, 151, 149])
+    assert winner.action == KEEP and len(winner.made) == 1 and "at the last look" in winner.made[0].reason
+    # the bound at a commit with no look due, after a look that did not decide: the samples it saw, looked at
+    # again as the last look (numbered after it)
+    again = Confirmation(rule, [100, 100.5, 99.5, 100], LookLog(tmp_path / "a"), within=4)
+    (tmp_path / "a").mkdir()
+    _feed(again, [150, 151, 149])
+    assert again.action is None and [m.verdict for m in again.made] == [AHEAD]
+    assert again.blocks(so_far(4, 10, 0.0, 0.0, 0)) is False   # a commit with no full step: no new block
+    assert again.action == KEEP and [m.look for m in again.made] == [1, 2]
+    assert "the bound's look is the last" in again.made[-1].reason and "look 2 of 3" in again.made[-1].reason
