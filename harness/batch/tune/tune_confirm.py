@@ -41,10 +41,9 @@ the upper bound below 1; or a tie within ``±min_effect``). Keeping earlier woul
 phase runs on the candidate either way until a switch), and it would spend α at each look. So a false winner can
 be made at one look only, one-sided because keeping an equal or slower candidate is the only error that makes a
 job slower than its defaults; the earlier looks' switches only lower that rate (a non-binding futility rule).
-``level`` is α less the reserve a sequential plan of more than one look keeps back (``sequential.RESERVE``: 0.04
-with the default 3 looks; 0.05 for one look): Welch's t and trial 0's selection (a low trial-0 run both loses the
-ranking and lowers the defaults' side) put whole jobs simulated at α = 0.05, with runs as far apart as the
-allowance, at 4.5-5.2%. Before this (up to f2bdb30) every look could keep, at two-sided Pocock levels adding to α:
+``level`` is α less ``KEEP_RESERVE`` (0.04, at any number of looks): Welch's t and trial 0's selection (a low
+trial-0 run both loses the ranking and lowers the defaults' side) put whole jobs simulated at α = 0.05, with runs
+as far apart as the allowance, at 4.4-5.6%. Before this (up to f2bdb30) every look could keep, at two-sided Pocock levels adding to α:
 with 3 looks a look's bound stood at z 2.29 rather than 1.75, which at a 3% run allowance asked about 1.11x of a
 candidate rather than 1.08x and switched back virtual H100 candidates truly 5-9% faster (``docs/benchmarks.md``).
 ``tests/harness/batch/test_tune_confirm.py`` and ``benchmarks/in_main_confirmation.py`` measure the false winners.
