@@ -34,8 +34,8 @@ def simulate(rule: InMainRule, run_sigma: float, block_sigma: float, drift: floa
     for _ in range(jobs):
         defaults = np.exp(rng.normal(0, run_sigma) + rng.normal(0, block_sigma, default_blocks)) * 1000
         offset = rng.normal(0, run_sigma) + drift + math.log1p(candidate_gain)
-        blocks = np.exp(offset + rng.normal(0, block_sigma, 2 + rule.looks)) * 1000
-        for n in range(3, 3 + rule.looks):
+        blocks = np.exp(offset + rng.normal(0, block_sigma, rule.last_samples)) * 1000
+        for n in range(MIN_RUNS, rule.last_samples + 1):
             action = rule.look(list(blocks[:n]), list(defaults)).action
             if action is not None:
                 kept += action == KEEP
@@ -52,7 +52,7 @@ def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift:
     selection the rule must survive); the best trial, where not the defaults, starts the main phase, whose blocks
     (a new run's offset, ``drift``) meet trial 0's at the looks; a switch back or the defaults' own win finishes on
     the defaults. Where a trial gives more blocks than the last look compares (``trial_blocks`` over
-    ``MIN_RUNS`` − 1 + looks), both sides' samples are merged as the confirmation merges them
+    ``rule.last_samples``), both sides' samples are merged as the confirmation merges them
     (``tune_confirm.merge``; ``merged=1``: the rule before it merged, on the first blocks of each side)."""
     rng = np.random.default_rng(seed)
     other = 0
@@ -64,10 +64,9 @@ def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift:
         if best == 0:
             continue
         offset = math.log(rates[best]) + rng.normal(0, run_sigma) + drift
-        blocks = merge(list(np.exp(offset + rng.normal(0, block_sigma, merged * (MIN_RUNS - 1 + rule.looks))) * 1000),
-                       merged)
+        blocks = merge(list(np.exp(offset + rng.normal(0, block_sigma, merged * rule.last_samples)) * 1000), merged)
         defaults = merge(list(runs[0]), merged)
-        for n in range(3, 3 + rule.looks):
+        for n in range(MIN_RUNS, rule.last_samples + 1):
             action = rule.look(blocks[:n], defaults).action
             if action is not None:
                 other += action == KEEP

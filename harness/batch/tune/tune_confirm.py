@@ -149,9 +149,10 @@ class InMainRule:
             raise ValueError("at least one look")
         self.looks, self.min_effect, self.run_spread, self.alpha = looks, min_effect, run_spread, alpha
         self.level = alpha * (1 - KEEP_RESERVE)   # the keep's one-sided level
+        self.last_samples = MIN_RUNS + looks - 1   # the samples a side the last look compares
 
     def describe(self) -> str:
-        return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {MIN_RUNS + self.looks - 1} against "
+        return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {self.last_samples} against "
                 f"the engine defaults' trial blocks at the same places in its run (each sample as many consecutive "
                 f"blocks merged as trial 0 gave over the last look's count), Welch bounds one-sided at "
                 f"{self.level:g} (α = {self.alpha:g} less a reserve of {KEEP_RESERVE:.0%}): only the last "
@@ -160,8 +161,8 @@ class InMainRule:
 
     def per_sample(self, blocks: int) -> int:
         """Blocks merged into each sample where the defaults' trial gave ``blocks``: those over the last look's count
-        (``MIN_RUNS + looks - 1``) spread over its samples, rounded down; at least 1."""
-        return max(1, blocks // (MIN_RUNS + self.looks - 1))
+        (``last_samples``) spread over its samples, rounded down; at least 1."""
+        return max(1, blocks // self.last_samples)
 
     def look(self, candidate: list[float], defaults: list[float], merged: int = 1, last: bool = False,
              number: int | None = None) -> Look:
@@ -263,9 +264,9 @@ class Confirmation:
             return self.action == SWITCH
         done = self.before + so_far.shards
         bound = self.within is not None and done >= self.within
-        due = len(self.candidate) >= MIN_RUNS and len(self.candidate) - MIN_RUNS + 1 > len(self.made)
-        if due:   # at the bound, the look due is the last
-            look = self.rule.look(self.candidate, self.defaults, self.merged, last=bound)
+        candidate = self.candidate
+        if len(candidate) >= MIN_RUNS and len(candidate) - MIN_RUNS + 1 > len(self.made):   # a look due
+            look = self.rule.look(candidate, self.defaults, self.merged, last=bound)   # at the bound: the last
         elif bound:
             look = self._at_the_bound(so_far, done)
         else:

@@ -271,7 +271,7 @@ class InJobTuning:
             # every trial reports, the defaults' too (the others are compared with them; the pruner never stops them)
             reporter = Reporter(study, trial, label, values) if self.pruning else None
             shards = self._next_shards(None if values else self._room_for_the_defaults(study, budget))
-            enough = MIN_RUNS + self.rule.looks - 1   # a block for each of the candidate's at the last look
+            enough = self.rule.last_samples   # a block for each of the candidate's at the last look
             blocks = Blocks(reporter, self.block_steps, *((enough, len(shards) - self.k) if not values else ()))
             record = self._run("trial", label, values, shards, trial=trial.number, blocks=blocks)
             trial.set_user_attr("status", record.status)
