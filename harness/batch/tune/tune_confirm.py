@@ -34,16 +34,16 @@ its last look: the confirmation grows with the job, and a sample's spread shrink
 Every block's shards are real output, whichever side it is on.
 
 **The looks.** After the candidate's ``MIN_RUNS`` th sample, and after each sample to the ``looks`` th
-(``batch.tune.confirm_looks``), the rule compares the two sides' log rates: Welch's bounds on their difference,
-each one-sided at ``level`` (``t`` at ``1 − level``). **Only the last look keeps the candidate**, and only where
-its lower bound is above 1 and its ratio above the minimum effect; the looks before it only switch (a clear loser:
-the upper bound below 1; or a tie within ``±min_effect``). Keeping earlier would not make the job faster (the main
-phase runs on the candidate either way until a switch), and it would spend α at each look. So a false winner can
-be made at one look only, one-sided because keeping an equal or slower candidate is the only error that makes a
-job slower than its defaults; the earlier looks' switches only lower that rate (a non-binding futility rule).
-``level`` is α less ``KEEP_RESERVE`` (0.04, at any number of looks): Welch's t and trial 0's selection (a low
-trial-0 run both loses the ranking and lowers the defaults' side) put whole jobs simulated at α = 0.05, with runs
-as far apart as the allowance, at 4.4-5.6%. Before this (up to f2bdb30) every look could keep, at two-sided Pocock levels adding to α:
+(``batch.tune.confirm_looks``), the rule compares the two sides' log rates: Welch's bounds on their difference, each
+one-sided at ``level`` (``t`` at ``1 − level``). **Only the last look keeps the candidate**, and only where its
+lower bound is above 1 and its ratio above the minimum effect; the looks before it only switch (a clear loser: the
+upper bound below 1; or a tie within ``±min_effect``). Keeping earlier would not make the job faster (the main phase
+runs on the candidate either way until a switch), and it would spend α at each look. So a false winner can be made
+at one look only, one-sided because keeping an equal or slower candidate is the only error that makes a job slower
+than its defaults; the earlier looks' switches only lower that rate (a non-binding futility rule). ``level`` is α
+less ``KEEP_RESERVE`` (0.04, at any number of looks): Welch's t and trial 0's selection (a low trial-0 run both
+loses the ranking and lowers the defaults' side) put whole jobs simulated at α = 0.05, with runs as far apart as the
+allowance, at 4.4-5.6%. Before this (up to f2bdb30) every look could keep, at two-sided Pocock levels adding to α:
 with 3 looks a look's bound stood at z 2.29 rather than 1.75, which at a 3% run allowance asked about 1.11x of a
 candidate rather than 1.08x and switched back virtual H100 candidates truly 5-9% faster (``docs/benchmarks.md``).
 ``tests/harness/batch/test_tune_confirm.py`` and ``benchmarks/in_main_confirmation.py`` measure the false winners.
@@ -59,22 +59,22 @@ false winner or loser; the A/A simulation reports the rate with drift and run no
 loser, a candidate within ``±min_effect`` of the defaults (not worth a config that was not tried before), at any
 look, or no clear winner at the last look switches the main phase to the defaults (one engine start); the
 candidate's committed shards stay. The looks must decide once ``WITHIN`` of the main phase's shards have committed
-(where its engines were never full long enough for the samples the looks need: shards too few to keep it fed, or
-an engine too fast for its feed): the bound on how long a candidate runs unconfirmed. Where looks were made by
-then, the bound makes the look it is at the last (``Confirmation._at_the_bound``): the candidate's samples so far,
-kept only as a clear winner, so the one keep stays at ``level``. Where no look was made, one comparison decides
-instead: the candidate is
-kept if its rate so far (the lower of its rate over all its steps and its blocks' geometric mean) is above the
-defaults' blocks' geometric mean by ``min_effect`` and the run allowance at ``level`` (about 1.10× at the defaults,
-what the last look asks of blocks with no spread), so that a candidate many times faster than the defaults, on an
-engine too fast for its feed, is not switched away; a point comparison, not the rule, so α does not bound its false
-winners, and how often it keeps an equal candidate is not measured (the A/A runs, in which every config gives
-blocks, never reach this path); with the one-sided level (a578592) its bar fell from 1.124× to 1.099×. The bound counts the main phase's shards committed before a kill; the blocks of a
-candidate's run cut before its first look are not kept (only a look keeps the blocks it saw), so a rerun may reach
-the bound with too few blocks and switch a winner away (unless its rate alone clears the bar above). Where
-trial 0 gave fewer than ``MIN_RUNS`` blocks there is no defaults' side to look against, and the main phase runs
-the defaults from its start (``harness.batch.tune.tuning``). Every look is appended to ``tune/confirm.jsonl`` as
-it is made, so a killed job resumes with the looks it has made and the samples they saw (merged as they were).
+(where its engines were never full long enough for the samples the looks need: shards too few to keep it fed, or an
+engine too fast for its feed): the bound on how long a candidate runs unconfirmed. Where looks were made by then,
+the bound makes the look it is at the last (``Confirmation._at_the_bound``): the candidate's samples so far, kept
+only as a clear winner, so the one keep stays at ``level``. Where no look was made, one comparison decides instead:
+the candidate is kept if its rate so far (the lower of its rate over all its steps and its blocks' geometric mean)
+is above the defaults' blocks' geometric mean by ``min_effect`` and the run allowance at ``level`` (about 1.10× at
+the defaults, what the last look asks of blocks with no spread), so that a candidate many times faster than the
+defaults, on an engine too fast for its feed, is not switched away; a point comparison, not the rule, so α does not
+bound its false winners, and how often it keeps an equal candidate is not measured (the A/A runs, in which every
+config gives blocks, never reach this path); with the one-sided level (a578592) its bar fell from 1.124× to 1.099×.
+The bound counts the main phase's shards committed before a kill; the blocks of a candidate's run cut before its
+first look are not kept (only a look keeps the blocks it saw), so a rerun may reach the bound with too few blocks
+and switch a winner away (unless its rate alone clears the bar above). Where trial 0 gave fewer than ``MIN_RUNS``
+blocks there is no defaults' side to look against, and the main phase runs the defaults from its start
+(``harness.batch.tune.tuning``). Every look is appended to ``tune/confirm.jsonl`` as it is made, so a killed job
+resumes with the looks it has made and the samples they saw (merged as they were).
 """
 
 from __future__ import annotations
