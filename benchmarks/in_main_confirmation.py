@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 
 import numpy as np
 
-from harness.batch.tune.tune_confirm import KEEP, InMainRule, merge
+from harness.batch.tune.tune_confirm import KEEP, Alternation, InMainRule, merge
 from harness.report.verdict import MIN_RUNS
 
 
@@ -74,6 +74,31 @@ def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift:
     return other / jobs
 
 
+def simulate_alternating(rule: InMainRule, run_sigma: float, block_sigma: float, drift: float, jobs: int,
+                         rates: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0), seed: int = 0, blocks: int = 40) -> float:
+    """``simulate_jobs`` with the confirmation by alternating runs (``tune_confirm.Alternation``): every run (trial or
+    main phase) a new run offset, a sample its ``blocks`` blocks' geometric mean; trial 0's is the defaults' first
+    sample (the selection the rule must survive); the main phase's runs alternate, the candidate first, ``drift`` on
+    both sides; the looks at whole runs with no run allowance."""
+    rng = np.random.default_rng(seed)
+    alternation = Alternation(rule, None)
+    other = 0
+
+    def run(rate: float, shift: float = 0.0) -> float:
+        return math.exp(math.log(rate) + shift + rng.normal(0, run_sigma) + rng.normal(0, block_sigma, blocks).mean())
+
+    for _ in range(jobs):
+        trials = [run(r) for r in rates]
+        best = int(np.argmax(trials))
+        if best == 0:
+            continue
+        alternation.made, candidate, defaults = [], [], [trials[0]]
+        while (side := alternation.next(candidate, defaults)) is not None:
+            (candidate if side else defaults).append(run(rates[best] if side else rates[0], drift))
+        other += alternation.action == KEEP
+    return other / jobs
+
+
 JOB_CASES = [   # (label, run, block, drift, rates: the defaults first)
     ("A/A: 4 configs alike, runs 3%, blocks 3%", 0.03, 0.03, 0.0, (1.0, 1.0, 1.0, 1.0)),
     ("A/A: runs 5%, blocks 3%", 0.05, 0.03, 0.0, (1.0, 1.0, 1.0, 1.0)),
@@ -90,6 +115,18 @@ JOB_CASES = [   # (label, run, block, drift, rates: the defaults first)
     ("best candidate 5% slower, 80 blocks (merged), runs 3%", 0.03, 0.10, 0.0, (1.0, 0.95, 0.9, 0.8), 80),
     ("a candidate 9% faster, 80 blocks (merged), runs 2%", 0.02, 0.10, 0.0, (1.0, 1.09, 0.9, 0.8), 80),
     ("a candidate 9% faster, 80 blocks, not merged, runs 2%", 0.02, 0.10, 0.0, (1.0, 1.09, 0.9, 0.8), 80, 1),
+]
+
+ALTERNATING_CASES = [   # (label, run, block, drift, rates: the defaults first)
+    ("A/A, runs 2%, blocks 10%", 0.02, 0.10, 0.0, (1.0, 1.0, 1.0, 1.0)),
+    ("A/A, runs 5%, blocks 10%", 0.05, 0.10, 0.0, (1.0, 1.0, 1.0, 1.0)),
+    ("A/A, runs 10%, blocks 10%", 0.10, 0.10, 0.0, (1.0, 1.0, 1.0, 1.0)),
+    ("A/A, runs 2%, main +5% (drift)", 0.02, 0.10, 0.05, (1.0, 1.0, 1.0, 1.0)),
+    ("best candidate 5% slower, runs 2%", 0.02, 0.10, 0.0, (1.0, 0.95, 0.9, 0.8)),
+    ("best candidate 5% slower, runs 5%", 0.05, 0.10, 0.0, (1.0, 0.95, 0.9, 0.8)),
+    ("a candidate 5% faster, runs 2%", 0.02, 0.10, 0.0, (1.0, 1.05, 0.9, 0.8)),
+    ("a candidate 9% faster, runs 2%", 0.02, 0.10, 0.0, (1.0, 1.09, 0.9, 0.8)),
+    ("a candidate 9% faster, runs 5%", 0.05, 0.10, 0.0, (1.0, 1.09, 0.9, 0.8)),
 ]
 
 CASES = [   # (label, run, block, drift, gain)
@@ -125,6 +162,10 @@ def main() -> None:
           "| case | finished on another config than the defaults |\n|---|---|")
     for label, run, block, drift, rates, *blocks in JOB_CASES:   # blocks: trial_blocks[, merged]
         print(f"| {label} | {simulate_jobs(rule, run, block, drift, args.jobs, rates, 0, *blocks):.2%} |")
+    print(f"\n# whole jobs, the confirmation by alternating runs (no run allowance: runs are its samples), 40 blocks "
+          f"a run; {args.jobs} jobs a case\n| case | finished on another config than the defaults |\n|---|---|")
+    for label, run, block, drift, rates in ALTERNATING_CASES:
+        print(f"| {label} | {simulate_alternating(rule, run, block, drift, args.jobs, rates):.2%} |")
     print(f"# {time.perf_counter() - t0:.1f} s")
 
 

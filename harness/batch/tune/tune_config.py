@@ -54,11 +54,12 @@ def tune_settings(cfg: DictConfig) -> dict[str, Any]:
     positive_int(tune, "confirm_looks", None, "the looks the main phase's confirmation makes, from the candidate's "
                  "third block on")
     positive_int(tune, "block_steps", 128, "the full engine steps a block of the confirmation spans")
-    spread = tune.get("run_spread")
-    if isinstance(spread, bool) or not isinstance(spread, (int, float)) or not math.isfinite(spread) or \
-            not 0 <= spread < 1:
-        raise TroughputError(f"batch.tune.run_spread={spread!r}: must be a number in [0, 1) (the log-rate spread "
-                             "of two runs of one config, beyond what their blocks show)")
+    for key, what in (("run_spread", "the log-rate spread of two runs of one config, beyond what their blocks show"),
+                      ("alternate_share", "the most of the rest of the job alternating runs may cost; 0: never")):
+        value = tune.get(key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or \
+                not 0 <= value < 1:
+            raise TroughputError(f"batch.tune.{key}={value!r}: must be a number in [0, 1) ({what})")
     check_settings(tune)
     full = with_default_space(cfg)
     space = OmegaConf.to_container(full.tune.space, resolve=True)

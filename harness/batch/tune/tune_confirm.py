@@ -90,6 +90,7 @@ from typing import Any
 
 from harness.batch.job.job import SoFar
 from harness.batch.tune.tune_prune import run_rate
+from harness.batch.tune.tune_runs import RunRecord
 from harness.report.stats import geometric_mean
 from harness.report.verdict import ALPHA, CLEAR, CLOSE, EQUIVALENT, INSUFFICIENT, MIN_RUNS, t_quantile
 
@@ -99,6 +100,7 @@ AHEAD = "ahead, not kept before the last look"   # a look's verdict where the ca
 # kept an equal candidate in 4.5-5.2% (3 looks) and 5.05-5.6% (one look: helper-38) of jobs; at 0.8 α, 3.5-4.15%
 KEEP_RESERVE = 0.2
 WITHIN = 0.5    # the share of the main phase's shards by which the looks must have decided
+ALTERNATE = "main, alternating"   # the label of the alternating runs' (``Alternation``)
 
 
 BLOCK_STEPS = 128   # full steps an engine a block spans
@@ -137,7 +139,8 @@ class Look:
     high: float | None
     action: str | None        # KEEP, SWITCH, or None (look again)
     reason: str
-    merged: int | None = None   # blocks a sample (None: a log written before a578592, which did not record it)
+    merged: int | None = None   # blocks a sample (0: a whole run, ``Alternation``; None: a log written before
+                                # a578592, which did not record it)
 
 
 class InMainRule:
@@ -151,13 +154,15 @@ class InMainRule:
         self.level = alpha * (1 - KEEP_RESERVE)   # the keep's one-sided level
         self.last_samples = MIN_RUNS + looks - 1   # the samples a side the last look compares
 
-    def describe(self) -> str:
-        return (f"{self.looks} look(s) at the candidate's blocks {MIN_RUNS} to {self.last_samples} against "
-                f"the engine defaults' trial blocks at the same places in its run (each sample as many consecutive "
-                f"blocks merged as trial 0 gave over the last look's count), Welch bounds one-sided at "
-                f"{self.level:g} (α = {self.alpha:g} less a reserve of {KEEP_RESERVE:.0%}): only the last "
-                f"look keeps (the earlier ones only switch), a run-to-run allowance of {self.run_spread:.1%} a side, "
-                f"minimum effect {self.min_effect:.0%}")
+    def describe(self, runs: bool = False) -> str:
+        samples = (f"the candidate's runs {MIN_RUNS} to {self.last_samples} (each a sample: its blocks' geometric "
+                   "mean) against as many of the engine defaults' (trial 0's first), run in turn" if runs else
+                   f"the candidate's blocks {MIN_RUNS} to {self.last_samples} against the engine defaults' trial "
+                   "blocks at the same places in its run (each sample as many consecutive blocks merged as trial 0 "
+                   "gave over the last look's count)")
+        return (f"{self.looks} look(s) at {samples}, Welch bounds one-sided at {self.level:g} (α = {self.alpha:g} "
+                f"less a reserve of {KEEP_RESERVE:.0%}): only the last look keeps (the earlier ones only switch), a "
+                f"run-to-run allowance of {self.run_spread:.1%} a side, minimum effect {self.min_effect:.0%}")
 
     def per_sample(self, blocks: int) -> int:
         """Blocks merged into each sample where the defaults' trial gave ``blocks``: those over the last look's count
@@ -317,8 +322,8 @@ class Confirmation:
 
 
 def samples(merged: int, plural: str = "s") -> str:
-    """What a look's samples are: ``blocks``, or ``samples of n blocks`` where ``merged`` (n) is over 1."""
-    return f"block{plural}" if merged == 1 else f"sample{plural} of {merged} blocks"
+    """What a look's samples are: ``blocks``, ``samples of n blocks`` where ``merged`` (n) is over 1, ``runs`` at 0."""
+    return f"run{plural}" if merged == 0 else f"block{plural}" if merged == 1 else f"sample{plural} of {merged} blocks"
 
 
 def merge(blocks: list[float], n: int) -> list[float]:
@@ -326,3 +331,54 @@ def merge(blocks: list[float], n: int) -> list[float]:
     if n == 1:
         return list(blocks)
     return [geometric_mean(blocks[i:i + n]) for i in range(0, len(blocks) - n + 1, n)]
+
+
+def run_sample(record: RunRecord) -> float | None:
+    """A run's sample in the alternating runs' looks: its blocks' geometric mean (its full steps), else its rate."""
+    return geometric_mean(record.blocks) if record.blocks else record.rate
+
+
+class Alternation:
+    """The confirmation by alternating runs, where the job is long enough for them to cost little
+    (``batch.tune.alternate_share``): the main phase's first runs take ``shards_per_run`` sampled shards each, the
+    candidate and the engine defaults in turn (candidate first), each one engine start and one sample
+    (``run_sample``); the defaults' first sample is trial 0's run. The rule looks as in the blocks' confirmation
+    (only the last look keeps, one-sided at ``level``) but on whole runs, with no run allowance: each sample is an
+    independent run, so the spread between runs is measured, not assumed, and host drift during the main phase
+    falls on both sides (trial 0 alone ran before it). The looks come after the candidate's ``MIN_RUNS`` th run and
+    after each run to its ``last_samples`` th; the job then runs the rest on the config the looks chose."""
+
+    def __init__(self, rule: InMainRule, log: LookLog | None):   # log None: not kept (a simulation's)
+        self.rule = InMainRule(rule.looks, rule.min_effect, 0.0, rule.alpha)
+        self.log, self.made = log, log.read() if log else []
+        self.samples: tuple[list[float], list[float]] = ([], [])   # the candidate's, the defaults'
+
+    @property
+    def action(self) -> str | None:
+        return self.made[-1].action if self.made else None
+
+    def next(self, candidate: list[float], defaults: list[float]) -> bool | None:
+        """Looks where a look is due; then which config runs next (True: the candidate), None once decided."""
+        self.samples = (candidate, defaults)
+        if self.action is None and len(candidate) >= MIN_RUNS and len(candidate) - MIN_RUNS + 1 > len(self.made):
+            self._append(self.rule.look(candidate, defaults, merged=0))
+        return None if self.action is not None else len(candidate) < len(defaults)
+
+    def stop(self, why: str) -> None:
+        """Decided without a look (a run failed, or no shards left): the rest on the engine defaults."""
+        self._append(Look(len(self.made) + 1, self.rule.level, list(self.samples[0]), INSUFFICIENT, None, None,
+                          None, SWITCH, why, 0))
+
+    def _append(self, look: Look) -> None:
+        if self.log:
+            self.log.append(look)
+        self.made.append(look)
+
+    def columns(self) -> dict[str, Any]:
+        """The row's ``tune.confirm.*``."""
+        last = self.made[-1] if self.made else None
+        return {"tune.confirm.method": f"alternating runs: {self.rule.describe(runs=True)}",
+                "tune.confirm.looks": len(self.made),
+                "tune.confirm.blocks_merged": 0, "tune.confirm.candidate_blocks": self.samples[0],
+                "tune.confirm.defaults_blocks": self.samples[1], "tune.confirm.action": last.action if last else None,
+                "tune.confirm.reason": last.reason if last else "no look made"}

@@ -55,7 +55,8 @@ from harness.batch.job.plan import Plan
 from harness.batch.job.shards import Index
 from harness.batch.job.state import JobState
 from harness.batch.tune.tune_config import sampler_config
-from harness.batch.tune.tune_confirm import BLOCK_STEPS, SWITCH, WITHIN, Blocks, Confirmation, InMainRule, LookLog
+from harness.batch.tune.tune_confirm import (ALTERNATE, BLOCK_STEPS, KEEP, SWITCH, WITHIN, Alternation, Blocks,
+                                             Confirmation, InMainRule, LookLog, run_sample)
 from harness.batch.tune.tune_predict import NO_PREDICTION, RestInMain, full_engine_rate, predict_rest, save_run
 from harness.batch.tune.tune_prune import DEFAULTS_SEED, Reporter, accepts_hook, make_pruner, reporting_points
 from harness.batch.tune.tune_runs import (RunLog, RunRecord, concurrency, run_order, sample_order, sample_requests,
@@ -164,7 +165,9 @@ class InJobTuning:
         if prediction.get("predicted_rest_s"):
             log.info("the rest of the job (%d requests) predicted at %.0f s of generation (%s)", requests_left,
                      prediction["predicted_rest_s"], prediction["prediction_note"])
-        chosen = self._main(start, confirmation, left)
+        alternation = self._alternation(start, left) if confirmation is not None else None
+        chosen = self._alternate(start, alternation) if alternation else self._main(start, confirmation, left)
+        confirmation = alternation or confirmation
         if confirmation is not None:
             why = confirmation.columns()["tune.confirm.reason"]
         self.outcome.columns = self._columns(chosen, candidate, why, prediction, tuning_s)
@@ -332,6 +335,60 @@ class InJobTuning:
             self._run("main", "main (engine defaults)", {}, set(rest), rest=self._rest_in_main({}, set(rest)))
         return {}
 
+    def _alternation(self, candidate: dict[str, Any], left: list[int]) -> Alternation | None:
+        """The confirmation by alternating runs (``tune_confirm.Alternation``) where they cost at most
+        ``batch.tune.alternate_share`` of the rest of the job, else None (the blocks of the main phase's first run).
+        Their cost: the defaults' runs the last look needs beside trial 0, each two engine starts (at the trials'
+        mean restart) and its shards at the defaults' trial's time a shard less the candidate's; the rest: the shards
+        left at the candidate's trial's time a shard. They must also fit in ``WITHIN`` of the shards left. A job
+        that made alternating runs or block looks before a kill goes on as it began."""
+        records = self.log.read()
+        if any(r.label.startswith(ALTERNATE) for r in records):
+            return Alternation(self.rule, LookLog(self.root))
+        share = float(self.tune.get("alternate_share") or 0.0)
+        own, mine = ([r for r in records if r.kind == "trial" and r.values == values and r.status == "ok"]
+                     for values in ({}, candidate))
+        if not share or not own or not mine or LookLog(self.root).read():
+            return None
+        (d, c) = (r[-1].generation_s / max(len(r[-1].shards), 1) for r in (own, mine))
+        starts = [r.wall_s - r.generation_s for r in records[1:] if not r.engines_kept]
+        runs = self.rule.last_samples - 1
+        cost = runs * (2 * (sum(starts) / len(starts) if starts else 0.0) + self.k * max(0.0, d - c))
+        rest = len(left) * c
+        fits = (2 * runs + 1) * self.k <= WITHIN * len(left)
+        log.info("alternating runs would cost about %.0f s (%d runs of the defaults, each two starts) of a rest of "
+                 "about %.0f s, %.1f%% (batch.tune.alternate_share=%g)%s", cost, runs, rest,
+                 100 * cost / rest if rest else math.inf, share, "" if fits else "; their shards do not fit")
+        return Alternation(self.rule, LookLog(self.root)) if fits and rest and cost <= share * rest else None
+
+    def _alternate(self, candidate: dict[str, Any], alternation: Alternation) -> dict[str, Any]:
+        """The main phase confirmed by alternating runs of ``k`` sampled shards (``tune_confirm.Alternation``), then
+        the rest on the config the looks chose (on the last run's engines where it ran last); returns that config."""
+        while alternation.action is None:
+            records = self.log.read()
+            runs = [r for r in records if r.label.startswith(ALTERNATE)]
+            own = [r for r in records if r.kind == "trial" and not r.values and r.status == "ok"][-1:]
+            failed = next((r for r in runs if r.status != "ok"), None)
+            if failed is not None:
+                alternation.stop(f"{failed.label} failed: {failed.reason[:300]}")
+                break
+            side = alternation.next([x for r in runs if r.values and (x := run_sample(r))],
+                                    [x for r in own + runs if not r.values and (x := run_sample(r))])
+            shards = self._next_shards()
+            if side is not None and not shards:
+                alternation.stop("the job's shards ran out before the looks decided")
+            elif side is not None:
+                values = candidate if side else {}
+                n = sum(r.values == values for r in runs) + 1
+                self._run("main", f"{ALTERNATE}: {'candidate' if side else 'engine defaults'} {n}", values, shards)
+        chosen = candidate if alternation.action == KEEP else {}
+        log.info("confirmation: %s: the rest runs on %s", alternation.made[-1].reason, chosen or "the engine defaults")
+        rest = self._left()
+        if rest:
+            self._run("main", "main" if chosen else "main (engine defaults)", chosen, set(rest),
+                      rest=self._rest_in_main(chosen, set(rest)))
+        return chosen
+
     def _rest_in_main(self, values: dict[str, Any], shards: set[int]) -> RestInMain:
         """The main run's rest predicted once it has run ``MIN_RUNS`` blocks' full steps (the confirmation's first
         look where no blocks are merged), its own steps so far in the fit."""
@@ -483,11 +540,13 @@ class InJobTuning:
         states = [t.state for t in self.study.get_trials(deepcopy=False)] if self.study is not None else []
         pruned, ran = states.count(PRUNED), states.count(PRUNED) + states.count(optuna.trial.TrialState.COMPLETE)
         switched = bool(candidate) and not chosen and any(r.kind == "main" and r.values for r in main)
+        alternated = any(r.label.startswith(ALTERNATE) for r in main)
         measured_rest = sum(r.generation_s for r in main) if main else None
         note = prediction.get("prediction_note")
-        if switched:
-            note = (f"{note}; " if note else "") + ("the main phase switched to the engine defaults after the "
-                                                    "candidate's shards: measured over both configs")
+        if switched or alternated:
+            note = (f"{note}; " if note else "") + "measured over both configs: the main phase " + (
+                "alternated runs of them" if alternated else "switched to the engine defaults after the candidate's "
+                "shards")
         return {
             "tune.space": self.tune.get("space_name"), "tune.shards_per_run": self.k,
             "tune.runs": [r.to_dict() for r in records],
@@ -517,8 +576,8 @@ class InJobTuning:
             "tune.measured_rest_tok_s": sum(r.output_tokens for r in main) / measured_rest if measured_rest else None,
             **prediction_columns("rest_of_job", prediction.get("predicted_rest_s"), measured_rest, "seconds",
                                  prediction.get("prediction_interval"), note),
-            **_full_engine_record([r for r in tuning if r in mine], main[0] if main and main[0].values == chosen
-                                  else None),
+            **_full_engine_record([r for r in tuning if r in mine], main[-1] if main and main[-1].values == chosen
+                                  and not main[-1].label.startswith(ALTERNATE) else None),
             **self._in_main_record(),
             "tune.trial_statistics": _statistics(tuning),
         }
