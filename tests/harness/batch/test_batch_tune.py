@@ -174,6 +174,37 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
     assert any(k.startswith("engine_") for k in main["knobs"])
 
 
+def test_where_they_cost_little_the_main_phase_alternates_runs_of_both_configs_then_runs_the_rest_on_the_winner(
+        tmp_path: Path) -> None:
+    """``batch.tune.alternate_share`` near 1 makes alternating runs cheap enough here (on a GPU-scale job they are
+    about 0.5% of it): runs of 4 sampled shards, the candidate (3 sequences at once against the job's 2) first, then
+    the defaults, in turn, trial 0 the defaults' first sample; looks at whole runs, the last one keeps; the rest on
+    the candidate's engines, kept from its last run."""
+    path, args = _job(tmp_path, 1152, space=_choices_space("max_num_seqs", ["3"]), max_tokens=30)
+    proc = batch_app(tmp_path, *args, "batch.tune.trials=2", "batch.tune.shards_per_run=4",
+                     "batch.tune.alternate_share=0.99", "+engine.knobs.token_s=0.002", "+engine.knobs.max_num_seqs=2")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
+    assert ids == [f"r{i}" for i in range(1152)], "every request once, in file order"
+    [row] = read_rows(tmp_path / "results", "batch")
+    runs = row["tune.runs"]
+    sides = [r["label"].removeprefix("main, alternating: ") for r in runs[2:-1]]
+    assert sides == ["candidate 1", "engine defaults 1", "candidate 2", "engine defaults 2", "candidate 3",
+                     "engine defaults 3", "candidate 4", "engine defaults 4", "candidate 5"], sides
+    assert all(len(r["shards"]) == 4 for r in runs[2:-1]), "each a trial's size"
+    main = sorted(i for r in runs[2:-1] for i in r["shards"])
+    assert main != list(range(min(main), min(main) + 36)), "on sampled shards, as the trials"
+    assert row["tune.confirm.method"].startswith("alternating runs") and row["tune.confirm.blocks_merged"] == 0
+    assert len(row["tune.confirm.candidate_blocks"]) == len(row["tune.confirm.defaults_blocks"]) == 5
+    # 1.5x the rate: a clear winner at the last look, with no run allowance (the runs' own spread)
+    assert row["tune.confirm.action"] == "keep the candidate", row["tune.confirm.reason"]
+    assert "(5 vs 5 runs)" in row["tune.confirm.reason"] and row["tune.confirm.looks"] == 3
+    assert runs[-1]["label"] == "main" and runs[-1]["values"] == row["tune.chosen"] and runs[-1]["engines_kept"]
+    # the candidate's trial ran last: its first alternating run goes on with its engines; the other 8 start theirs
+    assert runs[2]["engines_kept"] and row["tune.engine_starts"] == 2 + 8 and row["tune.distinct_configs"] == 2
+    assert "alternated runs of them" in row["prediction.rest_of_job.note"]
+
+
 def test_the_defaults_trial_takes_shards_until_it_has_given_the_confirmation_its_blocks(tmp_path: Path) -> None:
     """Trials of 8 shards, too few for the five blocks of 240 full steps (one a look's candidate block) at the job's 2
     sequences: the engine defaults' trial is handed twice a run (within the budget's room less the later trials'
@@ -248,7 +279,8 @@ def test_bad_confirmation_settings_are_refused_before_any_engine_starts(tmp_path
     path, args = _job(tmp_path, 200)
     for bad in ("batch.tune.confirm_looks=0", "batch.tune.confirm_looks=lots", "batch.tune.run_spread=-1",
                 "batch.tune.run_spread=nan", "batch.tune.block_steps=0", "batch.tune.sampler=nope",
-                "batch.tune.startup=nope", "batch.tune.n_startup_trials=lots"):
+                "batch.tune.startup=nope", "batch.tune.n_startup_trials=lots", "batch.tune.alternate_share=1",
+                "batch.tune.alternate_share=-0.1"):
         proc = batch_app(tmp_path, *args, "batch.tune.trials=3", bad, "+engine.knobs.fail_in=start")
         assert proc.returncode == 2 and bad.split("=")[0] in proc.stderr, (bad, proc.stderr[-2000:])
     assert not (tmp_path / "out" / "shards").exists() or not list((tmp_path / "out" / "shards").iterdir())
