@@ -364,23 +364,24 @@ class InJobTuning:
     def _alternate(self, candidate: dict[str, Any], alternation: Alternation) -> dict[str, Any]:
         """The main phase confirmed by alternating runs of ``k`` sampled shards (``tune_confirm.Alternation``), then
         the rest on the config the looks chose (on the last run's engines where it ran last); returns that config."""
-        while alternation.action is None:
+        while True:   # each pass: the samples so far (a resumed job's too), a look where due, the next run
             records = self.log.read()
             runs = [r for r in records if r.label.startswith(ALTERNATE)]
             own = [r for r in records if r.kind == "trial" and not r.values and r.status == "ok"][-1:]
+            ok = [r for r in runs if r.status == "ok"]
+            side = alternation.next([x for r in ok if r.values and (x := run_sample(r))],
+                                    [x for r in own + ok if not r.values and (x := run_sample(r))])
             failed = next((r for r in runs if r.status != "ok"), None)
-            if failed is not None:
-                alternation.stop(f"{failed.label} failed: {failed.reason[:300]}")
-                break
-            side = alternation.next([x for r in runs if r.values and (x := run_sample(r))],
-                                    [x for r in own + runs if not r.values and (x := run_sample(r))])
             shards = self._next_shards()
-            if side is not None and not shards:
-                alternation.stop("the job's shards ran out before the looks decided")
-            elif side is not None:
-                values = candidate if side else {}
-                n = sum(r.values == values for r in runs) + 1
-                self._run("main", f"{ALTERNATE}: {'candidate' if side else 'engine defaults'} {n}", values, shards)
+            if side is None:
+                break
+            if failed is not None or not shards:
+                alternation.stop(f"{failed.label} failed: {failed.reason[:300]}" if failed else
+                                 "the job's shards ran out before the looks decided")
+                break
+            values = candidate if side else {}
+            n = sum(r.values == values for r in runs) + 1
+            self._run("main", f"{ALTERNATE}: {'candidate' if side else 'engine defaults'} {n}", values, shards)
         chosen = candidate if alternation.action == KEEP else {}
         log.info("confirmation: %s: the rest runs on %s", alternation.made[-1].reason, chosen or "the engine defaults")
         rest = self._left()

@@ -205,6 +205,37 @@ def test_where_they_cost_little_the_main_phase_alternates_runs_of_both_configs_t
     assert "alternated runs of them" in row["prediction.rest_of_job.note"]
 
 
+def test_kill_9_in_the_alternating_runs_resumes_them_from_the_finished_runs(tmp_path: Path) -> None:
+    path, args = _job(tmp_path, 1152, space=_choices_space("max_num_seqs", ["3"]), max_tokens=30)
+    args += ["batch.tune.trials=2", "batch.tune.shards_per_run=4", "batch.tune.alternate_share=0.99",
+             "+engine.knobs.token_s=0.002", "+engine.knobs.max_num_seqs=2"]
+    proc = troughput_batch(tmp_path, *args, popen=True, start_new_session=True, stdout=open(os.devnull, "w"),
+                           stderr=open(tmp_path / "first.err", "w"))
+    log = tmp_path / "out" / "tune" / "runs.jsonl"
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
+        time.sleep(0.05)
+    time.sleep(0.3)   # into the fourth alternating run
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = _metas(tmp_path / "out")
+    assert any(m["run"].startswith("main, alternating") for m in before.values()), "killed in the alternating runs"
+    again = batch_app(tmp_path, *args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
+    assert ids == [f"r{i}" for i in range(1152)]
+    after = _metas(tmp_path / "out")
+    assert all(after[i]["committed_at"] == m["committed_at"] for i, m in before.items()), "committed shards kept"
+    [row] = read_rows(tmp_path / "results", "batch")
+    sides = [r["label"].removeprefix("main, alternating: ") for r in row["tune.runs"][2:-1]]
+    # the finished runs are the samples; the run the kill cut is run again under its number
+    assert sides == ["candidate 1", "engine defaults 1", "candidate 2", "engine defaults 2", "candidate 3",
+                     "engine defaults 3", "candidate 4", "engine defaults 4", "candidate 5"], sides
+    assert len(row["tune.confirm.candidate_blocks"]) == len(row["tune.confirm.defaults_blocks"]) == 5
+    looks = [json.loads(line) for line in (tmp_path / "out" / "tune" / "confirm.jsonl").read_text().splitlines()]
+    assert [look["look"] for look in looks] == [1, 2, 3] and looks[-1]["action"] == row["tune.confirm.action"]
+
+
 def test_the_defaults_trial_takes_shards_until_it_has_given_the_confirmation_its_blocks(tmp_path: Path) -> None:
     """Trials of 8 shards, too few for the five blocks of 240 full steps (one a look's candidate block) at the job's 2
     sequences: the engine defaults' trial is handed twice a run (within the budget's room less the later trials'
