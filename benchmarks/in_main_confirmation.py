@@ -75,11 +75,14 @@ def simulate_jobs(rule: InMainRule, run_sigma: float, block_sigma: float, drift:
 
 
 def simulate_alternating(rule: InMainRule, run_sigma: float, block_sigma: float, drift: float, jobs: int,
-                         rates: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0), seed: int = 0, blocks: int = 40) -> float:
+                         rates: tuple[float, ...] = (1.0, 1.0, 1.0, 1.0), seed: int = 0, blocks: int = 40,
+                         trend: bool = False) -> float:
     """``simulate_jobs`` with the confirmation by alternating runs (``tune_confirm.Alternation``): every run (trial or
-    main phase) a new run offset, a sample its ``blocks`` blocks' geometric mean; trial 0's is the defaults' first
-    sample (the selection the rule must survive); the main phase's runs alternate, the candidate first, ``drift`` on
-    both sides; the looks at whole runs with no run allowance."""
+    main phase) a new run offset, a sample its ``blocks`` blocks' geometric mean; the trials rank the configs (trial
+    0 the defaults), the best other than the defaults is the candidate; the main phase's runs alternate, the
+    defaults first, ``drift`` on every one of them (the host changed since the trials, both sides alike), or with
+    ``trend`` ``drift`` × the run's place in the main phase (a host that keeps speeding up or slowing down, which
+    favours the side that runs later: the candidate); the looks at whole runs with no run allowance."""
     rng = np.random.default_rng(seed)
     alternation = Alternation(rule, None)
     other = 0
@@ -92,9 +95,10 @@ def simulate_alternating(rule: InMainRule, run_sigma: float, block_sigma: float,
         best = int(np.argmax(trials))
         if best == 0:
             continue
-        alternation.made, candidate, defaults = [], [], [trials[0]]
+        alternation.made, candidate, defaults = [], [], []
         while (side := alternation.next(candidate, defaults)) is not None:
-            (candidate if side else defaults).append(run(rates[best] if side else rates[0], drift))
+            shift = drift * (len(candidate) + len(defaults) + 1) if trend else drift
+            (candidate if side else defaults).append(run(rates[best] if side else rates[0], shift))
         other += alternation.action == KEEP
     return other / jobs
 
@@ -122,6 +126,9 @@ ALTERNATING_CASES = [   # (label, run, block, drift, rates: the defaults first)
     ("A/A, runs 5%, blocks 10%", 0.05, 0.10, 0.0, (1.0, 1.0, 1.0, 1.0)),
     ("A/A, runs 10%, blocks 10%", 0.10, 0.10, 0.0, (1.0, 1.0, 1.0, 1.0)),
     ("A/A, runs 2%, main +5% (drift)", 0.02, 0.10, 0.05, (1.0, 1.0, 1.0, 1.0)),
+    ("A/A, runs 2%, main -10% (drift)", 0.02, 0.10, -0.10, (1.0, 1.0, 1.0, 1.0)),
+    ("A/A, runs 2%, the host 1% faster each run", 0.02, 0.10, 0.01, (1.0, 1.0, 1.0, 1.0), True),
+    ("A/A, runs 2%, the host 2% faster each run", 0.02, 0.10, 0.02, (1.0, 1.0, 1.0, 1.0), True),
     ("best candidate 5% slower, runs 2%", 0.02, 0.10, 0.0, (1.0, 0.95, 0.9, 0.8)),
     ("best candidate 5% slower, runs 5%", 0.05, 0.10, 0.0, (1.0, 0.95, 0.9, 0.8)),
     ("a candidate 5% faster, runs 2%", 0.02, 0.10, 0.0, (1.0, 1.05, 0.9, 0.8)),
@@ -164,8 +171,8 @@ def main() -> None:
         print(f"| {label} | {simulate_jobs(rule, run, block, drift, args.jobs, rates, 0, *blocks):.2%} |")
     print(f"\n# whole jobs, the confirmation by alternating runs (no run allowance: runs are its samples), 40 blocks "
           f"a run; {args.jobs} jobs a case\n| case | finished on another config than the defaults |\n|---|---|")
-    for label, run, block, drift, rates in ALTERNATING_CASES:
-        print(f"| {label} | {simulate_alternating(rule, run, block, drift, args.jobs, rates):.2%} |")
+    for label, run, block, drift, rates, *trend in ALTERNATING_CASES:
+        print(f"| {label} | {simulate_alternating(rule, run, block, drift, args.jobs, rates, 0, 40, *trend):.2%} |")
     print(f"# {time.perf_counter() - t0:.1f} s")
 
 

@@ -16,7 +16,8 @@ running request a token each ``token_s`` and records each step in its step trace
 ``lossy`` changes every third output token (an output-changing knob, for the quality guard);
 any other value leaves outputs as they are. ``hang_in: start`` hangs the start for good, in every replica or
 only in replica ``hang_replica`` (1-based): a hung engine start, for the batch watchdog. ``start_file``: each
-engine start adds one to the count in that file (before it hangs), so a test counts the starts across processes.
+engine start adds one to the count in that file (before it hangs), so a test counts the starts across processes;
+with ``fail_start_after`` N the starts after the Nth fail (the first ``fail_times`` of them, with ``fail_file``).
 ``fed_dir`` (with ``token_s``): each shard fed leaves a marker there (``<pid>-<n>.json``: the shard's key, its
 request ids, this process's id and Ray node id, when), so a test sees which engine, on which node, held a shard.
 ``step_counter`` (with ``token_s``): the engine keeps its own count of steps since start, as vLLM does, starting
@@ -39,7 +40,7 @@ from engines.base import Completion, Engine, EngineStats, KnobError, Request, St
 
 KNOWN = {"fail_in", "oom", "kill_self", "sleep_s", "step_s", "oom_above", "hold_mb", "max_num_seqs",
          "fail_replica", "sleep_cycle_s", "cycle_file", "token_s", "dtype", "hang_in", "hang_replica",
-         "fail_after_steps", "fail_file", "fail_times", "start_file", "fed_dir", "step_counter",
+         "fail_after_steps", "fail_file", "fail_times", "start_file", "fail_start_after", "fed_dir", "step_counter",
          "slow_after_steps", "slow_factor"}
 
 
@@ -66,6 +67,9 @@ class FakeEngine(Engine):
             from engines.faults import claim
 
             claim(self.knobs["start_file"], 1 << 62)
+            started = int(open(self.knobs["start_file"]).read().strip() or 0)
+            if started > int(self.knobs.get("fail_start_after", 1 << 62)) and self._fails():
+                raise RuntimeError(f"scripted failure in start {started}")
         self._hang("start")
         self.started = True
         self.generated = 0

@@ -156,7 +156,7 @@ class InMainRule:
 
     def describe(self, runs: bool = False) -> str:
         samples = (f"the candidate's runs {MIN_RUNS} to {self.last_samples} (each a sample: its blocks' geometric "
-                   "mean) against as many of the engine defaults' (trial 0's first), run in turn" if runs else
+                   "mean) against as many of the engine defaults', run in turn in the main phase" if runs else
                    f"the candidate's blocks {MIN_RUNS} to {self.last_samples} against the engine defaults' trial "
                    "blocks at the same places in its run (each sample as many consecutive blocks merged as trial 0 "
                    "gave over the last look's count)")
@@ -334,19 +334,22 @@ def merge(blocks: list[float], n: int) -> list[float]:
 
 
 def run_sample(record: RunRecord) -> float | None:
-    """A run's sample in the alternating runs' looks: its blocks' geometric mean (its full steps), else its rate."""
-    return geometric_mean(record.blocks) if record.blocks else record.rate
+    """A run's sample in the alternating runs' looks: its blocks' geometric mean (its full steps); None where it gave
+    no block (its rate, ramp and drain included, would not compare with the others')."""
+    return geometric_mean(record.blocks) if record.blocks else None
 
 
 class Alternation:
     """The confirmation by alternating runs, where the job is long enough for them to cost little
     (``batch.tune.alternate_share``): the main phase's first runs take ``shards_per_run`` sampled shards each, the
-    candidate and the engine defaults in turn (candidate first), each one engine start and one sample
-    (``run_sample``); the defaults' first sample is trial 0's run. The rule looks as in the blocks' confirmation
-    (only the last look keeps, one-sided at ``level``) but on whole runs, with no run allowance: each sample is an
-    independent run, so the spread between runs is measured, not assumed, and host drift during the main phase
-    falls on both sides (trial 0 alone ran before it). The looks come after the candidate's ``MIN_RUNS`` th run and
-    after each run to its ``last_samples`` th; the job then runs the rest on the config the looks chose."""
+    engine defaults and the candidate in turn (the defaults first, so that a keep goes on with the candidate's
+    engines), each one engine start and one sample (``run_sample``). Trial 0 is no sample: it ran before the main
+    phase, on more shards, with workers started ahead, and it lost the ranking that picked the candidate (a low
+    trial 0 would carry that selection into the verdict). The rule looks as in the blocks' confirmation (only the
+    last look keeps, one-sided at ``level``) but on whole runs, with no run allowance: each sample is an independent
+    run of the same size, so the spread between runs is measured, not assumed, and host drift falls on both sides.
+    The looks come after the candidate's ``MIN_RUNS`` th run and each run to its ``last_samples`` th; the job then
+    runs the rest on the config the looks chose."""
 
     def __init__(self, rule: InMainRule, log: LookLog | None):   # log None: not kept (a simulation's)
         self.rule = InMainRule(rule.looks, rule.min_effect, 0.0, rule.alpha)
@@ -360,14 +363,15 @@ class Alternation:
     def next(self, candidate: list[float], defaults: list[float]) -> bool | None:
         """Looks where a look is due; then which config runs next (True: the candidate), None once decided."""
         self.samples = (candidate, defaults)
-        if self.action is None and len(candidate) >= MIN_RUNS and len(candidate) - MIN_RUNS + 1 > len(self.made):
+        due = len(candidate) - MIN_RUNS + 1
+        if self.action is None and due > len(self.made) and len(defaults) >= len(candidate):
             self._append(self.rule.look(candidate, defaults, merged=0))
-        return None if self.action is not None else len(candidate) < len(defaults)
+        return None if self.action is not None else len(defaults) > len(candidate)
 
-    def stop(self, why: str) -> None:
-        """Decided without a look (a run failed, or no shards left): the rest on the engine defaults."""
+    def stop(self, why: str, action: str = SWITCH) -> None:
+        """Decided without a look (a run failed, gave no block, or the shards ran out): ``action``."""
         self._append(Look(len(self.made) + 1, self.rule.level, list(self.samples[0]), INSUFFICIENT, None, None,
-                          None, SWITCH, why, 0))
+                          None, action, why, 0))
 
     def _append(self, look: Look) -> None:
         if self.log:

@@ -107,6 +107,7 @@ class InJobTuning:
         self.in_main: list[tuple[RestInMain, RunRecord]] = []   # each main run's prediction from its own steps
         self._limits: list[dict[str, Any]] = []   # what the last run's engines said at their start
         self.ahead_t0: float | None = None   # when the first run's workers were started ahead (``start_ahead``)
+        self.alternate: dict[str, Any] | None = None   # whether the main phase alternates runs, and why
         if not accepts_hook(run_phase):
             raise TroughputError("in-job tuning needs a run_phase that takes on_commit: the confirmation reads the "
                                  "blocks of each run as its shards commit")
@@ -338,50 +339,69 @@ class InJobTuning:
     def _alternation(self, candidate: dict[str, Any], left: list[int]) -> Alternation | None:
         """The confirmation by alternating runs (``tune_confirm.Alternation``) where they cost at most
         ``batch.tune.alternate_share`` of the rest of the job, else None (the blocks of the main phase's first run).
-        Their cost: the defaults' runs the last look needs beside trial 0, each two engine starts (at the trials'
-        mean restart) and its shards at the defaults' trial's time a shard less the candidate's; the rest: the shards
-        left at the candidate's trial's time a shard. They must also fit in ``WITHIN`` of the shards left. A job
-        that made alternating runs or block looks before a kill goes on as it began."""
+
+        Their cost, from the trials: ``last_samples`` runs a side, each one engine start (the trials' mean restart)
+        and one more ramp and drain (a trial's generation time beyond its tokens at its full-engine rate), and the
+        defaults' runs' shards at the defaults' trial's time a shard less the candidate's; the rest: the shards left
+        at the candidate's trial's time a shard. The runs must fit in ``WITHIN`` of the shards left and each give
+        blocks (by trial 0's blocks a shard). The decision is kept in ``tune/alternate.json`` before any run, so a
+        resumed job goes on as it began; its estimate is the row's ``tune.confirm.alternate``."""
+        path = self.root / "alternate.json"
+        if not path.exists():
+            path.write_text(json.dumps(self._alternate_estimate(candidate, left)))
+        self.alternate = json.loads(path.read_text())
+        log.info("alternating runs: %s", self.alternate["why"])
+        return Alternation(self.rule, LookLog(self.root)) if self.alternate["alternate"] else None
+
+    def _alternate_estimate(self, candidate: dict[str, Any], left: list[int]) -> dict[str, Any]:
         records = self.log.read()
-        if any(r.label.startswith(ALTERNATE) for r in records):
-            return Alternation(self.rule, LookLog(self.root))
         share = float(self.tune.get("alternate_share") or 0.0)
-        own, mine = ([r for r in records if r.kind == "trial" and r.values == values and r.status == "ok"]
+        own, mine = ([r for r in records if r.kind == "trial" and r.values == values and r.status == "ok"][-1:]
                      for values in ({}, candidate))
-        if not share or not own or not mine or LookLog(self.root).read():
-            return None
-        (d, c) = (r[-1].generation_s / max(len(r[-1].shards), 1) for r in (own, mine))
-        starts = [r.wall_s - r.generation_s for r in records[1:] if not r.engines_kept]
-        runs = self.rule.last_samples - 1
-        cost = runs * (2 * (sum(starts) / len(starts) if starts else 0.0) + self.k * max(0.0, d - c))
+        starts = [r.wall_s - r.generation_s for r in records[1:] if not r.engines_kept and r.wall_s > 0]
+        if not share or not own or not mine or not starts:
+            why = "batch.tune.alternate_share=0" if not share else "no run of both configs and no restart measured"
+            return {"alternate": False, "why": f"not made: {why}"}
+        (d, c), runs = ((r[0].generation_s / max(len(r[0].shards), 1) for r in (own, mine)), self.rule.last_samples)
+        drains = sum(max(0.0, r[0].generation_s - r[0].output_tokens / r[0].full_engine_tok_s)
+                     for r in (own, mine) if r[0].full_engine_tok_s)
+        cost = runs * (2 * sum(starts) / len(starts) + drains + self.k * max(0.0, d - c))
         rest = len(left) * c
-        fits = (2 * runs + 1) * self.k <= WITHIN * len(left)
-        log.info("alternating runs would cost about %.0f s (%d runs of the defaults, each two starts) of a rest of "
-                 "about %.0f s, %.1f%% (batch.tune.alternate_share=%g)%s", cost, runs, rest,
-                 100 * cost / rest if rest else math.inf, share, "" if fits else "; their shards do not fit")
-        return Alternation(self.rule, LookLog(self.root)) if fits and rest and cost <= share * rest else None
+        blocks = len(own[0].blocks) * self.k / max(len(own[0].shards), 1)   # a defaults' run's, by trial 0's
+        fits = 2 * runs * self.k <= WITHIN * len(left)
+        alternate = fits and blocks >= 2 and 0 < cost <= share * rest
+        why = (f"{2 * runs} runs of {self.k} shards would cost about {cost:,.0f} s (starts, ramps and drains, the "
+               f"defaults' slower shards) of a rest of about {rest:,.0f} s: {cost / rest if rest else math.inf:.2%}, "
+               f"{'within' if cost <= share * rest else 'over'} batch.tune.alternate_share={share:g}"
+               + ("" if fits else "; their shards do not fit in half of those left")
+               + ("" if blocks >= 2 else f"; a run would give about {blocks:.1f} blocks, under 2"))
+        return {"alternate": alternate, "cost_s": cost, "rest_s": rest, "why": ("made: " if alternate else
+                                                                                "not made: ") + why}
 
     def _alternate(self, candidate: dict[str, Any], alternation: Alternation) -> dict[str, Any]:
         """The main phase confirmed by alternating runs of ``k`` sampled shards (``tune_confirm.Alternation``), then
-        the rest on the config the looks chose (on the last run's engines where it ran last); returns that config."""
+        the rest on the config the looks chose (on the last run's engines where it ran last); returns that config.
+        A run that fails ends them: the rest runs on the other config, unconfirmed where that is the candidate."""
         while True:   # each pass: the samples so far (a resumed job's too), a look where due, the next run
-            records = self.log.read()
-            runs = [r for r in records if r.label.startswith(ALTERNATE)]
-            own = [r for r in records if r.kind == "trial" and not r.values and r.status == "ok"][-1:]
+            runs = [r for r in self.log.read() if r.label.startswith(ALTERNATE)]
             ok = [r for r in runs if r.status == "ok"]
             side = alternation.next([x for r in ok if r.values and (x := run_sample(r))],
-                                    [x for r in own + ok if not r.values and (x := run_sample(r))])
-            failed = next((r for r in runs if r.status != "ok"), None)
-            shards = self._next_shards()
+                                    [x for r in ok if not r.values and (x := run_sample(r))])
             if side is None:
                 break
-            if failed is not None or not shards:
-                alternation.stop(f"{failed.label} failed: {failed.reason[:300]}" if failed else
+            failed = next((r for r in runs if r.status != "ok"), None)
+            blockless = next((r for r in ok if run_sample(r) is None), None)
+            shards = self._next_shards()
+            if failed is not None:
+                alternation.stop(f"{failed.label} failed ({failed.reason[:300]}): the rest on the other config"
+                                 + ("" if failed.values else ", unconfirmed"), SWITCH if failed.values else KEEP)
+            elif blockless is not None or not shards:
+                alternation.stop(f"{blockless.label} gave no block of full steps to compare" if blockless else
                                  "the job's shards ran out before the looks decided")
-                break
-            values = candidate if side else {}
-            n = sum(r.values == values for r in runs) + 1
-            self._run("main", f"{ALTERNATE}: {'candidate' if side else 'engine defaults'} {n}", values, shards)
+            else:
+                values = candidate if side else {}
+                n = sum(r.values == values for r in runs) + 1
+                self._run("main", f"{ALTERNATE}: {'candidate' if side else 'engine defaults'} {n}", values, shards)
         chosen = candidate if alternation.action == KEEP else {}
         log.info("confirmation: %s: the rest runs on %s", alternation.made[-1].reason, chosen or "the engine defaults")
         rest = self._left()
@@ -541,7 +561,8 @@ class InJobTuning:
         states = [t.state for t in self.study.get_trials(deepcopy=False)] if self.study is not None else []
         pruned, ran = states.count(PRUNED), states.count(PRUNED) + states.count(optuna.trial.TrialState.COMPLETE)
         switched = bool(candidate) and not chosen and any(r.kind == "main" and r.values for r in main)
-        alternated = any(r.label.startswith(ALTERNATE) for r in main)
+        rest = [r for r in main if not r.label.startswith(ALTERNATE)]   # the main phase past its alternating runs
+        alternated = len(rest) < len(main)
         measured_rest = sum(r.generation_s for r in main) if main else None
         note = prediction.get("prediction_note")
         if switched or alternated:
@@ -577,10 +598,11 @@ class InJobTuning:
             "tune.measured_rest_tok_s": sum(r.output_tokens for r in main) / measured_rest if measured_rest else None,
             **prediction_columns("rest_of_job", prediction.get("predicted_rest_s"), measured_rest, "seconds",
                                  prediction.get("prediction_interval"), note),
-            **_full_engine_record([r for r in tuning if r in mine], main[-1] if main and main[-1].values == chosen
-                                  and not main[-1].label.startswith(ALTERNATE) else None),
+            **_full_engine_record([r for r in tuning if r in mine], rest[0] if rest and rest[0].values == chosen
+                                  else None),
             **self._in_main_record(),
             "tune.trial_statistics": _statistics(tuning),
+            "tune.confirm.alternate": self.alternate,
         }
 
     def _in_main_record(self) -> dict[str, Any]:

@@ -14,6 +14,7 @@ import pytest
 
 from harness.batch.tune.tune_confirm import merge
 from harness.batch.tune.tune_predict import trace_paths
+from harness.report.stats import geometric_mean
 from harness.run.results import read_rows
 from tests.conftest import FAKE_ENGINE
 from tests.harness.batch.conftest import batch_app, completion, read_jsonl, troughput_batch, write_jsonl
@@ -174,52 +175,87 @@ def test_a_candidate_that_loses_in_the_main_phase_hands_the_rest_to_the_defaults
     assert any(k.startswith("engine_") for k in main["knobs"])
 
 
+ALTERNATING = [f"{side} {n}" for n in range(1, 6) for side in ("engine defaults", "candidate")]
+
+
+def _alternating_job(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A job whose main phase alternates runs: ``batch.tune.alternate_share`` near 1 makes them cheap enough here
+    (on the virtual H100 at 10^6 requests they cost about 1% of the job), runs of 4 shards, a candidate of 3
+    sequences at once against the job's 2."""
+    path, args = _job(tmp_path, 1152, space=_choices_space("max_num_seqs", ["3"]), max_tokens=30)
+    return path, args + ["batch.tune.trials=2", "batch.tune.shards_per_run=4", "batch.tune.alternate_share=0.99",
+                         "+engine.knobs.token_s=0.002", "+engine.knobs.max_num_seqs=2"]
+
+
 def test_where_they_cost_little_the_main_phase_alternates_runs_of_both_configs_then_runs_the_rest_on_the_winner(
         tmp_path: Path) -> None:
-    """``batch.tune.alternate_share`` near 1 makes alternating runs cheap enough here (on a GPU-scale job they are
-    about 0.5% of it): runs of 4 sampled shards, the candidate (3 sequences at once against the job's 2) first, then
-    the defaults, in turn, trial 0 the defaults' first sample; looks at whole runs, the last one keeps; the rest on
-    the candidate's engines, kept from its last run."""
-    path, args = _job(tmp_path, 1152, space=_choices_space("max_num_seqs", ["3"]), max_tokens=30)
-    proc = batch_app(tmp_path, *args, "batch.tune.trials=2", "batch.tune.shards_per_run=4",
-                     "batch.tune.alternate_share=0.99", "+engine.knobs.token_s=0.002", "+engine.knobs.max_num_seqs=2")
+    """Runs of 4 sampled shards, the defaults first, then the candidate, in turn; looks at whole runs, the last one
+    keeps; the rest on the candidate's engines, kept from its last run."""
+    path, args = _alternating_job(tmp_path)
+    proc = batch_app(tmp_path, *args)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
     assert ids == [f"r{i}" for i in range(1152)], "every request once, in file order"
     [row] = read_rows(tmp_path / "results", "batch")
     runs = row["tune.runs"]
     sides = [r["label"].removeprefix("main, alternating: ") for r in runs[2:-1]]
-    assert sides == ["candidate 1", "engine defaults 1", "candidate 2", "engine defaults 2", "candidate 3",
-                     "engine defaults 3", "candidate 4", "engine defaults 4", "candidate 5"], sides
+    assert sides == ALTERNATING, sides
     assert all(len(r["shards"]) == 4 for r in runs[2:-1]), "each a trial's size"
     main = sorted(i for r in runs[2:-1] for i in r["shards"])
-    assert main != list(range(min(main), min(main) + 36)), "on sampled shards, as the trials"
+    assert main != list(range(min(main), min(main) + 40)), "on sampled shards, as the trials"
+    assert row["tune.confirm.alternate"]["alternate"] and row["tune.confirm.alternate"]["why"].startswith("made: ")
+    assert json.loads((tmp_path / "out" / "tune" / "alternate.json").read_text()) == row["tune.confirm.alternate"]
     assert row["tune.confirm.method"].startswith("alternating runs") and row["tune.confirm.blocks_merged"] == 0
-    assert len(row["tune.confirm.candidate_blocks"]) == len(row["tune.confirm.defaults_blocks"]) == 5
+    # trial 0 is no sample: each side's are its alternating runs' blocks' geometric means
+    assert row["tune.confirm.defaults_blocks"] == pytest.approx(
+        [geometric_mean(r["blocks"]) for r in runs[2:-1] if not r["values"]])
+    assert len(row["tune.confirm.candidate_blocks"]) == 5
     # 1.5x the rate: a clear winner at the last look, with no run allowance (the runs' own spread)
     assert row["tune.confirm.action"] == "keep the candidate", row["tune.confirm.reason"]
     assert "(5 vs 5 runs)" in row["tune.confirm.reason"] and row["tune.confirm.looks"] == 3
     assert runs[-1]["label"] == "main" and runs[-1]["values"] == row["tune.chosen"] and runs[-1]["engines_kept"]
-    # the candidate's trial ran last: its first alternating run goes on with its engines; the other 8 start theirs
-    assert runs[2]["engines_kept"] and row["tune.engine_starts"] == 2 + 8 and row["tune.distinct_configs"] == 2
+    assert row["tune.engine_starts"] == 2 + 10 and row["tune.distinct_configs"] == 2, "every alternating run starts"
     assert "alternated runs of them" in row["prediction.rest_of_job.note"]
+    assert row["prediction.full_engine.measured"] == pytest.approx(runs[-1]["output_tokens"] / runs[-1]["generation_s"])
+
+
+def test_a_failed_run_ends_the_alternating_runs_and_the_rest_runs_on_the_config_that_did_not_fail(
+        tmp_path: Path) -> None:
+    """The third engine start fails (``fail_start_after``): after trial 0 and the candidate's trial, the first
+    alternating run, the defaults'. The rest of the job goes on the candidate, unconfirmed, not on the config that
+    just failed."""
+    path, args = _alternating_job(tmp_path)
+    proc = batch_app(tmp_path, *args, f"+engine.knobs.start_file={tmp_path / 'starts'}",
+                     "+engine.knobs.fail_start_after=2", f"+engine.knobs.fail_file={tmp_path / 'f'}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [row] = read_rows(tmp_path / "results", "batch")
+    labels = [r["label"] for r in row["tune.runs"]]
+    assert labels[2:] == ["main, alternating: engine defaults 1", "main"], labels
+    assert row["tune.runs"][2]["status"] == "failed" and row["tune.runs"][-1]["values"] == row["tune.chosen"] != {}
+    assert row["tune.confirm.action"] == "keep the candidate" and "unconfirmed" in row["tune.confirm.reason"]
+    assert not row["tune.switched"]
 
 
 def test_kill_9_in_the_alternating_runs_resumes_them_from_the_finished_runs(tmp_path: Path) -> None:
-    path, args = _job(tmp_path, 1152, space=_choices_space("max_num_seqs", ["3"]), max_tokens=30)
-    args += ["batch.tune.trials=2", "batch.tune.shards_per_run=4", "batch.tune.alternate_share=0.99",
-             "+engine.knobs.token_s=0.002", "+engine.knobs.max_num_seqs=2"]
+    path, args = _alternating_job(tmp_path)
     proc = troughput_batch(tmp_path, *args, popen=True, start_new_session=True, stdout=open(os.devnull, "w"),
                            stderr=open(tmp_path / "first.err", "w"))
     log = tmp_path / "out" / "tune" / "runs.jsonl"
+
+    def cut_run() -> bool:   # an alternating run that committed shards and has not finished
+        done = {json.loads(line)["label"] for line in log.read_text().splitlines()} if log.exists() else set()
+        return len(done) >= 4 and any(m["run"].startswith("main, alternating") and m["run"] not in done
+                                      for m in _metas(tmp_path / "out").values())
+
     deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and (not log.exists() or len(log.read_text().splitlines()) < 5):
-        time.sleep(0.05)
-    time.sleep(0.3)   # into the fourth alternating run
+    while time.monotonic() < deadline and not cut_run():
+        time.sleep(0.02)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     before = _metas(tmp_path / "out")
-    assert any(m["run"].startswith("main, alternating") for m in before.values()), "killed in the alternating runs"
+    done = {json.loads(line)["label"] for line in log.read_text().splitlines()}
+    assert any(m["run"].startswith("main, alternating") and m["run"] not in done for m in before.values()), \
+        "killed while an alternating run had committed shards"
     again = batch_app(tmp_path, *args)
     assert again.returncode == 0, again.stderr[-3000:]
     ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
@@ -228,9 +264,8 @@ def test_kill_9_in_the_alternating_runs_resumes_them_from_the_finished_runs(tmp_
     assert all(after[i]["committed_at"] == m["committed_at"] for i, m in before.items()), "committed shards kept"
     [row] = read_rows(tmp_path / "results", "batch")
     sides = [r["label"].removeprefix("main, alternating: ") for r in row["tune.runs"][2:-1]]
-    # the finished runs are the samples; the run the kill cut is run again under its number
-    assert sides == ["candidate 1", "engine defaults 1", "candidate 2", "engine defaults 2", "candidate 3",
-                     "engine defaults 3", "candidate 4", "engine defaults 4", "candidate 5"], sides
+    # the finished runs are the samples; the run the kill cut is run again under its label, on other shards
+    assert sides == ALTERNATING, sides
     assert len(row["tune.confirm.candidate_blocks"]) == len(row["tune.confirm.defaults_blocks"]) == 5
     looks = [json.loads(line) for line in (tmp_path / "out" / "tune" / "confirm.jsonl").read_text().splitlines()]
     assert [look["look"] for look in looks] == [1, 2, 3] and looks[-1]["action"] == row["tune.confirm.action"]
