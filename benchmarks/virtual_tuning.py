@@ -198,7 +198,8 @@ def job_record(size: int, seed: int, restart: float, result: JobResult, engine: 
             "shards_per_run": cols.get("tune.shards_per_run"), "trials": cols.get("tune.trials"),
             "tuner_phase_share": cols.get("tune.phase_share"), "tuner_restarts": cols.get("tune.restarts"),
             "predicted_rest_s": cols.get("tune.predicted_rest_s"), "measured_rest_s": cols.get("tune.measured_rest_s"),
-            "chosen_knobs": cols.get("tune.chosen_knobs"), "host_s": result.host_s,
+            "chosen_knobs": cols.get("tune.chosen_knobs"), "alternate": cols.get("tune.confirm.alternate"),
+            "host_s": result.host_s,
             "simulated_requests": engine.simulated}
 
 
@@ -361,6 +362,7 @@ def run_counts(args: argparse.Namespace, out: Path, mode: str, count: int) -> di
                       "looks": cols.get("tune.confirm.looks") or 0, "action": cols.get("tune.confirm.action"),
                       "defaults_blocks": len(cols.get("tune.confirm.defaults_blocks") or []),
                       "verdict": cols.get("tune.verdict"), "engine_starts": cols.get("tune.engine_starts"),
+                      "reason": cols.get("tune.confirm.reason"), "alternate": cols.get("tune.confirm.alternate"),
                       "host_s": result.host_s}
         with open(path, "a") as f:
             f.write(json.dumps(done[seed], default=str) + "\n")
