@@ -1,5 +1,5 @@
 """The confirmation inside the main phase: the candidate against the engine defaults, block by block, as its shards
-commit.
+commit; on a long job, by alternating runs instead (``Alternation``, at the end of this module).
 
 **The samples.** Each side's samples are **blocks**: the decode tokens per second of its engines' *full* steps
 (steps with requests waiting behind them: the engine ran all it could hold; ``SoFar.full_*``), × engines, over

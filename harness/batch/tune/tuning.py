@@ -17,7 +17,10 @@ with them):
    start), the candidate's committed shards kept. Where no
    trial beat the defaults, or trial 0 gave too few blocks to confirm against, the main phase runs the defaults.
    The rest of the job is predicted as the tuning ends and again at the main phase's first look, with its own
-   steps so far (``tune_predict``).
+   steps so far (``tune_predict``). Where they cost at most ``batch.tune.alternate_share`` of the rest (a long
+   job), the confirmation is by alternating runs instead (``tune_confirm.Alternation``): runs of the engine
+   defaults and the candidate in turn, on sampled shards, a sample each, the same looks on them with no run
+   allowance; then the rest on the config they chose.
 
 Pruning (``batch.tune.prune``, ``harness.batch.tune.tune_prune``): each trial reports its fed-engine rate as
 its shards commit; one clearly behind the finished trials at the same shard stops being handed shards, its
