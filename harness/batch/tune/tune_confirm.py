@@ -339,6 +339,43 @@ def run_sample(record: RunRecord) -> float | None:
     return geometric_mean(record.blocks) if record.blocks else None
 
 
+def alternate_estimate(records: list[RunRecord], candidate: dict[str, Any], k: int, shards_left: int, share: float,
+                       runs: int) -> dict[str, Any]:
+    """Whether the main phase alternates ``runs`` runs a side of ``k`` shards (``Alternation``), from the trials'
+    ``records``: ``alternate``, the estimate (``cost_s``, ``rest_s``) and ``why``.
+
+    Their cost: each run one engine start (the mean of the trials' restarts: their time outside generation) and one
+    more ramp and drain (a trial's generation time beyond its tokens at its full-steps rate: its full-engine rate,
+    else its blocks' geometric mean), and the defaults' runs' shards at trial 0's time a shard less the candidate's
+    trial's; the rest: the shards left at the candidate's trial's time a shard. They alternate where that cost is at
+    most ``share`` of the rest, the runs fit in ``WITHIN`` of the shards left, and a run would give at least 2
+    blocks (by the fewer blocks a shard of the two trials)."""
+    trials = [r for r in records if r.kind == "trial" and r.status == "ok"]
+    own, mine = ([r for r in trials if r.values == values][-1:] for values in ({}, candidate))
+    starts = [r.wall_s - r.generation_s for r in records[1:] if not r.engines_kept and r.wall_s > 0]
+    full = {id(r[0]): r[0].full_engine_tok_s or (geometric_mean(r[0].blocks) if r[0].blocks else None)
+            for r in (own, mine) if r}
+    why = ("batch.tune.alternate_share=0" if not share else "no ok trial of both configs" if not own or not mine
+           else "no restart measured" if not starts else "no full-steps rate to price a ramp and drain"
+           if not all(full.values()) else None)
+    if why:
+        return {"alternate": False, "why": f"not made: {why}"}
+    d, c = (r[0].generation_s / max(len(r[0].shards), 1) for r in (own, mine))
+    drains = sum(max(0.0, r[0].generation_s - r[0].output_tokens / full[id(r[0])]) for r in (own, mine))
+    cost = runs * (2 * sum(starts) / len(starts) + drains + k * max(0.0, d - c))
+    rest = shards_left * c
+    blocks = min(len(r[0].blocks) / max(len(r[0].shards), 1) for r in (own, mine)) * k
+    fits = 2 * runs * k <= WITHIN * shards_left
+    alternate = fits and blocks >= 2 and 0 < cost <= share * rest
+    why = (f"{2 * runs} runs of {k} shards would cost about {cost:,.0f} s (starts, ramps and drains, the defaults' "
+           f"slower shards) of a rest of about {rest:,.0f} s: {cost / rest if rest else math.inf:.2%}, "
+           f"{'within' if cost <= share * rest else 'over'} batch.tune.alternate_share={share:g}"
+           + ("" if fits else "; their shards do not fit in half of those left")
+           + ("" if blocks >= 2 else f"; a run would give about {blocks:.1f} blocks, under 2"))
+    return {"alternate": alternate, "cost_s": cost, "rest_s": rest, "why": ("made: " if alternate else "not made: ")
+            + why}
+
+
 class Alternation:
     """The confirmation by alternating runs, where the job is long enough for them to cost little
     (``batch.tune.alternate_share``): the main phase's first runs take ``shards_per_run`` sampled shards each, the
@@ -370,8 +407,8 @@ class Alternation:
 
     def stop(self, why: str, action: str = SWITCH) -> None:
         """Decided without a look (a run failed, gave no block, or the shards ran out): ``action``."""
-        self._append(Look(len(self.made) + 1, self.rule.level, list(self.samples[0]), INSUFFICIENT, None, None,
-                          None, action, why, 0))
+        self._append(Look(len(self.made) + 1, 0.0, list(self.samples[0]), INSUFFICIENT, None, None, None, action,
+                          why, 0))
 
     def _append(self, look: Look) -> None:
         if self.log:
@@ -382,7 +419,7 @@ class Alternation:
         """The row's ``tune.confirm.*``."""
         last = self.made[-1] if self.made else None
         return {"tune.confirm.method": f"alternating runs: {self.rule.describe(runs=True)}",
-                "tune.confirm.looks": len(self.made),
+                "tune.confirm.looks": sum(look.ratio is not None for look in self.made),   # a stop is no look
                 "tune.confirm.blocks_merged": 0, "tune.confirm.candidate_blocks": self.samples[0],
                 "tune.confirm.defaults_blocks": self.samples[1], "tune.confirm.action": last.action if last else None,
                 "tune.confirm.reason": last.reason if last else "no look made"}

@@ -59,7 +59,7 @@ from harness.batch.job.shards import Index
 from harness.batch.job.state import JobState
 from harness.batch.tune.tune_config import sampler_config
 from harness.batch.tune.tune_confirm import (ALTERNATE, BLOCK_STEPS, KEEP, SWITCH, WITHIN, Alternation, Blocks,
-                                             Confirmation, InMainRule, LookLog, run_sample)
+                                             Confirmation, InMainRule, LookLog, alternate_estimate, run_sample)
 from harness.batch.tune.tune_predict import NO_PREDICTION, RestInMain, full_engine_rate, predict_rest, save_run
 from harness.batch.tune.tune_prune import DEFAULTS_SEED, Reporter, accepts_hook, make_pruner, reporting_points
 from harness.batch.tune.tune_runs import (RunLog, RunRecord, concurrency, run_order, sample_order, sample_requests,
@@ -341,50 +341,30 @@ class InJobTuning:
 
     def _alternation(self, candidate: dict[str, Any], left: list[int]) -> Alternation | None:
         """The confirmation by alternating runs (``tune_confirm.Alternation``) where they cost at most
-        ``batch.tune.alternate_share`` of the rest of the job, else None (the blocks of the main phase's first run).
-
-        Their cost, from the trials: ``last_samples`` runs a side, each one engine start (the trials' mean restart)
-        and one more ramp and drain (a trial's generation time beyond its tokens at its full-engine rate), and the
-        defaults' runs' shards at the defaults' trial's time a shard less the candidate's; the rest: the shards left
-        at the candidate's trial's time a shard. The runs must fit in ``WITHIN`` of the shards left and each give
-        blocks (by trial 0's blocks a shard). The decision is kept in ``tune/alternate.json`` before any run, so a
-        resumed job goes on as it began; its estimate is the row's ``tune.confirm.alternate``."""
+        ``batch.tune.alternate_share`` of the rest of the job (``tune_confirm.alternate_estimate``), else None (the
+        blocks of the main phase's first run). The decision is kept in ``tune/alternate.json`` (written whole)
+        before any run, so a resumed job goes on as it began; it is the row's ``tune.confirm.alternate``."""
         path = self.root / "alternate.json"
-        if not path.exists():
-            path.write_text(json.dumps(self._alternate_estimate(candidate, left)))
-        self.alternate = json.loads(path.read_text())
+        try:
+            self.alternate = json.loads(path.read_text())
+        except (OSError, ValueError):   # not made yet (or cut by a kill as it was written: made again)
+            self.alternate = alternate_estimate(self.log.read(), candidate, self.k, len(left),
+                                                float(self.tune.get("alternate_share") or 0.0),
+                                                self.rule.last_samples)
+            tmp = path.with_suffix(".json.tmp")
+            with open(tmp, "w") as f:
+                f.write(json.dumps(self.alternate))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
         log.info("alternating runs: %s", self.alternate["why"])
         return Alternation(self.rule, LookLog(self.root)) if self.alternate["alternate"] else None
-
-    def _alternate_estimate(self, candidate: dict[str, Any], left: list[int]) -> dict[str, Any]:
-        records = self.log.read()
-        share = float(self.tune.get("alternate_share") or 0.0)
-        own, mine = ([r for r in records if r.kind == "trial" and r.values == values and r.status == "ok"][-1:]
-                     for values in ({}, candidate))
-        starts = [r.wall_s - r.generation_s for r in records[1:] if not r.engines_kept and r.wall_s > 0]
-        if not share or not own or not mine or not starts:
-            why = "batch.tune.alternate_share=0" if not share else "no run of both configs and no restart measured"
-            return {"alternate": False, "why": f"not made: {why}"}
-        (d, c), runs = ((r[0].generation_s / max(len(r[0].shards), 1) for r in (own, mine)), self.rule.last_samples)
-        drains = sum(max(0.0, r[0].generation_s - r[0].output_tokens / r[0].full_engine_tok_s)
-                     for r in (own, mine) if r[0].full_engine_tok_s)
-        cost = runs * (2 * sum(starts) / len(starts) + drains + self.k * max(0.0, d - c))
-        rest = len(left) * c
-        blocks = len(own[0].blocks) * self.k / max(len(own[0].shards), 1)   # a defaults' run's, by trial 0's
-        fits = 2 * runs * self.k <= WITHIN * len(left)
-        alternate = fits and blocks >= 2 and 0 < cost <= share * rest
-        why = (f"{2 * runs} runs of {self.k} shards would cost about {cost:,.0f} s (starts, ramps and drains, the "
-               f"defaults' slower shards) of a rest of about {rest:,.0f} s: {cost / rest if rest else math.inf:.2%}, "
-               f"{'within' if cost <= share * rest else 'over'} batch.tune.alternate_share={share:g}"
-               + ("" if fits else "; their shards do not fit in half of those left")
-               + ("" if blocks >= 2 else f"; a run would give about {blocks:.1f} blocks, under 2"))
-        return {"alternate": alternate, "cost_s": cost, "rest_s": rest, "why": ("made: " if alternate else
-                                                                                "not made: ") + why}
 
     def _alternate(self, candidate: dict[str, Any], alternation: Alternation) -> dict[str, Any]:
         """The main phase confirmed by alternating runs of ``k`` sampled shards (``tune_confirm.Alternation``), then
         the rest on the config the looks chose (on the last run's engines where it ran last); returns that config.
-        A run that fails ends them: the rest runs on the other config, unconfirmed where that is the candidate."""
+        A run that fails is run again once; a config's second failure ends them: the rest runs on the other config,
+        unconfirmed where that is the candidate. A run that gives no block ends them too (the rest on the defaults)."""
         while True:   # each pass: the samples so far (a resumed job's too), a look where due, the next run
             runs = [r for r in self.log.read() if r.label.startswith(ALTERNATE)]
             ok = [r for r in runs if r.status == "ok"]
@@ -392,12 +372,14 @@ class InJobTuning:
                                     [x for r in ok if not r.values and (x := run_sample(r))])
             if side is None:
                 break
-            failed = next((r for r in runs if r.status != "ok"), None)
+            failed = [r for r in runs if r.status != "ok"]
+            twice = next((r for r in failed if sum(f.values == r.values for f in failed) > 1), None)
             blockless = next((r for r in ok if run_sample(r) is None), None)
             shards = self._next_shards()
-            if failed is not None:
-                alternation.stop(f"{failed.label} failed ({failed.reason[:300]}): the rest on the other config"
-                                 + ("" if failed.values else ", unconfirmed"), SWITCH if failed.values else KEEP)
+            if twice is not None:
+                alternation.stop(f"{twice.label} failed, its config's second failure ({twice.reason[:300]}): the "
+                                 "rest on the other config" + ("" if twice.values else ", unconfirmed"),
+                                 SWITCH if twice.values else KEEP)
             elif blockless is not None or not shards:
                 alternation.stop(f"{blockless.label} gave no block of full steps to compare" if blockless else
                                  "the job's shards ran out before the looks decided")

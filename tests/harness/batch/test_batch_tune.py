@@ -180,9 +180,9 @@ ALTERNATING = [f"{side} {n}" for n in range(1, 6) for side in ("engine defaults"
 
 def _alternating_job(tmp_path: Path) -> tuple[Path, list[str]]:
     """A job whose main phase alternates runs: ``batch.tune.alternate_share`` near 1 makes them cheap enough here
-    (on the virtual H100 at 10^6 requests they cost about 1% of the job), runs of 4 shards, a candidate of 3
+    (on the virtual H100 at 10^6 requests they cost about 0.6% of the job), runs of 4 shards, a candidate of 4
     sequences at once against the job's 2."""
-    path, args = _job(tmp_path, 1152, space=_choices_space("max_num_seqs", ["3"]), max_tokens=30)
+    path, args = _job(tmp_path, 1152, space=_choices_space("max_num_seqs", ["4"]), max_tokens=30)
     return path, args + ["batch.tune.trials=2", "batch.tune.shards_per_run=4", "batch.tune.alternate_share=0.99",
                          "+engine.knobs.token_s=0.002", "+engine.knobs.max_num_seqs=2"]
 
@@ -210,7 +210,7 @@ def test_where_they_cost_little_the_main_phase_alternates_runs_of_both_configs_t
     assert row["tune.confirm.defaults_blocks"] == pytest.approx(
         [geometric_mean(r["blocks"]) for r in runs[2:-1] if not r["values"]])
     assert len(row["tune.confirm.candidate_blocks"]) == 5
-    # 1.5x the rate: a clear winner at the last look, with no run allowance (the runs' own spread)
+    # 2x the rate: a clear winner at the last look, with no run allowance (the runs' own spread)
     assert row["tune.confirm.action"] == "keep the candidate", row["tune.confirm.reason"]
     assert "(5 vs 5 runs)" in row["tune.confirm.reason"] and row["tune.confirm.looks"] == 3
     assert runs[-1]["label"] == "main" and runs[-1]["values"] == row["tune.chosen"] and runs[-1]["engines_kept"]
@@ -219,21 +219,26 @@ def test_where_they_cost_little_the_main_phase_alternates_runs_of_both_configs_t
     assert row["prediction.full_engine.measured"] == pytest.approx(runs[-1]["output_tokens"] / runs[-1]["generation_s"])
 
 
-def test_a_failed_run_ends_the_alternating_runs_and_the_rest_runs_on_the_config_that_did_not_fail(
+def test_a_config_s_second_failed_run_ends_the_alternating_runs_and_the_rest_runs_on_the_other(
         tmp_path: Path) -> None:
-    """The third engine start fails (``fail_start_after``): after trial 0 and the candidate's trial, the first
-    alternating run, the defaults'. The rest of the job goes on the candidate, unconfirmed, not on the config that
-    just failed."""
+    """The third and fourth engine starts fail (``fail_start_after``, ``fail_times``): after trial 0 and the
+    candidate's trial, the defaults' first alternating run, then its run again. The first failure is run again; the
+    second ends the runs, and the rest of the job goes on the candidate, unconfirmed, not on the config that failed."""
     path, args = _alternating_job(tmp_path)
     proc = batch_app(tmp_path, *args, f"+engine.knobs.start_file={tmp_path / 'starts'}",
-                     "+engine.knobs.fail_start_after=2", f"+engine.knobs.fail_file={tmp_path / 'f'}")
+                     "+engine.knobs.fail_start_after=2", f"+engine.knobs.fail_file={tmp_path / 'f'}",
+                     "+engine.knobs.fail_times=2")
     assert proc.returncode == 0, proc.stderr[-3000:]
+    ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
+    assert ids == [f"r{i}" for i in range(1152)], "every request once: the failed runs' shards ran later"
     [row] = read_rows(tmp_path / "results", "batch")
     labels = [r["label"] for r in row["tune.runs"]]
-    assert labels[2:] == ["main, alternating: engine defaults 1", "main"], labels
-    assert row["tune.runs"][2]["status"] == "failed" and row["tune.runs"][-1]["values"] == row["tune.chosen"] != {}
+    assert labels[2:] == ["main, alternating: engine defaults 1", "main, alternating: engine defaults 2", "main"], \
+        labels
+    assert [r["status"] for r in row["tune.runs"][2:4]] == ["failed", "failed"]
+    assert row["tune.runs"][-1]["values"] == row["tune.chosen"] != {}
     assert row["tune.confirm.action"] == "keep the candidate" and "unconfirmed" in row["tune.confirm.reason"]
-    assert not row["tune.switched"]
+    assert row["tune.confirm.looks"] == 0 and not row["tune.switched"], "a stop is no look"
 
 
 def test_kill_9_in_the_alternating_runs_resumes_them_from_the_finished_runs(tmp_path: Path) -> None:
@@ -256,6 +261,7 @@ def test_kill_9_in_the_alternating_runs_resumes_them_from_the_finished_runs(tmp_
     done = {json.loads(line)["label"] for line in log.read_text().splitlines()}
     assert any(m["run"].startswith("main, alternating") and m["run"] not in done for m in before.values()), \
         "killed while an alternating run had committed shards"
+    decided = (tmp_path / "out" / "tune" / "alternate.json").read_text()
     again = batch_app(tmp_path, *args)
     assert again.returncode == 0, again.stderr[-3000:]
     ids = [o["custom_id"] for o in read_jsonl(tmp_path / "out" / "output.jsonl")]
@@ -269,6 +275,8 @@ def test_kill_9_in_the_alternating_runs_resumes_them_from_the_finished_runs(tmp_
     assert len(row["tune.confirm.candidate_blocks"]) == len(row["tune.confirm.defaults_blocks"]) == 5
     looks = [json.loads(line) for line in (tmp_path / "out" / "tune" / "confirm.jsonl").read_text().splitlines()]
     assert [look["look"] for look in looks] == [1, 2, 3] and looks[-1]["action"] == row["tune.confirm.action"]
+    # the decision made before the kill, not made again on fewer shards left (its estimate would differ)
+    assert (tmp_path / "out" / "tune" / "alternate.json").read_text() == decided
 
 
 def test_the_defaults_trial_takes_shards_until_it_has_given_the_confirmation_its_blocks(tmp_path: Path) -> None:

@@ -385,3 +385,35 @@ def test_whole_jobs_with_alternating_runs_keep_an_equal_or_slower_candidate_in_u
     assert simulate_alternating(rule, 0.02, 0.10, 0.01, 1000, trend=True) <= 0.05, "a host that speeds up"
     assert simulate_alternating(rule, 0.02, 0.10, 0.0, 1000, (1.0, 0.95, 0.9, 0.8)) <= 0.05
     assert simulate_alternating(rule, 0.02, 0.10, 0.0, 1000, (1.0, 1.05, 0.9, 0.8)) >= 0.6, "the power it was built for"
+
+
+def _trial(label: str, values: dict, shards: int, gen_s: float, wall_s: float, blocks: int, full: float | None,
+           tokens: int = 10_000) -> "RunRecord":
+    from harness.batch.tune.tune_runs import RunRecord
+
+    return RunRecord(kind="trial", label=label, values=values, shards=list(range(shards)), output_tokens=tokens,
+                     generation_s=gen_s, wall_s=wall_s, blocks=[1000.0] * blocks, full_engine_tok_s=full)
+
+
+def test_the_alternating_runs_estimate_counts_starts_ramps_drains_and_the_slower_shards():
+    from harness.batch.tune.tune_confirm import alternate_estimate
+
+    # trial 0: 20 shards in 100 s (5 s a shard), 10,000 tokens at 125 tok/s full: 20 s of ramp and drain; the
+    # candidate: 10 shards in 40 s (4 s a shard), 10 s of its own; its restart 10 s (50 - 40)
+    records = [_trial("trial 0", {}, 20, 100.0, 130.0, 8, 125.0), _trial("trial 1", {"x": 1}, 10, 40.0, 50.0, 6, 333.3)]
+    made = alternate_estimate(records, {"x": 1}, k=10, shards_left=1000, share=0.1, runs=5)
+    drains = 20.0 + (40.0 - 10_000 / 333.3)
+    assert made["cost_s"] == pytest.approx(5 * (2 * 10.0 + drains + 10 * (5.0 - 4.0)))
+    assert made["rest_s"] == pytest.approx(1000 * 4.0)
+    assert made["alternate"] and made["why"].startswith("made: 10 runs of 10 shards")
+    assert not alternate_estimate(records, {"x": 1}, 10, 1000, 0.05, 5)["alternate"], "300 s of 4,000: over 5%"
+    assert "do not fit" in alternate_estimate(records, {"x": 1}, 10, 150, 0.5, 5)["why"], "10 runs of 10 in 75"
+    few = [records[0], _trial("trial 1", {"x": 1}, 10, 40.0, 50.0, 1, 333.3)]   # the candidate: 1 block in 10 shards
+    assert "under 2" in alternate_estimate(few, {"x": 1}, 10, 1000, 0.5, 5)["why"], "the fewer blocks a shard"
+    assert alternate_estimate(records, {"x": 1}, 10, 1000, 0.0, 5)["why"] == "not made: batch.tune.alternate_share=0"
+    kept = [records[0], _trial("trial 1", {"x": 1}, 10, 40.0, 0.0, 6, 333.3)]   # no restart measured (cut, no timings)
+    assert alternate_estimate(kept, {"x": 1}, 10, 1000, 0.5, 5)["why"] == "not made: no restart measured"
+    # no full-engine rate: a ramp and drain priced at the blocks' rate (1,000 tok/s: 10 s of 100 and of 40)
+    plain = [_trial("trial 0", {}, 20, 100.0, 130.0, 8, None), _trial("trial 1", {"x": 1}, 10, 40.0, 50.0, 6, None)]
+    assert alternate_estimate(plain, {"x": 1}, 10, 1000, 0.5, 5)["cost_s"] == \
+        pytest.approx(5 * (20.0 + (100.0 - 10.0) + (40.0 - 10.0) + 10.0))
