@@ -180,7 +180,7 @@ ALTERNATING = [f"{side} {n}" for n in range(1, 6) for side in ("engine defaults"
 
 def _alternating_job(tmp_path: Path) -> tuple[Path, list[str]]:
     """A job whose main phase alternates runs: ``batch.tune.alternate_share`` near 1 makes them cheap enough here
-    (on the virtual H100 at 10^6 requests they cost about 0.6% of the job), runs of 4 shards, a candidate of 4
+    (on the virtual H100 at 10^6 requests they cost 0.5–0.8% of the job), runs of 4 shards, a candidate of 4
     sequences at once against the job's 2."""
     path, args = _job(tmp_path, 1152, space=_choices_space("max_num_seqs", ["4"]), max_tokens=30)
     return path, args + ["batch.tune.trials=2", "batch.tune.shards_per_run=4", "batch.tune.alternate_share=0.99",
