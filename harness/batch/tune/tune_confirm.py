@@ -353,18 +353,21 @@ def alternate_estimate(records: list[RunRecord], candidate: dict[str, Any], k: i
     trials = [r for r in records if r.kind == "trial" and r.status == "ok"]
     own, mine = ([r for r in trials if r.values == values][-1:] for values in ({}, candidate))
     starts = [r.wall_s - r.generation_s for r in records[1:] if not r.engines_kept and r.wall_s > 0]
-    full = {id(r[0]): r[0].full_engine_tok_s or (geometric_mean(r[0].blocks) if r[0].blocks else None)
-            for r in (own, mine) if r}
-    why = ("batch.tune.alternate_share=0" if not share else "no ok trial of both configs" if not own or not mine
+    pair = own + mine   # trial 0's last ok run, the candidate's (where both ran)
+
+    def full_rate(run: RunRecord) -> float | None:
+        return run.full_engine_tok_s or (geometric_mean(run.blocks) if run.blocks else None)
+
+    why = ("batch.tune.alternate_share=0" if not share else "no ok trial of both configs" if len(pair) < 2
            else "no restart measured" if not starts else "no full-steps rate to price a ramp and drain"
-           if not all(full.values()) else None)
+           if not all(full_rate(r) for r in pair) else None)
     if why:
         return {"alternate": False, "why": f"not made: {why}"}
-    d, c = (r[0].generation_s / max(len(r[0].shards), 1) for r in (own, mine))
-    drains = sum(max(0.0, r[0].generation_s - r[0].output_tokens / full[id(r[0])]) for r in (own, mine))
+    d, c = (r.generation_s / max(len(r.shards), 1) for r in pair)
+    drains = sum(max(0.0, r.generation_s - r.output_tokens / full_rate(r)) for r in pair)
     cost = runs * (2 * sum(starts) / len(starts) + drains + k * max(0.0, d - c))
     rest = shards_left * c
-    blocks = min(len(r[0].blocks) / max(len(r[0].shards), 1) for r in (own, mine)) * k
+    blocks = min(len(r.blocks) / max(len(r.shards), 1) for r in pair) * k
     fits = 2 * runs * k <= WITHIN * shards_left
     alternate = fits and blocks >= 2 and 0 < cost <= share * rest
     why = (f"{2 * runs} runs of {k} shards would cost about {cost:,.0f} s (starts, ramps and drains, the defaults' "

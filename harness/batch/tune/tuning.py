@@ -56,7 +56,7 @@ from engines.worker import classify_failure
 from harness.batch.job.job import ShardsRun, shard_records
 from harness.batch.job.plan import Plan
 from harness.batch.job.shards import Index
-from harness.batch.job.state import JobState
+from harness.batch.job.state import JobState, write_whole
 from harness.batch.tune.tune_config import sampler_config
 from harness.batch.tune.tune_confirm import (ALTERNATE, BLOCK_STEPS, KEEP, SWITCH, WITHIN, Alternation, Blocks,
                                              Confirmation, InMainRule, LookLog, alternate_estimate, run_sample)
@@ -351,12 +351,7 @@ class InJobTuning:
             self.alternate = alternate_estimate(self.log.read(), candidate, self.k, len(left),
                                                 float(self.tune.get("alternate_share") or 0.0),
                                                 self.rule.last_samples)
-            tmp = path.with_suffix(".json.tmp")
-            with open(tmp, "w") as f:
-                f.write(json.dumps(self.alternate))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_whole(path, json.dumps(self.alternate))
         log.info("alternating runs: %s", self.alternate["why"])
         return Alternation(self.rule, LookLog(self.root)) if self.alternate["alternate"] else None
 
